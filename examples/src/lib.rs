@@ -1,0 +1,1 @@
+//! Runnable examples: see `quickstart.rs` and the README.

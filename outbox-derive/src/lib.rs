@@ -1,0 +1,22 @@
+//! Procedural macros for `outbox-runtime`. Use them through `outbox_runtime`, which re-exports
+//! them; this crate only parses, validates and expands, and never does I/O.
+//!
+//! Each stage has its own module: [`attr`] parses `#[outbox(...)]` attributes, [`ast`] reads the
+//! input into a model, [`valid`] checks it and [`expand`] generates the impl. [`ctxt`] collects
+//! every error so that all of them are reported at once.
+
+mod ast;
+mod attr;
+mod ctxt;
+mod expand;
+mod valid;
+
+use proc_macro::TokenStream;
+use syn::{parse_macro_input, DeriveInput};
+
+/// Derives `outbox_runtime::OutboxEvent`. See the trait's documentation for the attributes.
+#[proc_macro_derive(OutboxEvent, attributes(outbox))]
+pub fn derive_outbox_event(input: TokenStream) -> TokenStream {
+    let input = parse_macro_input!(input as DeriveInput);
+    expand::derive(&input).into()
+}

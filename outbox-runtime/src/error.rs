@@ -1,0 +1,67 @@
+use std::borrow::Cow;
+
+/// `Result` with this crate's [`Error`].
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in `outbox-runtime`.
+///
+/// Every error of an emit names the event type, and none leaves a half-written transaction
+/// behind: the unit of work refuses to commit after a failed emit.
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// The event is not valid: an empty partition key or aggregate id, say.
+    #[error("cannot emit `{event_type}`: {reason}")]
+    InvalidEvent {
+        event_type: Cow<'static, str>,
+        reason: Cow<'static, str>,
+    },
+
+    /// The event's payload does not serialize to JSON.
+    #[error("cannot emit `{event_type}`: payload does not serialize to JSON: {source}")]
+    Payload {
+        event_type: Cow<'static, str>,
+        #[source]
+        source: serde_json::Error,
+    },
+
+    /// The database refused the outbox insert. The transaction is aborted.
+    #[error("cannot emit `{event_type}`: {source}")]
+    Emit {
+        event_type: Cow<'static, str>,
+        #[source]
+        source: sqlx::Error,
+    },
+
+    /// `commit` was called on a unit of work whose emit had failed: it was rolled back instead.
+    #[error(
+        "unit of work rolled back, not committed: an emit in it failed earlier ({first_error})"
+    )]
+    EmitFailedEarlier { first_error: String },
+
+    /// A migration failed to apply; nothing of it (or of those after it) was applied.
+    #[error("migration {version} ({description}) failed: {source}")]
+    Migration {
+        version: i64,
+        description: &'static str,
+        #[source]
+        source: sqlx::Error,
+    },
+
+    /// An applied migration differs from the one this build embeds.
+    #[error(
+        "migration {version} ({description}) was applied with different contents \
+         (checksum {applied:#x}, this build has {embedded:#x}); \
+         applied migrations must never be edited"
+    )]
+    MigrationChanged {
+        version: i64,
+        description: &'static str,
+        applied: i64,
+        embedded: i64,
+    },
+
+    /// Any other database error.
+    #[error("database error: {0}")]
+    Database(#[from] sqlx::Error),
+}

@@ -1,0 +1,202 @@
+//! The event contract (`OutboxEvent`) and the row it becomes (`OutboxRecord`). No I/O here.
+
+use std::borrow::Cow;
+
+use serde::Serialize;
+use uuid::Uuid;
+
+use crate::error::{Error, Result};
+
+/// An event that can be written to the outbox.
+///
+/// Derive it; every method works without I/O.
+///
+/// ```
+/// use outbox_runtime::OutboxEvent;
+/// use uuid::Uuid;
+///
+/// #[derive(serde::Serialize, OutboxEvent)]
+/// #[outbox(topic = "order.events", aggregate_type = "Order", event_type = "OrderCreated")]
+/// struct OrderCreated {
+///     #[outbox(aggregate_id)] // also the partition key unless a field has #[outbox(key)]
+///     order_id: Uuid,
+///     customer_id: Uuid,
+///     amount: i64,
+/// }
+///
+/// let id = Uuid::now_v7();
+/// let event = OrderCreated { order_id: id, customer_id: Uuid::nil(), amount: 5 };
+/// assert_eq!(event.topic(), "order.events");
+/// assert_eq!(OrderCreated::EVENT_TYPE, "OrderCreated");
+/// assert_eq!(event.partition_key(), id.to_string());
+/// assert_eq!(event.payload().unwrap()["amount"], 5);
+/// ```
+///
+/// # Attributes
+///
+/// On the struct, `#[outbox(...)]` takes:
+///
+/// | key | | |
+/// |---|---|---|
+/// | `topic = "..."` | required | the Kafka topic; a legal topic name (`[a-zA-Z0-9._-]`, at most 249 characters, not `.` or `..`) |
+/// | `aggregate_type = "..."` | required | the aggregate's type, e.g. `"Order"` |
+/// | `event_type = "..."` | optional | defaults to the struct's name |
+/// | `crate = "..."` | optional | path to `outbox_runtime` for crates that re-export it |
+///
+/// On fields:
+///
+/// | key | | |
+/// |---|---|---|
+/// | `aggregate_id` | exactly one field | any `Display` type; also the partition key unless a field has `key` |
+/// | `key` | at most one field | the Kafka partition key, any `Display` type |
+/// | `event_id` | at most one field | a `uuid::Uuid` used as the event id; otherwise emit generates a UUIDv7 |
+///
+/// The payload is the struct serialized with serde, so serde attributes apply as usual.
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` is not an outbox event",
+    label = "`{Self}` does not implement `OutboxEvent`",
+    note = "derive it: `#[derive(serde::Serialize, OutboxEvent)]` with \
+            `#[outbox(topic = \"...\", aggregate_type = \"...\")]` and an `#[outbox(aggregate_id)]` field"
+)]
+pub trait OutboxEvent: Serialize {
+    /// The Kafka topic the relay publishes this event to.
+    const TOPIC: &'static str;
+    /// The aggregate's type, e.g. `"Order"`.
+    const AGGREGATE_TYPE: &'static str;
+    /// The event's type, e.g. `"OrderCreated"`; sent as the `event_type` header.
+    const EVENT_TYPE: &'static str;
+
+    /// The aggregate's id, as text.
+    fn aggregate_id(&self) -> String;
+
+    /// The Kafka record key: events with the same key keep their order.
+    fn partition_key(&self) -> String;
+
+    /// The event's own id, if a field carries one; `None` lets emit generate a UUIDv7.
+    fn event_id(&self) -> Option<Uuid>;
+
+    /// [`Self::TOPIC`].
+    fn topic(&self) -> &'static str {
+        Self::TOPIC
+    }
+
+    /// [`Self::EVENT_TYPE`].
+    fn event_type(&self) -> &'static str {
+        Self::EVENT_TYPE
+    }
+
+    /// [`Self::AGGREGATE_TYPE`].
+    fn aggregate_type(&self) -> &'static str {
+        Self::AGGREGATE_TYPE
+    }
+
+    /// The payload as a JSON value.
+    fn payload(&self) -> Result<serde_json::Value, serde_json::Error> {
+        serde_json::to_value(self)
+    }
+}
+
+/// One outbox row, ready to insert: an event's metadata and its payload serialized to JSON.
+///
+/// [`Uow::emit_all`](crate::Uow::emit_all) takes events or records, so one statement can write
+/// events of several types.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OutboxRecord {
+    pub(crate) event_id: Uuid,
+    pub(crate) topic: Cow<'static, str>,
+    pub(crate) aggregate_type: Cow<'static, str>,
+    pub(crate) aggregate_id: String,
+    pub(crate) event_type: Cow<'static, str>,
+    pub(crate) partition_key: String,
+    pub(crate) payload: String,
+}
+
+fn check_id(event_type: &'static str, what: &'static str, value: &str) -> Result<()> {
+    let reason = if value.is_empty() {
+        Some("is empty")
+    } else if value.contains('\0') {
+        Some("contains a NUL character, which PostgreSQL text cannot store")
+    } else {
+        None
+    };
+    match reason {
+        None => Ok(()),
+        Some(reason) => Err(Error::InvalidEvent {
+            event_type: event_type.into(),
+            reason: format!("{what} {reason}").into(),
+        }),
+    }
+}
+
+impl OutboxRecord {
+    /// Validates the event and serializes its payload.
+    ///
+    /// Fails when the partition key or the aggregate id is empty (or holds a NUL character) or
+    /// when the payload does not serialize; the error names the event type.
+    pub fn from_event<E: OutboxEvent + ?Sized>(event: &E) -> Result<Self> {
+        let event_type = E::EVENT_TYPE;
+        let aggregate_id = event.aggregate_id();
+        check_id(event_type, "aggregate id", &aggregate_id)?;
+        let partition_key = event.partition_key();
+        check_id(event_type, "partition key", &partition_key)?;
+        let payload = serde_json::to_string(event).map_err(|source| Error::Payload {
+            event_type: event_type.into(),
+            source,
+        })?;
+        Ok(OutboxRecord {
+            event_id: event.event_id().unwrap_or_else(Uuid::now_v7),
+            topic: Cow::Borrowed(E::TOPIC),
+            aggregate_type: Cow::Borrowed(E::AGGREGATE_TYPE),
+            aggregate_id,
+            event_type: Cow::Borrowed(event_type),
+            partition_key,
+            payload,
+        })
+    }
+
+    pub fn event_id(&self) -> Uuid {
+        self.event_id
+    }
+    pub fn topic(&self) -> &str {
+        &self.topic
+    }
+    pub fn aggregate_type(&self) -> &str {
+        &self.aggregate_type
+    }
+    pub fn aggregate_id(&self) -> &str {
+        &self.aggregate_id
+    }
+    pub fn event_type(&self) -> &str {
+        &self.event_type
+    }
+    pub fn partition_key(&self) -> &str {
+        &self.partition_key
+    }
+    /// The payload as JSON text.
+    pub fn payload(&self) -> &str {
+        &self.payload
+    }
+}
+
+/// What [`Uow::emit_all`](crate::Uow::emit_all) accepts: `&E` for any [`OutboxEvent`], or an
+/// [`OutboxRecord`].
+#[diagnostic::on_unimplemented(
+    message = "`{Self}` cannot be emitted",
+    label = "expected a reference to an `OutboxEvent`, or an `OutboxRecord`",
+    note = "derive `OutboxEvent` on the event type, and pass events by reference"
+)]
+pub trait IntoRecord {
+    fn into_record(self) -> Result<OutboxRecord>;
+}
+
+impl<E: OutboxEvent + ?Sized> IntoRecord for &E {
+    fn into_record(self) -> Result<OutboxRecord> {
+        OutboxRecord::from_event(self)
+    }
+}
+
+impl IntoRecord for OutboxRecord {
+    fn into_record(self) -> Result<OutboxRecord> {
+        Ok(self)
+    }
+}

@@ -1,0 +1,52 @@
+#![doc = include_str!("lib.md")]
+#![warn(missing_debug_implementations, rust_2018_idioms, unreachable_pub)]
+
+mod error;
+mod event;
+pub mod migrate;
+mod uow;
+
+pub use error::{Error, Result};
+pub use event::{IntoRecord, OutboxEvent, OutboxRecord};
+pub use migrate::{migrate, migrate_on};
+pub use uow::{emit, emit_all, Uow};
+
+/// `#[derive(OutboxEvent)]`: see the [`OutboxEvent`](trait@OutboxEvent) trait for its attributes.
+#[cfg(feature = "derive")]
+pub use outbox_derive::OutboxEvent;
+
+/// Used by the code that `#[derive(OutboxEvent)]` generates. Not public API.
+#[doc(hidden)]
+pub mod __private {
+    use std::fmt::Display;
+
+    pub use std::string::String;
+    pub use uuid::Uuid;
+
+    /// A partition key or aggregate id field: any `Display` type.
+    #[inline]
+    pub fn display_field<T: Display + ?Sized>(value: &T) -> String {
+        value.to_string()
+    }
+
+    /// An `#[outbox(event_id)]` field.
+    #[inline]
+    pub fn event_id_field<T: EventIdField + ?Sized>(value: &T) -> Uuid {
+        value.event_id()
+    }
+
+    #[diagnostic::on_unimplemented(
+        message = "an `#[outbox(event_id)]` field must be a `uuid::Uuid`, not `{Self}`",
+        label = "not a `uuid::Uuid`"
+    )]
+    pub trait EventIdField {
+        fn event_id(&self) -> Uuid;
+    }
+
+    impl EventIdField for Uuid {
+        #[inline]
+        fn event_id(&self) -> Uuid {
+            *self
+        }
+    }
+}

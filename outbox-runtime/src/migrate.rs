@@ -1,0 +1,125 @@
+//! The embedded migrations and their runner.
+//!
+//! The SQL files in `migrations/` are in sqlx's format (`<version>_<description>.sql`), so an
+//! application that manages its own migrations can copy them; `migrate` applies them itself and
+//! records them in its own ledger table, `outbox_schema_migrations`, so it never collides with
+//! the application's `_sqlx_migrations`.
+
+use sqlx::{Connection, PgConnection, PgPool};
+
+use crate::error::{Error, Result};
+
+/// One embedded migration.
+#[derive(Debug, Clone, Copy)]
+pub struct Migration {
+    pub version: i64,
+    pub description: &'static str,
+    pub sql: &'static str,
+}
+
+macro_rules! migration {
+    ($version:literal, $description:literal) => {
+        Migration {
+            version: $version,
+            description: $description,
+            sql: include_str!(concat!(
+                "../../migrations/",
+                stringify!($version),
+                "_",
+                $description,
+                ".sql"
+            )),
+        }
+    };
+}
+
+/// Every migration, in the order they apply.
+pub const MIGRATIONS: &[Migration] = &[
+    migration!(20261130000001, "outbox_event"),
+    migration!(20261130000002, "inbox_event"),
+    migration!(20261130000003, "processed_event"),
+];
+
+/// Key of the transaction-scoped advisory lock that serializes concurrent `migrate` calls.
+const LOCK_KEY: i64 = 0x6f75_7462_6f78_6d67; // "outboxmg"
+
+const LEDGER_SQL: &str = "\
+CREATE TABLE IF NOT EXISTS outbox_schema_migrations (
+    version     bigint      PRIMARY KEY,
+    description text        NOT NULL,
+    checksum    bigint      NOT NULL,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+)";
+
+impl Migration {
+    /// FNV-1a of the SQL text: detects an applied migration that was edited afterwards.
+    pub fn checksum(&self) -> i64 {
+        let mut hash: u64 = 0xcbf2_9ce4_8422_2325;
+        for byte in self.sql.bytes() {
+            hash ^= u64::from(byte);
+            hash = hash.wrapping_mul(0x0100_0000_01b3);
+        }
+        hash as i64
+    }
+}
+
+/// Applies the pending migrations (idempotent).
+///
+/// Safe when several processes start at once: all of it runs in one transaction under an
+/// advisory lock, so one process applies and the others then find nothing to do. A failing
+/// migration leaves the schema as it was. Fails if an applied migration was edited.
+pub async fn migrate(pool: &PgPool) -> Result<()> {
+    let mut conn = pool.acquire().await?;
+    migrate_on(&mut conn).await
+}
+
+/// [`migrate`] on a connection (not inside a transaction).
+pub async fn migrate_on(conn: &mut PgConnection) -> Result<()> {
+    let mut tx = conn.begin().await?;
+    sqlx::query("SELECT pg_advisory_xact_lock($1)")
+        .bind(LOCK_KEY)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::raw_sql(LEDGER_SQL).execute(&mut *tx).await?;
+    let applied: Vec<(i64, i64)> =
+        sqlx::query_as("SELECT version, checksum FROM outbox_schema_migrations")
+            .fetch_all(&mut *tx)
+            .await?;
+    for m in MIGRATIONS {
+        let checksum = m.checksum();
+        match applied.iter().find(|(version, _)| *version == m.version) {
+            Some(&(_, applied)) if applied == checksum => continue,
+            Some(&(_, applied)) => {
+                return Err(Error::MigrationChanged {
+                    version: m.version,
+                    description: m.description,
+                    applied,
+                    embedded: checksum,
+                })
+            }
+            None => {}
+        }
+        let fail = |source| Error::Migration {
+            version: m.version,
+            description: m.description,
+            source,
+        };
+        sqlx::raw_sql(m.sql).execute(&mut *tx).await.map_err(fail)?;
+        sqlx::query(
+            "INSERT INTO outbox_schema_migrations (version, description, checksum) VALUES ($1, $2, $3)",
+        )
+        .bind(m.version)
+        .bind(m.description)
+        .bind(checksum)
+        .execute(&mut *tx)
+        .await
+        .map_err(fail)?;
+        tracing::info!(
+            version = m.version,
+            description = m.description,
+            "applied outbox migration"
+        );
+    }
+    tx.commit().await?;
+    Ok(())
+}

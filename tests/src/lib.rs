@@ -1,0 +1,117 @@
+//! Test support: a fresh PostgreSQL database per test, and a proxy that counts round trips.
+
+pub mod proxy;
+
+use std::str::FromStr;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, PgConnection, PgPool};
+
+/// The server tests use: `DATABASE_URL`, or the local default.
+pub fn database_url() -> String {
+    std::env::var("DATABASE_URL")
+        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned())
+}
+
+/// `url` with its database replaced by `database`.
+pub fn url_with_database(url: &str, database: &str) -> String {
+    let (base, query) = match url.split_once('?') {
+        Some((base, query)) => (base, Some(query)),
+        None => (url, None),
+    };
+    let authority_end = base.find("://").map_or(0, |i| i + 3);
+    let base = match base[authority_end..].find('/') {
+        Some(slash) => &base[..authority_end + slash],
+        None => base,
+    };
+    match query {
+        Some(query) => format!("{base}/{database}?{query}"),
+        None => format!("{base}/{database}"),
+    }
+}
+
+/// A database of its own for one test, dropped (with its connections) when the value drops,
+/// also when the test panics.
+#[derive(Debug)]
+pub struct TestDb {
+    pub pool: PgPool,
+    pub name: String,
+    /// URL of this database.
+    pub url: String,
+}
+
+static COUNTER: AtomicU64 = AtomicU64::new(0);
+
+impl TestDb {
+    /// A fresh database with the outbox migrations applied.
+    pub async fn new() -> Self {
+        let db = Self::empty().await;
+        outbox_runtime::migrate(&db.pool)
+            .await
+            .expect("migrations apply to a fresh database");
+        db
+    }
+
+    /// A fresh database without migrations.
+    pub async fn empty() -> Self {
+        let name = format!(
+            "outbox_test_{}_{}_{}",
+            std::process::id(),
+            COUNTER.fetch_add(1, Ordering::Relaxed),
+            uuid::Uuid::new_v4().simple()
+        );
+        let mut admin = admin_connection().await;
+        sqlx::query(&format!("CREATE DATABASE {name}"))
+            .execute(&mut admin)
+            .await
+            .expect("create test database");
+        let url = url_with_database(&database_url(), &name);
+        let pool = Self::pool_for(&url, 20).await;
+        TestDb { pool, name, url }
+    }
+
+    /// Another pool on this database.
+    pub async fn pool(&self, max_connections: u32) -> PgPool {
+        Self::pool_for(&self.url, max_connections).await
+    }
+
+    async fn pool_for(url: &str, max_connections: u32) -> PgPool {
+        let options = PgConnectOptions::from_str(url)
+            .expect("valid DATABASE_URL")
+            .disable_statement_logging();
+        PgPoolOptions::new()
+            .max_connections(max_connections)
+            .connect_with(options)
+            .await
+            .expect("connect to the test database")
+    }
+}
+
+async fn admin_connection() -> PgConnection {
+    let url = database_url();
+    PgConnection::connect(&url)
+        .await
+        .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at {url}: {e} (is it running?)"))
+}
+
+impl Drop for TestDb {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        // The test's runtime may be single-threaded and blocked here: use a thread with its own
+        // runtime, and leave the pool alone (FORCE ends its connections).
+        let dropper = std::thread::spawn(move || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("runtime");
+            rt.block_on(async move {
+                let mut admin = admin_connection().await;
+                let _ = sqlx::query(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                    .execute(&mut admin)
+                    .await;
+            });
+        });
+        let _ = dropper.join();
+    }
+}
