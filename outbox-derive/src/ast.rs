@@ -11,6 +11,9 @@ pub struct Input<'a> {
     pub attrs: StructAttrs,
     /// The named fields; empty when the input is not a struct with named fields (already reported).
     pub fields: Vec<Field<'a>>,
+    /// Whether field markers can be checked: false for an enum, union or tuple struct, which were
+    /// already reported.
+    pub fields_checkable: bool,
 }
 
 pub struct Field<'a> {
@@ -70,7 +73,12 @@ impl<'a> Input<'a> {
                 Vec::new()
             }
         };
+        let fields_checkable = matches!(
+            &input.data,
+            Data::Struct(d) if !matches!(d.fields, Fields::Unnamed(_))
+        );
         Input {
+            fields_checkable,
             ident: &input.ident,
             generics: &input.generics,
             attrs,

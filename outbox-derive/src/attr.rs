@@ -31,6 +31,8 @@ pub struct StructAttrs {
     pub aggregate_type: Option<LitStr>,
     pub event_type: Option<LitStr>,
     pub krate: Option<Path>,
+    /// Keys that were given with an invalid value (already reported).
+    pub invalid: Vec<&'static str>,
 }
 
 /// `#[outbox(...)]` on a field: each flag holds the span of the key that set it.
@@ -98,7 +100,7 @@ fn set_once<T>(cx: &mut Ctxt, slot: &mut Option<T>, meta: &ParseNestedMeta, name
 fn string_value(meta: &ParseNestedMeta, name: &str) -> syn::Result<LitStr> {
     let value = meta
         .value()
-        .map_err(|e| syn::Error::new(e.span(), format!("expected `{name} = \"...\"`")))?;
+        .map_err(|_| syn::Error::new_spanned(&meta.path, format!("expected `{name} = \"...\"`")))?;
     let expr: syn::Expr = value.parse()?;
     match expr {
         syn::Expr::Lit(syn::ExprLit {
@@ -124,19 +126,19 @@ pub fn parse_struct_attrs(cx: &mut Ctxt, attrs: &[Attribute]) -> StructAttrs {
             let name = key_name(&meta);
             match name.as_str() {
                 TOPIC | AGGREGATE_TYPE | EVENT_TYPE => {
-                    let lit = match string_value(&meta, &name) {
-                        Ok(lit) => lit,
+                    let (key, slot) = match name.as_str() {
+                        TOPIC => (TOPIC, &mut out.topic),
+                        AGGREGATE_TYPE => (AGGREGATE_TYPE, &mut out.aggregate_type),
+                        _ => (EVENT_TYPE, &mut out.event_type),
+                    };
+                    match string_value(&meta, key) {
+                        Ok(lit) => set_once(cx, slot, &meta, key, lit),
                         Err(e) => {
                             cx.push(e);
-                            return Ok(());
+                            out.invalid.push(key);
+                            return skip_value(&meta);
                         }
-                    };
-                    let slot = match name.as_str() {
-                        TOPIC => &mut out.topic,
-                        AGGREGATE_TYPE => &mut out.aggregate_type,
-                        _ => &mut out.event_type,
-                    };
-                    set_once(cx, slot, &meta, &name, lit);
+                    }
                 }
                 CRATE => match string_value(&meta, CRATE).and_then(|lit| lit.parse::<Path>()) {
                     Ok(path) => set_once(cx, &mut out.krate, &meta, CRATE, path),
@@ -165,8 +167,11 @@ pub fn parse_field_attrs(cx: &mut Ctxt, attrs: &[Attribute]) -> FieldAttrs {
                 _ => return unknown_key(cx, &meta, FIELD_KEYS, (STRUCT_KEYS, "the struct")),
             };
             if !meta.input.is_empty() && !meta.input.peek(Token![,]) {
-                cx.error_spanned_by(&meta.path, format!("`{name}` takes no value"));
-                return skip_value(&meta);
+                cx.error_spanned_by(
+                    &meta.path,
+                    format!("`{name}` takes no value: write `#[outbox({name})]`"),
+                );
+                skip_value(&meta)?;
             }
             if slot.is_some() {
                 cx.error_spanned_by(

@@ -3,7 +3,7 @@
 use proc_macro2::TokenStream;
 use quote::{quote, quote_spanned};
 use syn::spanned::Spanned as _;
-use syn::{Data, DeriveInput, Path};
+use syn::{DeriveInput, Path};
 
 use crate::ast::{Field, Input};
 use crate::ctxt::Ctxt;
@@ -12,8 +12,7 @@ use crate::valid::{self, Event};
 pub fn derive(input: &DeriveInput) -> TokenStream {
     let mut cx = Ctxt::default();
     let model = Input::from_syn(&mut cx, input);
-    let is_struct = matches!(input.data, Data::Struct(_));
-    let event = valid::validate(&mut cx, &model, is_struct);
+    let event = valid::validate(&mut cx, &model);
     match (cx.check(), event) {
         (Ok(()), Some(event)) => impl_event(&event),
         (Err(errors), _) => {
@@ -53,6 +52,7 @@ struct Body {
     aggregate_id: TokenStream,
     partition_key: TokenStream,
     event_id: TokenStream,
+    payload_json: TokenStream,
 }
 
 fn impl_block(model: &Input, krate: &Path, body: Body) -> TokenStream {
@@ -65,6 +65,7 @@ fn impl_block(model: &Input, krate: &Path, body: Body) -> TokenStream {
         aggregate_id,
         partition_key,
         event_id,
+        payload_json,
     } = body;
     dummy_const(quote! {
         #[automatically_derived]
@@ -87,12 +88,20 @@ fn impl_block(model: &Input, krate: &Path, body: Body) -> TokenStream {
             fn event_id(&self) -> ::core::option::Option<#krate::__private::Uuid> {
                 #event_id
             }
+
+            #[inline]
+            fn payload_json(
+                &self,
+            ) -> ::core::result::Result<#krate::__private::String, #krate::__private::JsonError> {
+                #payload_json
+            }
         }
     })
 }
 
 fn impl_event(event: &Event) -> TokenStream {
     let krate = &event.krate;
+    let ident = event.input.ident;
     let event_id = match event.event_id {
         Some(field) => {
             let member = &field.member;
@@ -112,6 +121,10 @@ fn impl_event(event: &Event) -> TokenStream {
         aggregate_id: field_string(krate, event.aggregate_id),
         partition_key: field_string(krate, event.key),
         event_id,
+        // Spanned at the struct's name: that is where a missing `Serialize` is reported.
+        payload_json: quote_spanned! {ident.span()=>
+            #krate::__private::to_json::<Self>(self)
+        },
     };
     impl_block(event.input, krate, body)
 }
@@ -126,7 +139,8 @@ fn stub_impl(model: &Input) -> TokenStream {
         event_type: quote!(""),
         aggregate_id: unreachable.clone(),
         partition_key: unreachable.clone(),
-        event_id: unreachable,
+        event_id: unreachable.clone(),
+        payload_json: unreachable,
     };
     impl_block(model, &model.crate_path(), body)
 }

@@ -4,7 +4,7 @@ use proc_macro2::Span;
 use syn::{LitStr, Path};
 
 use crate::ast::{Field, Input};
-use crate::attr;
+use crate::attr::{self, StructAttrs};
 use crate::ctxt::Ctxt;
 
 /// Longest topic name Kafka accepts.
@@ -51,11 +51,14 @@ pub fn topic_error(topic: &str) -> Option<String> {
 
 fn required(
     cx: &mut Ctxt,
+    attrs: &StructAttrs,
     value: &Option<LitStr>,
     name: &str,
     fallback_span: Span,
 ) -> Option<LitStr> {
     match value {
+        // Present with a bad value: that error is already reported.
+        None if attrs.invalid.contains(&name) => None,
         None => {
             cx.error_at(
                 fallback_span,
@@ -99,21 +102,23 @@ fn unique_field<'i, 'a>(
     found
 }
 
-pub fn validate<'i, 'a>(
-    cx: &mut Ctxt,
-    input: &'i Input<'a>,
-    is_struct: bool,
-) -> Option<Event<'i, 'a>> {
+pub fn validate<'i, 'a>(cx: &mut Ctxt, input: &'i Input<'a>) -> Option<Event<'i, 'a>> {
     let attrs = &input.attrs;
     let anchor = attrs.attr_span.unwrap_or_else(|| input.ident.span());
 
-    let topic = required(cx, &attrs.topic, attr::TOPIC, anchor);
+    let topic = required(cx, attrs, &attrs.topic, attr::TOPIC, anchor);
     if let Some(topic) = &topic {
         if let Some(msg) = topic_error(&topic.value()) {
             cx.error_spanned_by(topic, msg);
         }
     }
-    let aggregate_type = required(cx, &attrs.aggregate_type, attr::AGGREGATE_TYPE, anchor);
+    let aggregate_type = required(
+        cx,
+        attrs,
+        &attrs.aggregate_type,
+        attr::AGGREGATE_TYPE,
+        anchor,
+    );
     let event_type = match &attrs.event_type {
         Some(v) => non_empty(cx, v, attr::EVENT_TYPE),
         None => Some(LitStr::new(&input.ident.to_string(), input.ident.span())),
@@ -124,7 +129,7 @@ pub fn validate<'i, 'a>(
     });
     let key = unique_field(cx, &input.fields, attr::KEY, |f| f.attrs.key);
     let event_id = unique_field(cx, &input.fields, attr::EVENT_ID, |f| f.attrs.event_id);
-    if aggregate_id.is_none() && is_struct {
+    if aggregate_id.is_none() && input.fields_checkable {
         cx.error_at(
             input.ident.span(),
             "missing aggregate id: mark one field `#[outbox(aggregate_id)]` \

@@ -2,7 +2,6 @@
 
 use std::borrow::Cow;
 
-use serde::Serialize;
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
@@ -58,7 +57,7 @@ use crate::error::{Error, Result};
     note = "derive it: `#[derive(serde::Serialize, OutboxEvent)]` with \
             `#[outbox(topic = \"...\", aggregate_type = \"...\")]` and an `#[outbox(aggregate_id)]` field"
 )]
-pub trait OutboxEvent: Serialize {
+pub trait OutboxEvent {
     /// The Kafka topic the relay publishes this event to.
     const TOPIC: &'static str;
     /// The aggregate's type, e.g. `"Order"`.
@@ -90,9 +89,12 @@ pub trait OutboxEvent: Serialize {
         Self::AGGREGATE_TYPE
     }
 
+    /// The payload: the event serialized with serde, as JSON text.
+    fn payload_json(&self) -> Result<String, serde_json::Error>;
+
     /// The payload as a JSON value.
     fn payload(&self) -> Result<serde_json::Value, serde_json::Error> {
-        serde_json::to_value(self)
+        serde_json::from_str(&self.payload_json()?)
     }
 }
 
@@ -139,7 +141,7 @@ impl OutboxRecord {
         check_id(event_type, "aggregate id", &aggregate_id)?;
         let partition_key = event.partition_key();
         check_id(event_type, "partition key", &partition_key)?;
-        let payload = serde_json::to_string(event).map_err(|source| Error::Payload {
+        let payload = event.payload_json().map_err(|source| Error::Payload {
             event_type: event_type.into(),
             source,
         })?;

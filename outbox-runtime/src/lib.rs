@@ -9,7 +9,7 @@ mod uow;
 pub use error::{Error, Result};
 pub use event::{IntoRecord, OutboxEvent, OutboxRecord};
 pub use migrate::{migrate, migrate_on};
-pub use uow::{emit, emit_all, Uow};
+pub use uow::{emit, emit_all, EmitFuture, Uow};
 
 /// `#[derive(OutboxEvent)]`: see the [`OutboxEvent`](trait@OutboxEvent) trait for its attributes.
 #[cfg(feature = "derive")]
@@ -20,6 +20,7 @@ pub use outbox_derive::OutboxEvent;
 pub mod __private {
     use std::fmt::Display;
 
+    pub use serde_json::Error as JsonError;
     pub use std::string::String;
     pub use uuid::Uuid;
 
@@ -27,6 +28,12 @@ pub mod __private {
     #[inline]
     pub fn display_field<T: Display + ?Sized>(value: &T) -> String {
         value.to_string()
+    }
+
+    /// The payload of a derived event.
+    #[inline]
+    pub fn to_json<T: serde::Serialize + ?Sized>(event: &T) -> Result<String, serde_json::Error> {
+        serde_json::to_string(event)
     }
 
     /// An `#[outbox(event_id)]` field.

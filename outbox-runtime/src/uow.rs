@@ -4,7 +4,9 @@
 //! publishing is the relay's job.
 
 use std::borrow::Cow;
+use std::future::Future;
 use std::ops::{Deref, DerefMut};
+use std::pin::Pin;
 
 use sqlx::{PgConnection, PgPool, Postgres, Transaction};
 use uuid::Uuid;
@@ -72,24 +74,36 @@ impl<'c> Uow<'c> {
     }
 
     /// Inserts the event into the outbox in this transaction and returns its event id.
-    pub async fn emit<E: OutboxEvent + ?Sized>(&mut self, event: &E) -> Result<Uuid> {
-        let ids = self.emit_all(std::iter::once(event)).await?;
-        Ok(ids[0])
+    ///
+    /// The event is validated and serialized when `emit` is called; the returned future only
+    /// does the insert (and borrows nothing from the event).
+    pub fn emit<E: OutboxEvent + ?Sized>(&mut self, event: &E) -> EmitFuture<'_, Uuid> {
+        let record = OutboxRecord::from_event(event).map(|r| vec![r]);
+        Box::pin(async move { Ok(self.write(record).await?[0]) })
     }
 
     /// Inserts many events with one statement (one round trip) and returns their event ids in
     /// order. Takes `&E` for any event type, or [`OutboxRecord`]s to mix several types.
-    pub async fn emit_all<I>(&mut self, events: I) -> Result<Vec<Uuid>>
+    pub fn emit_all<I>(&mut self, events: I) -> EmitFuture<'_, Vec<Uuid>>
     where
         I: IntoIterator,
         I::Item: IntoRecord,
     {
+        let records = into_records(events);
+        Box::pin(self.write(records))
+    }
+
+    async fn write(&mut self, records: Result<Vec<OutboxRecord>>) -> Result<Vec<Uuid>> {
         if let Some(first_error) = &self.failed {
             return Err(Error::EmitFailedEarlier {
                 first_error: first_error.clone(),
             });
         }
-        match emit_all(&mut self.tx, events).await {
+        let result = match records {
+            Ok(records) => insert(&mut self.tx, &records).await,
+            Err(e) => Err(e),
+        };
+        match result {
             Ok(ids) => {
                 self.emitted += ids.len();
                 Ok(ids)
@@ -153,22 +167,33 @@ impl std::fmt::Debug for Uow<'_> {
 ///
 /// The row commits with that connection's transaction. On a connection outside a transaction it
 /// commits at once, alone: use a [`Uow`] or a transaction to keep it atomic with domain writes.
-pub async fn emit<E: OutboxEvent + ?Sized>(conn: &mut PgConnection, event: &E) -> Result<Uuid> {
-    let ids = emit_all(conn, std::iter::once(event)).await?;
-    Ok(ids[0])
+pub fn emit<'c, E: OutboxEvent + ?Sized>(
+    conn: &'c mut PgConnection,
+    event: &E,
+) -> EmitFuture<'c, Uuid> {
+    let record = OutboxRecord::from_event(event);
+    Box::pin(async move { Ok(insert(conn, &[record?]).await?[0]) })
 }
 
 /// Inserts many events with one statement on a connection the application manages; see [`emit`].
-pub async fn emit_all<I>(conn: &mut PgConnection, events: I) -> Result<Vec<Uuid>>
+pub fn emit_all<I>(conn: &mut PgConnection, events: I) -> EmitFuture<'_, Vec<Uuid>>
 where
     I: IntoIterator,
     I::Item: IntoRecord,
 {
-    let records = events
-        .into_iter()
-        .map(IntoRecord::into_record)
-        .collect::<Result<Vec<_>>>()?;
-    insert(conn, &records).await
+    let records = into_records(events);
+    Box::pin(async move { insert(conn, &records?).await })
+}
+
+/// What the emit functions return: the insert, still to be awaited.
+pub type EmitFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
+
+fn into_records<I>(events: I) -> Result<Vec<OutboxRecord>>
+where
+    I: IntoIterator,
+    I::Item: IntoRecord,
+{
+    events.into_iter().map(IntoRecord::into_record).collect()
 }
 
 /// The event type(s) of a batch, for error messages.

@@ -1,0 +1,184 @@
+//! The migrations runner: idempotent, safe from several processes at once, detects edits, and
+//! creates the schema the rules require.
+
+use outbox_runtime::migrate::MIGRATIONS;
+use outbox_runtime::Error;
+use outbox_tests::TestDb;
+use sqlx::PgPool;
+
+async fn ledger(pool: &PgPool) -> Vec<i64> {
+    sqlx::query_scalar("SELECT version FROM outbox_schema_migrations ORDER BY version")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+fn embedded_versions() -> Vec<i64> {
+    MIGRATIONS.iter().map(|m| m.version).collect()
+}
+
+#[tokio::test]
+async fn migrate_twice_is_a_no_op_the_second_time() {
+    let db = TestDb::empty().await;
+    outbox_runtime::migrate(&db.pool).await.unwrap();
+    let first: Vec<(i64, chrono::DateTime<chrono::Utc>)> =
+        sqlx::query_as("SELECT version, applied_at FROM outbox_schema_migrations ORDER BY version")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    outbox_runtime::migrate(&db.pool).await.unwrap();
+    let second: Vec<(i64, chrono::DateTime<chrono::Utc>)> =
+        sqlx::query_as("SELECT version, applied_at FROM outbox_schema_migrations ORDER BY version")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(first, second, "nothing is applied again");
+    assert_eq!(ledger(&db.pool).await, embedded_versions());
+}
+
+#[tokio::test]
+async fn migrate_from_several_processes_at_once() {
+    let db = TestDb::empty().await;
+    let children: Vec<_> = (0..4)
+        .map(|_| {
+            tokio::process::Command::new(env!("CARGO_BIN_EXE_outbox-test-migrate"))
+                .arg(&db.url)
+                .output()
+        })
+        .collect();
+    for child in children {
+        let out = child.await.expect("start migrate process");
+        assert!(
+            out.status.success(),
+            "migrate process failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    assert_eq!(ledger(&db.pool).await, embedded_versions());
+    let tables: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM information_schema.tables \
+         WHERE table_name IN ('outbox_event', 'inbox_event', 'processed_event')",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(tables, 3);
+}
+
+#[tokio::test]
+async fn an_edited_migration_is_refused() {
+    let db = TestDb::new().await;
+    sqlx::query("UPDATE outbox_schema_migrations SET checksum = checksum + 1 WHERE version = $1")
+        .bind(MIGRATIONS[0].version)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let err = outbox_runtime::migrate(&db.pool).await.unwrap_err();
+    assert!(
+        matches!(err, Error::MigrationChanged { version, .. } if version == MIGRATIONS[0].version)
+    );
+    assert!(
+        err.to_string()
+            .contains("applied migrations must never be edited"),
+        "{err}"
+    );
+}
+
+#[tokio::test]
+async fn a_failing_migration_applies_nothing() {
+    let db = TestDb::empty().await;
+    // A conflicting table makes the first migration fail.
+    sqlx::query("CREATE TABLE outbox_event (id int)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let err = outbox_runtime::migrate(&db.pool).await.unwrap_err();
+    assert!(
+        err.to_string().starts_with(&format!(
+            "migration {} (outbox_event) failed:",
+            MIGRATIONS[0].version
+        )),
+        "{err}"
+    );
+    let ledger_exists: bool =
+        sqlx::query_scalar("SELECT to_regclass('outbox_schema_migrations') IS NOT NULL")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert!(!ledger_exists, "the whole run rolled back");
+    let inbox_exists: bool = sqlx::query_scalar("SELECT to_regclass('inbox_event') IS NOT NULL")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(!inbox_exists);
+}
+
+#[test]
+fn every_sql_file_is_embedded_in_order() {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../migrations");
+    let mut files: Vec<String> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .filter(|name| name.ends_with(".sql"))
+        .collect();
+    files.sort();
+    let embedded: Vec<String> = MIGRATIONS
+        .iter()
+        .map(|m| format!("{}_{}.sql", m.version, m.description))
+        .collect();
+    assert_eq!(files, embedded);
+}
+
+#[tokio::test]
+async fn outbox_schema_is_the_reference_schema() {
+    let db = TestDb::new().await;
+    let columns: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT column_name::text, data_type::text, is_nullable::text \
+         FROM information_schema.columns WHERE table_name = 'outbox_event' \
+         ORDER BY ordinal_position",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let expected = [
+        ("id", "bigint", "NO"),
+        ("event_id", "uuid", "NO"),
+        ("aggregate_type", "text", "NO"),
+        ("aggregate_id", "text", "NO"),
+        ("event_type", "text", "NO"),
+        ("payload", "jsonb", "NO"),
+        ("topic", "text", "NO"),
+        ("partition_key", "text", "NO"),
+        ("created_at", "timestamp with time zone", "NO"),
+        ("published_at", "timestamp with time zone", "YES"),
+    ];
+    let reference: Vec<(String, String, String)> = expected
+        .iter()
+        .map(|(a, b, c)| (a.to_string(), b.to_string(), c.to_string()))
+        .collect();
+    assert_eq!(&columns[..reference.len()], &reference[..]);
+
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT indexdef FROM pg_indexes WHERE indexname IN \
+         ('ix_outbox_event_unpublished', 'ix_inbox_event_unprocessed') ORDER BY indexname",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        indexes,
+        [
+            "CREATE INDEX ix_inbox_event_unprocessed ON public.inbox_event USING btree (received_at) WHERE (NOT processed)",
+            "CREATE INDEX ix_outbox_event_unpublished ON public.outbox_event USING btree (id) WHERE (published_at IS NULL)",
+        ]
+    );
+
+    let dedup_key: String = sqlx::query_scalar(
+        "SELECT pg_get_constraintdef(oid) FROM pg_constraint \
+         WHERE conrelid = 'processed_event'::regclass AND contype = 'p'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(dedup_key, "PRIMARY KEY (event_id, handler)");
+}

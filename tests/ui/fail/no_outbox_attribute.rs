@@ -1,0 +1,9 @@
+use outbox_runtime::OutboxEvent;
+
+#[derive(serde::Serialize, OutboxEvent)]
+struct OrderCreated {
+    #[outbox(aggregate_id)]
+    order_id: u64,
+}
+
+fn main() {}

@@ -1,0 +1,10 @@
+use outbox_runtime::OutboxEvent;
+
+#[derive(serde::Serialize, OutboxEvent)]
+#[outbox(topic = "order events/v1", aggregate_type = "Order")]
+struct OrderCreated {
+    #[outbox(aggregate_id)]
+    order_id: u64,
+}
+
+fn main() {}

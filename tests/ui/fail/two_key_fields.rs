@@ -1,0 +1,12 @@
+use outbox_runtime::OutboxEvent;
+
+#[derive(serde::Serialize, OutboxEvent)]
+#[outbox(topic = "order.events", aggregate_type = "Order")]
+struct OrderCreated {
+    #[outbox(aggregate_id, key)]
+    order_id: u64,
+    #[outbox(key)]
+    customer_id: u64,
+}
+
+fn main() {}
