@@ -33,6 +33,15 @@ pub enum Error {
         source: sqlx::Error,
     },
 
+    /// The commit that writes the pending outbox rows failed; nothing of the unit of work was
+    /// written.
+    #[error("unit of work not committed (it emitted `{event_types}`): {source}")]
+    Commit {
+        event_types: Cow<'static, str>,
+        #[source]
+        source: sqlx::Error,
+    },
+
     /// `commit` was called on a unit of work whose emit had failed: it was rolled back instead.
     #[error(
         "unit of work rolled back, not committed: an emit in it failed earlier ({first_error})"

@@ -1,1 +1,176 @@
-fn main() {}
+//! What an emit adds to a command transaction.
+//!
+//! Runs, on one fresh database in one process, a transaction with one domain INSERT alone, with
+//! one `emit`, and with `emit_all` of 10 events, at concurrency 1 and 8. The variants are
+//! interleaved round by round so that the machine's noise hits them alike; the figures are
+//! medians over rounds.
+//!
+//! `cargo bench -p outbox-tests --bench emit` (env: `ROUNDS`, default 7; `TXS`, transactions
+//! per task per round, default 300).
+
+use std::time::{Duration, Instant};
+
+use outbox_runtime::{OutboxEvent, Uow};
+use outbox_tests::TestDb;
+use sqlx::PgPool;
+use uuid::Uuid;
+
+#[derive(serde::Serialize, OutboxEvent)]
+#[outbox(
+    topic = "order.events",
+    aggregate_type = "Order",
+    event_type = "OrderCreated"
+)]
+struct OrderCreated {
+    #[outbox(aggregate_id)]
+    order_id: Uuid,
+    customer_id: Uuid,
+    amount: i64,
+}
+
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum Variant {
+    NoEmit,
+    Emit1,
+    EmitAll10,
+}
+
+impl Variant {
+    fn name(self) -> &'static str {
+        match self {
+            Variant::NoEmit => "insert only",
+            Variant::Emit1 => "insert + emit",
+            Variant::EmitAll10 => "insert + emit_all(10)",
+        }
+    }
+}
+
+async fn command(pool: &PgPool, variant: Variant) {
+    let order = OrderCreated {
+        order_id: Uuid::now_v7(),
+        customer_id: Uuid::now_v7(),
+        amount: 100,
+    };
+    let mut uow = Uow::begin(pool).await.unwrap();
+    sqlx::query("INSERT INTO orders (id, customer_id, amount) VALUES ($1, $2, $3)")
+        .bind(order.order_id)
+        .bind(order.customer_id)
+        .bind(order.amount)
+        .execute(uow.tx())
+        .await
+        .unwrap();
+    match variant {
+        Variant::NoEmit => {}
+        Variant::Emit1 => {
+            uow.emit(&order).await.unwrap();
+        }
+        Variant::EmitAll10 => {
+            let lines: Vec<OrderCreated> = (0..10)
+                .map(|i| OrderCreated {
+                    order_id: order.order_id,
+                    customer_id: order.customer_id,
+                    amount: i,
+                })
+                .collect();
+            uow.emit_all(&lines).await.unwrap();
+        }
+    }
+    uow.commit().await.unwrap();
+}
+
+/// Runs `txs` transactions in each of `concurrency` tasks; returns (tx/s, per-tx latencies).
+async fn round(
+    pool: &PgPool,
+    variant: Variant,
+    concurrency: usize,
+    txs: usize,
+) -> (f64, Vec<Duration>) {
+    let start = Instant::now();
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                let mut latencies = Vec::with_capacity(txs);
+                for _ in 0..txs {
+                    let t = Instant::now();
+                    command(&pool, variant).await;
+                    latencies.push(t.elapsed());
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    for task in tasks {
+        latencies.extend(task.await.unwrap());
+    }
+    let rate = (concurrency * txs) as f64 / start.elapsed().as_secs_f64();
+    (rate, latencies)
+}
+
+fn median_f64(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn percentile(v: &mut [Duration], p: f64) -> Duration {
+    v.sort();
+    v[((v.len() as f64 * p) as usize).min(v.len() - 1)]
+}
+
+fn env(name: &str, default: usize) -> usize {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[tokio::main]
+async fn main() {
+    let rounds = env("ROUNDS", 7);
+    let txs = env("TXS", 300);
+    let db = TestDb::new().await;
+    sqlx::query("CREATE TABLE orders (id uuid PRIMARY KEY, customer_id uuid NOT NULL, amount bigint NOT NULL)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let pool = db.pool(8).await;
+    let variants = [Variant::NoEmit, Variant::Emit1, Variant::EmitAll10];
+    println!("emit overhead: {rounds} rounds x {txs} transactions per task, medians over rounds");
+    println!(
+        "{:>11} | {:<22} | {:>9} | {:>12} | {:>12} | {:>14}",
+        "concurrency", "transaction", "tx/s", "p50 latency", "p99 latency", "time vs insert"
+    );
+    for concurrency in [1, 8] {
+        // Warm-up: connections open, statements prepared.
+        for v in variants {
+            round(&pool, v, concurrency, 20).await;
+        }
+        let mut rates: Vec<Vec<f64>> = vec![Vec::new(); 3];
+        let mut lats: Vec<Vec<Duration>> = vec![Vec::new(); 3];
+        for r in 0..rounds {
+            // Rotate the order each round so that no variant always runs first.
+            for k in 0..3 {
+                let i = (k + r) % 3;
+                let (rate, l) = round(&pool, variants[i], concurrency, txs).await;
+                rates[i].push(rate);
+                lats[i].extend(l);
+            }
+        }
+        let base = median_f64(rates[0].clone());
+        for i in 0..3 {
+            let rate = median_f64(rates[i].clone());
+            let p50 = percentile(&mut lats[i], 0.50);
+            let p99 = percentile(&mut lats[i], 0.99);
+            println!(
+                "{:>11} | {:<22} | {:>9.0} | {:>9.0} µs | {:>9.0} µs | {:>+13.1}%",
+                concurrency,
+                variants[i].name(),
+                rate,
+                p50.as_secs_f64() * 1e6,
+                p99.as_secs_f64() * 1e6,
+                (base / rate - 1.0) * 100.0
+            );
+        }
+    }
+}

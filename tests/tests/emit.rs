@@ -269,20 +269,55 @@ async fn payload_that_fails_to_serialize_is_an_error_naming_the_event_type() {
     );
 }
 
-#[tokio::test]
-async fn database_error_in_emit_names_the_event_type_and_commits_nothing() {
-    let db = setup().await;
+/// Two events with the same event id break the UNIQUE constraint on `event_id`.
+fn clashing_payments() -> [PaymentRequested; 2] {
     let id = Uuid::now_v7();
-    let events = [
+    [
         PaymentRequested { id, payment_id: 1 },
-        // The same event id twice breaks the UNIQUE constraint on event_id.
         PaymentRequested { id, payment_id: 2 },
-    ];
-    let err = assert_emit_fails(&db, &events).await;
-    assert!(matches!(err, Error::Emit { .. }));
+    ]
+}
+
+#[tokio::test]
+async fn database_error_at_commit_names_the_event_type_and_commits_nothing() {
+    let db = setup().await;
+    let mut uow = Uow::begin(&db.pool).await.unwrap();
+    place_order(&mut uow, &order(7)).await.unwrap();
+    uow.emit_all(&clashing_payments()).await.unwrap();
+    let err = uow.commit().await.unwrap_err();
+    assert!(matches!(err, Error::Commit { .. }), "{err}");
+    let msg = err.to_string();
+    assert!(
+        msg.starts_with(
+            "unit of work not committed (it emitted `OrderCreated`, `PaymentRequested`): "
+        ),
+        "{msg}"
+    );
+    assert!(msg.contains("outbox_event_event_id_key"), "{msg}");
+    assert_empty(&db.pool).await;
+}
+
+#[tokio::test]
+async fn database_error_in_flush_names_the_event_type_and_spoils_the_unit_of_work() {
+    let db = setup().await;
+    let mut uow = Uow::begin(&db.pool).await.unwrap();
+    sqlx::query("INSERT INTO orders (id, customer_id, amount) VALUES ($1, $1, 1)")
+        .bind(Uuid::now_v7())
+        .execute(uow.tx())
+        .await
+        .unwrap();
+    uow.emit_all(&clashing_payments()).await.unwrap();
+    let err = uow.flush().await.unwrap_err();
+    assert!(matches!(err, Error::Emit { .. }), "{err}");
     let msg = err.to_string();
     assert!(msg.starts_with("cannot emit `PaymentRequested`: "), "{msg}");
     assert!(msg.contains("outbox_event_event_id_key"), "{msg}");
+    let refused = uow.commit().await.unwrap_err();
+    assert!(
+        matches!(refused, Error::EmitFailedEarlier { .. }),
+        "{refused}"
+    );
+    assert_empty(&db.pool).await;
 }
 
 #[tokio::test]
@@ -336,29 +371,179 @@ async fn concurrent_units_of_work_write_every_event_once() {
     assert_eq!(count(&db.pool, "orders").await, 3200);
 }
 
-#[tokio::test]
-async fn emit_all_of_1000_events_is_one_statement_and_one_round_trip() {
-    let db = setup().await;
+/// A pool of one connection through a proxy that counts what the client sends.
+async fn counted_pool(db: &TestDb) -> (Proxy, PgPool) {
     let proxy = Proxy::start("127.0.0.1:5432".into()).await;
-    let pool = PgPool::connect(&proxy.url(&db.url)).await.unwrap();
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(1)
+        .connect(&proxy.url(&db.url))
+        .await
+        .unwrap();
+    (proxy, pool)
+}
+
+#[tokio::test]
+async fn emit_all_of_1000_events_costs_no_round_trip_and_commit_one() {
+    let db = setup().await;
+    let (proxy, pool) = counted_pool(&db).await;
     let events: Vec<OrderCreated> = (0..1000).map(|_| order(1)).collect();
 
     let mut uow = Uow::begin(&pool).await.unwrap();
-    // The first use of a statement on a connection also prepares it (one extra round trip).
-    uow.emit(&order(1)).await.unwrap();
-    let (trips, statements) = (proxy.counts.round_trips(), proxy.counts.statements());
+    let before = proxy.counts.round_trips();
     let ids = uow.emit_all(&events).await.unwrap();
-    assert_eq!(proxy.counts.round_trips() - trips, 1, "one round trip");
-    assert_eq!(proxy.counts.statements() - statements, 1, "one statement");
+    assert_eq!(proxy.counts.round_trips() - before, 0, "emit does no I/O");
+    let (trips, statements) = (proxy.counts.round_trips(), proxy.counts.statements());
     uow.commit().await.unwrap();
+    assert_eq!(
+        proxy.counts.round_trips() - trips,
+        1,
+        "rows and COMMIT in one round trip"
+    );
+    assert_eq!(
+        proxy.counts.statements() - statements,
+        1,
+        "one simple query"
+    );
 
     assert_eq!(ids.len(), 1000);
+    let stored: Vec<Uuid> = sqlx::query_scalar("SELECT event_id FROM outbox_event ORDER BY id")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(stored, ids, "ids follow the order of emission");
+}
+
+#[tokio::test]
+async fn flush_of_1000_events_is_one_statement_and_one_round_trip() {
+    let db = setup().await;
+    let (proxy, pool) = counted_pool(&db).await;
+    let events: Vec<OrderCreated> = (0..1000).map(|_| order(1)).collect();
+
+    let mut uow = Uow::begin(&pool).await.unwrap();
+    // The first use of a statement on a connection also prepares it (one more round trip).
+    uow.emit(&order(1)).await.unwrap();
+    uow.flush().await.unwrap();
+    let ids = uow.emit_all(&events).await.unwrap();
+    let (trips, statements) = (proxy.counts.round_trips(), proxy.counts.statements());
+    uow.flush().await.unwrap();
+    assert_eq!(proxy.counts.round_trips() - trips, 1, "one round trip");
+    assert_eq!(proxy.counts.statements() - statements, 1, "one statement");
+    // Flushed rows are visible inside the transaction, and not outside it before commit.
+    let inside: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_event")
+        .fetch_one(uow.tx())
+        .await
+        .unwrap();
+    assert_eq!(inside, 1001);
+    assert_eq!(count(&db.pool, "outbox_event").await, 0);
+    uow.commit().await.unwrap();
+
     let stored: Vec<Uuid> =
         sqlx::query_scalar("SELECT event_id FROM outbox_event ORDER BY id OFFSET 1")
             .fetch_all(&db.pool)
             .await
             .unwrap();
     assert_eq!(stored, ids, "ids follow the order of emission");
+}
+
+#[tokio::test]
+async fn connection_is_clean_after_the_one_round_trip_commit() {
+    let db = setup().await;
+    let (_proxy, pool) = counted_pool(&db).await;
+    for amount in 1..=3 {
+        let mut uow = Uow::begin(&pool).await.unwrap();
+        place_order(&mut uow, &order(amount)).await.unwrap();
+        uow.commit().await.unwrap();
+        // The pool's only connection is idle, not idle in a transaction.
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+        let state: String = sqlx::query_scalar("SELECT state FROM pg_stat_activity WHERE pid = $1")
+            .bind(pid)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+        assert_eq!(
+            state, "idle",
+            "no transaction is left open on the pooled connection"
+        );
+    }
+    assert_eq!(count(&db.pool, "orders").await, 3);
+    assert_eq!(count(&db.pool, "outbox_event").await, 3);
+}
+
+#[tokio::test]
+async fn text_survives_the_commit_exactly() {
+    #[derive(Serialize, OutboxEvent)]
+    #[outbox(topic = "odd.events", aggregate_type = "Odd'\\Type")]
+    struct Odd {
+        #[outbox(aggregate_id)]
+        id: String,
+        #[outbox(key)]
+        key: String,
+        text: String,
+    }
+    let db = setup().await;
+    let nasty = [
+        r"it's",
+        r"back\slash\\",
+        r"\'); DELETE FROM outbox_event; --",
+        "E'\\x00' $$ $a$ \" \n\t\r",
+        "ключ ✓ 🦀 \u{7f}\u{1}",
+    ];
+    let events: Vec<Odd> = nasty
+        .iter()
+        .map(|s| Odd {
+            id: format!("id {s}"),
+            key: s.to_string(),
+            text: s.to_string(),
+        })
+        .collect();
+    // Once through the one-round-trip commit, once through the prepared statement of `flush`.
+    for flush in [false, true] {
+        sqlx::query("TRUNCATE outbox_event")
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        let mut uow = Uow::begin(&db.pool).await.unwrap();
+        uow.emit_all(&events).await.unwrap();
+        if flush {
+            uow.flush().await.unwrap();
+        }
+        uow.commit().await.unwrap();
+        let rows: Vec<(String, String, String, serde_json::Value)> = sqlx::query_as(
+            "SELECT aggregate_type, aggregate_id, partition_key, payload FROM outbox_event ORDER BY id",
+        )
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!(rows.len(), nasty.len());
+        for (row, s) in rows.iter().zip(nasty) {
+            assert_eq!(row.0, "Odd'\\Type");
+            assert_eq!(row.1, format!("id {s}"));
+            assert_eq!(row.2, s);
+            assert_eq!(row.3["text"], s, "flush = {flush}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn unit_of_work_on_a_savepoint_commits_only_the_savepoint() {
+    let db = setup().await;
+    let mut outer = db.pool.begin().await.unwrap();
+    {
+        let savepoint = sqlx::Connection::begin(&mut *outer).await.unwrap();
+        let mut uow = Uow::from_transaction(savepoint);
+        place_order(&mut uow, &order(2)).await.unwrap();
+        uow.commit().await.unwrap();
+    }
+    let inside: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_event")
+        .fetch_one(&mut *outer)
+        .await
+        .unwrap();
+    assert_eq!(inside, 1, "released into the outer transaction");
+    outer.rollback().await.unwrap();
+    assert_empty(&db.pool).await;
 }
 
 #[tokio::test]
