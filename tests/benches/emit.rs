@@ -32,6 +32,8 @@ struct OrderCreated {
 enum Variant {
     NoEmit,
     Emit1,
+    /// The row written at once (its own round trip), as an insert-at-emit design would.
+    Emit1Flush,
     EmitAll10,
 }
 
@@ -40,6 +42,7 @@ impl Variant {
         match self {
             Variant::NoEmit => "insert only",
             Variant::Emit1 => "insert + emit",
+            Variant::Emit1Flush => "insert + emit + flush",
             Variant::EmitAll10 => "insert + emit_all(10)",
         }
     }
@@ -63,6 +66,10 @@ async fn command(pool: &PgPool, variant: Variant) {
         Variant::NoEmit => {}
         Variant::Emit1 => {
             uow.emit(&order).await.unwrap();
+        }
+        Variant::Emit1Flush => {
+            uow.emit(&order).await.unwrap();
+            uow.flush().await.unwrap();
         }
         Variant::EmitAll10 => {
             let lines: Vec<OrderCreated> = (0..10)
@@ -135,10 +142,16 @@ async fn main() {
         .await
         .unwrap();
     let pool = db.pool(8).await;
-    let variants = [Variant::NoEmit, Variant::Emit1, Variant::EmitAll10];
+    let variants = [
+        Variant::NoEmit,
+        Variant::Emit1,
+        Variant::Emit1Flush,
+        Variant::EmitAll10,
+    ];
+    let n = variants.len();
     println!("emit overhead: {rounds} rounds x {txs} transactions per task, medians over rounds");
     println!(
-        "{:>11} | {:<22} | {:>9} | {:>12} | {:>12} | {:>14}",
+        "{:>11} | {:<23} | {:>9} | {:>12} | {:>12} | {:>14}",
         "concurrency", "transaction", "tx/s", "p50 latency", "p99 latency", "time vs insert"
     );
     for concurrency in [1, 8] {
@@ -146,24 +159,24 @@ async fn main() {
         for v in variants {
             round(&pool, v, concurrency, 20).await;
         }
-        let mut rates: Vec<Vec<f64>> = vec![Vec::new(); 3];
-        let mut lats: Vec<Vec<Duration>> = vec![Vec::new(); 3];
+        let mut rates: Vec<Vec<f64>> = vec![Vec::new(); n];
+        let mut lats: Vec<Vec<Duration>> = vec![Vec::new(); n];
         for r in 0..rounds {
             // Rotate the order each round so that no variant always runs first.
-            for k in 0..3 {
-                let i = (k + r) % 3;
+            for k in 0..n {
+                let i = (k + r) % n;
                 let (rate, l) = round(&pool, variants[i], concurrency, txs).await;
                 rates[i].push(rate);
                 lats[i].extend(l);
             }
         }
         let base = median_f64(rates[0].clone());
-        for i in 0..3 {
+        for i in 0..n {
             let rate = median_f64(rates[i].clone());
             let p50 = percentile(&mut lats[i], 0.50);
             let p99 = percentile(&mut lats[i], 0.99);
             println!(
-                "{:>11} | {:<22} | {:>9.0} | {:>9.0} µs | {:>9.0} µs | {:>+13.1}%",
+                "{:>11} | {:<23} | {:>9.0} | {:>9.0} µs | {:>9.0} µs | {:>+13.1}%",
                 concurrency,
                 variants[i].name(),
                 rate,

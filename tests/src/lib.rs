@@ -90,9 +90,44 @@ impl TestDb {
 
 async fn admin_connection() -> PgConnection {
     let url = database_url();
+    if let Ok(conn) = PgConnection::connect(&url).await {
+        return conn;
+    }
+    start_local_postgres().await;
     PgConnection::connect(&url)
         .await
         .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at {url}: {e} (is it running?)"))
+}
+
+/// Starts the machine's PostgreSQL cluster if it is down (once per test process), and waits
+/// until it accepts connections. Does nothing useful for a remote `DATABASE_URL`.
+async fn start_local_postgres() {
+    static STARTED: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+    STARTED
+        .get_or_init(|| async {
+            let Some(version) = std::fs::read_dir("/etc/postgresql")
+                .ok()
+                .and_then(|mut dir| dir.next())
+                .and_then(|entry| entry.ok())
+                .map(|entry| entry.file_name())
+            else {
+                return;
+            };
+            let _ = tokio::process::Command::new("pg_ctlcluster")
+                .arg("--skip-systemctl-redirect")
+                .arg(&version)
+                .args(["main", "start"])
+                .status()
+                .await;
+            let url = database_url();
+            for _ in 0..300 {
+                if PgConnection::connect(&url).await.is_ok() {
+                    return;
+                }
+                tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+            }
+        })
+        .await;
 }
 
 impl Drop for TestDb {
