@@ -15,13 +15,23 @@ use uuid::Uuid;
 use crate::error::{Error, Result};
 use crate::event::{IntoRecord, OutboxEvent, OutboxRecord};
 
-/// One statement for any number of rows: seven arrays unnested in order, so `id`s follow the
-/// order of emission.
+/// Namespace (first key) of the transaction-scoped advisory locks emitters take on the hash of
+/// each partition key they write, from the moment rows get their `id` to commit. Emitters of one
+/// key therefore commit in `id` order, which the relay's per-key ordering relies on. Locks are
+/// taken in hash order, so emitters never deadlock on them.
+pub(crate) const EMIT_KEY_LOCK: i32 = 0x6f62_7865; // "obxe"
+
+/// One statement for any number of rows: the key locks, then seven arrays unnested in order, so
+/// `id`s follow the order of emission.
 const INSERT_SQL: &str = "\
+WITH key_locks AS MATERIALIZED ( \
+    SELECT count(pg_advisory_xact_lock(1868724325, h)) AS n \
+    FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest($7::text[]) AS k ORDER BY 1) AS sorted) \
 INSERT INTO outbox_event \
     (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key) \
 SELECT r.event_id, r.aggregate_type, r.aggregate_id, r.event_type, r.payload::jsonb, r.topic, r.partition_key \
-FROM UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[]) \
+FROM key_locks, \
+    UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[]) \
     WITH ORDINALITY AS r(event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, n) \
 ORDER BY r.n";
 
@@ -389,8 +399,18 @@ async fn insert(conn: &mut PgConnection, records: &[OutboxRecord]) -> Result<Vec
 /// exact whatever `standard_conforming_strings` says; sqlx always talks UTF-8; a NUL character,
 /// which no PostgreSQL text can hold, is refused before anything is sent.
 fn literal_insert(records: &[OutboxRecord]) -> Result<String> {
-    let size: usize = records.iter().map(|r| r.payload.len() + 200).sum();
-    let mut sql = String::with_capacity(size + 128);
+    let size: usize = records.iter().map(|r| r.payload.len() + 250).sum();
+    let mut sql = String::with_capacity(size + 256);
+    sql.push_str("SELECT count(pg_advisory_xact_lock(");
+    sql.push_str(&EMIT_KEY_LOCK.to_string());
+    sql.push_str(", h)) FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest(ARRAY[");
+    for (i, r) in records.iter().enumerate() {
+        if i > 0 {
+            sql.push_str(", ");
+        }
+        push_literal(&mut sql, r.partition_key()).map_err(|()| nul_error(r))?;
+    }
+    sql.push_str("]::text[]) AS k ORDER BY 1) AS sorted; ");
     sql.push_str(
         "INSERT INTO outbox_event \
          (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key) VALUES ",
@@ -415,15 +435,19 @@ fn literal_insert(records: &[OutboxRecord]) -> Result<String> {
             (r.partition_key(), ""),
         ] {
             sql.push_str(", ");
-            push_literal(&mut sql, value).map_err(|()| Error::InvalidEvent {
-                event_type: r.event_type.clone(),
-                reason: "contains a NUL character, which PostgreSQL text cannot store".into(),
-            })?;
+            push_literal(&mut sql, value).map_err(|()| nul_error(r))?;
             sql.push_str(cast);
         }
         sql.push(')');
     }
     Ok(sql)
+}
+
+fn nul_error(r: &OutboxRecord) -> Error {
+    Error::InvalidEvent {
+        event_type: r.event_type.clone(),
+        reason: "contains a NUL character, which PostgreSQL text cannot store".into(),
+    }
 }
 
 fn push_literal(sql: &mut String, value: &str) -> Result<(), ()> {
@@ -448,6 +472,12 @@ mod tests {
         let mut sql = String::new();
         push_literal(&mut sql, value).unwrap();
         sql
+    }
+
+    #[test]
+    fn insert_statement_locks_in_the_emit_namespace() {
+        let call = format!("pg_advisory_xact_lock({}, h)", super::EMIT_KEY_LOCK);
+        assert!(super::INSERT_SQL.contains(&call));
     }
 
     #[test]

@@ -618,3 +618,51 @@ async fn emit_on_an_application_managed_transaction() {
     uow.commit().await.unwrap();
     assert_eq!(count(&db.pool, "outbox_event").await, 4);
 }
+
+#[tokio::test]
+async fn emitters_of_one_key_commit_in_id_order() {
+    let db = setup().await;
+    let key = "customer-42".to_owned();
+    let line = |sku: &str| OrderLineAdded {
+        order_id: Uuid::now_v7(),
+        customer: key.clone(),
+        sku: sku.into(),
+    };
+    // The first unit of work writes its row (taking the key's lock) and stays open.
+    let mut first = Uow::begin(&db.pool).await.unwrap();
+    first.emit(&line("first")).await.unwrap();
+    first.flush().await.unwrap();
+    // The second one, on the same key, cannot get its id until the first commits.
+    let pool = db.pool.clone();
+    let second_line = line("second");
+    let second = tokio::spawn(async move {
+        let mut uow = Uow::begin(&pool).await.unwrap();
+        uow.emit(&second_line).await.unwrap();
+        uow.commit().await.unwrap();
+    });
+    let blocked = async {
+        loop {
+            let waiting: i64 = sqlx::query_scalar(
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
+            )
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+            if waiting == 1 {
+                break;
+            }
+        }
+    };
+    tokio::time::timeout(std::time::Duration::from_secs(10), blocked)
+        .await
+        .expect("the second emitter waits for the first one's key lock");
+    assert!(!second.is_finished());
+    first.commit().await.unwrap();
+    second.await.unwrap();
+    let skus: Vec<String> =
+        sqlx::query_scalar("SELECT payload->>'sku' FROM outbox_event ORDER BY id")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(skus, ["first", "second"]);
+}
