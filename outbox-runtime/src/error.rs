@@ -70,6 +70,20 @@ pub enum Error {
         embedded: i64,
     },
 
+    /// Invalid configuration, found by a builder's `build`.
+    #[error("invalid configuration: {0}")]
+    Config(String),
+
+    /// Records were not acknowledged by Kafka for a passing reason (broker down, timeout); they
+    /// stay unpublished and are retried.
+    #[error("publishing to Kafka failed, will retry: {0}")]
+    Publish(String),
+
+    /// A Kafka client error.
+    #[cfg(feature = "kafka")]
+    #[error("kafka error: {0}")]
+    Kafka(#[from] rdkafka::error::KafkaError),
+
     /// Any other database error.
     #[error("database error: {0}")]
     Database(#[from] sqlx::Error),

@@ -4,6 +4,8 @@
 mod error;
 mod event;
 pub mod migrate;
+#[cfg(feature = "kafka")]
+pub mod relay;
 mod uow;
 
 pub use error::{Error, Result};

@@ -1,0 +1,261 @@
+//! Kafka for tests: librdkafka's in-process mock cluster, and `tansu`, a Kafka-protocol broker
+//! run as a process of its own with SQLite storage.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::config::ClientConfig;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::DefaultProducerContext;
+use rdkafka::TopicPartitionList;
+
+/// A broker for one test.
+pub enum Kafka {
+    Mock(MockCluster<'static, DefaultProducerContext>),
+    Tansu(Tansu),
+}
+
+impl std::fmt::Debug for Kafka {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Kafka({})", self.bootstrap())
+    }
+}
+
+/// How many brokers the mock cluster has.
+const MOCK_BROKERS: i32 = 3;
+
+impl Kafka {
+    /// librdkafka's in-process mock cluster (3 brokers).
+    pub fn mock() -> Kafka {
+        Kafka::Mock(MockCluster::new(MOCK_BROKERS).expect("start the mock Kafka cluster"))
+    }
+
+    /// A tansu broker process on a free local port.
+    pub async fn tansu() -> Kafka {
+        Kafka::Tansu(Tansu::start().await)
+    }
+
+    pub fn bootstrap(&self) -> String {
+        match self {
+            Kafka::Mock(m) => m.bootstrap_servers(),
+            Kafka::Tansu(t) => t.bootstrap(),
+        }
+    }
+
+    pub async fn create_topic(&self, topic: &str, partitions: i32) {
+        match self {
+            Kafka::Mock(m) => m
+                .create_topic(topic, partitions, 1)
+                .expect("create topic on the mock cluster"),
+            Kafka::Tansu(_) => {
+                let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+                    .set("bootstrap.servers", self.bootstrap())
+                    .create()
+                    .expect("admin client");
+                let topic = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+                let results = admin
+                    .create_topics([&topic], &AdminOptions::new())
+                    .await
+                    .expect("create topic");
+                for r in results {
+                    r.expect("topic created");
+                }
+            }
+        }
+    }
+
+    /// Makes the broker unreachable: every mock broker down, or the tansu process killed.
+    pub fn stop(&mut self) {
+        match self {
+            Kafka::Mock(m) => {
+                for id in 1..=MOCK_BROKERS {
+                    m.broker_down(id).expect("mock broker down");
+                }
+            }
+            Kafka::Tansu(t) => t.kill(),
+        }
+    }
+
+    /// Brings the broker back, with its data.
+    pub async fn restart(&mut self) {
+        match self {
+            Kafka::Mock(m) => {
+                for id in 1..=MOCK_BROKERS {
+                    m.broker_up(id).expect("mock broker up");
+                }
+            }
+            Kafka::Tansu(t) => t.spawn().await,
+        }
+    }
+}
+
+/// A tansu broker process. Killed when dropped.
+#[derive(Debug)]
+pub struct Tansu {
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+/// Where the tansu binary is: `TANSU_BIN`, or where `.ci/install-tansu` puts it.
+pub fn tansu_bin() -> PathBuf {
+    if let Some(bin) = std::env::var_os("TANSU_BIN") {
+        return bin.into();
+    }
+    let home = std::env::var_os("HOME").unwrap_or_else(|| "/root".into());
+    PathBuf::from(home).join(".cache/outbox/tansu-0.6.0/bin/tansu")
+}
+
+impl Tansu {
+    pub async fn start() -> Tansu {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let dir = std::env::temp_dir().join(format!("outbox-tansu-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).expect("tansu data dir");
+        let mut tansu = Tansu {
+            port,
+            dir,
+            child: None,
+        };
+        tansu.spawn().await;
+        tansu
+    }
+
+    pub fn bootstrap(&self) -> String {
+        format!("127.0.0.1:{}", self.port)
+    }
+
+    async fn spawn(&mut self) {
+        let bin = tansu_bin();
+        assert!(
+            bin.exists(),
+            "tansu is not installed at {} (run `bash .ci/install-tansu`, or set TANSU_BIN)",
+            bin.display()
+        );
+        let url = format!("tcp://127.0.0.1:{}", self.port);
+        let log = std::fs::File::create(self.dir.join("tansu.log")).expect("tansu log");
+        let child = Command::new(bin)
+            .arg("broker")
+            .args(["--listener-url", &url, "--advertised-listener-url", &url])
+            .args(["--storage-engine", "sqlite://tansu.db"])
+            .current_dir(&self.dir)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("start tansu");
+        self.child = Some(child);
+        // Ready when it accepts connections.
+        for _ in 0..200 {
+            if tokio::net::TcpStream::connect(("127.0.0.1", self.port))
+                .await
+                .is_ok()
+            {
+                return;
+            }
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+        panic!("tansu did not listen on port {} within 5 s", self.port);
+    }
+
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+}
+
+impl Drop for Tansu {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// One consumed record.
+#[derive(Debug, Clone)]
+pub struct Received {
+    pub key: String,
+    pub payload: serde_json::Value,
+    pub headers: HashMap<String, String>,
+    pub partition: i32,
+    pub offset: i64,
+    pub timestamp_ms: Option<i64>,
+}
+
+impl Received {
+    pub fn header(&self, name: &str) -> &str {
+        self.headers
+            .get(name)
+            .map(String::as_str)
+            .unwrap_or_else(|| panic!("record has no {name} header"))
+    }
+    pub fn outbox_id(&self) -> i64 {
+        self.header("outbox_id").parse().expect("numeric outbox_id")
+    }
+}
+
+/// Reads `topic` from the beginning of every partition (no consumer group) until `until` says
+/// it has enough, or `timeout` passes. Returns what it read, in per-partition order.
+pub async fn consume<F>(
+    bootstrap: &str,
+    topic: &str,
+    partitions: i32,
+    timeout: Duration,
+    mut until: F,
+) -> Vec<Received>
+where
+    F: FnMut(&[Received]) -> bool,
+{
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", format!("outbox-test-{}", uuid::Uuid::new_v4()))
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .expect("consumer");
+    let mut assignment = TopicPartitionList::new();
+    for p in 0..partitions {
+        assignment
+            .add_partition_offset(topic, p, rdkafka::Offset::Beginning)
+            .expect("partition");
+    }
+    consumer.assign(&assignment).expect("assign");
+    let mut received = Vec::new();
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !until(&received) {
+        let message = match tokio::time::timeout_at(deadline, consumer.recv()).await {
+            Ok(Ok(m)) => m,
+            Ok(Err(e)) => panic!("consume error: {e}"),
+            Err(_) => break,
+        };
+        let mut headers = HashMap::new();
+        if let Some(h) = message.headers() {
+            for header in h.iter() {
+                let value = header
+                    .value
+                    .map(|v| String::from_utf8_lossy(v).into_owned());
+                headers.insert(header.key.to_owned(), value.unwrap_or_default());
+            }
+        }
+        received.push(Received {
+            key: String::from_utf8_lossy(message.key().unwrap_or_default()).into_owned(),
+            payload: serde_json::from_slice(message.payload().unwrap_or_default())
+                .expect("JSON payload"),
+            headers,
+            partition: message.partition(),
+            offset: message.offset(),
+            timestamp_ms: message.timestamp().to_millis(),
+        });
+    }
+    received
+}
