@@ -186,7 +186,9 @@ async fn four_relays_keep_per_key_order_while_writes_continue() {
     // The four really shared the work: each owns a fair share (16) of the 64 shards.
     let shares: Vec<i64> = sqlx::query_scalar(
         "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
-         AND classid = 1868724339 GROUP BY pid ORDER BY 1",
+         AND classid = 1868724339 \
+         AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
+         GROUP BY pid ORDER BY 1",
     )
     .fetch_all(&db.pool)
     .await

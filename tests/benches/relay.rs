@@ -1,0 +1,311 @@
+//! Relay throughput and latency, against its two limits, in one run on one database and broker.
+//!
+//! 1. the raw rdkafka producer sending N records shaped like the relay's (no database);
+//! 2. the relay's database work alone: claim + mark of N rows (no Kafka);
+//! 3. `publish_pending` draining N pre-written events, with 1 relay, then 4 relays;
+//! 4. end-to-end latency, commit to consumer receipt, at a steady 1,000 events/s.
+//!
+//! `cargo bench -p outbox-tests --bench relay` (env: `N`, default 50000; `ROUNDS`, default 3;
+//! `BROKER=tansu` for the tansu process instead of the embedded mock cluster; `LATENCY_SECS`,
+//! default 5).
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use outbox_runtime::relay::{self, Relay};
+use outbox_runtime::{OutboxEvent, Uow};
+use outbox_tests::kafka::Kafka;
+use outbox_tests::TestDb;
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::{Header, Message, OwnedHeaders};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+const TOPIC: &str = "bench.events";
+const PARTITIONS: i32 = 12;
+
+#[derive(serde::Serialize, OutboxEvent)]
+#[outbox(
+    topic = "bench.events",
+    aggregate_type = "Order",
+    event_type = "OrderCreated"
+)]
+struct OrderCreated {
+    #[outbox(aggregate_id)]
+    order_id: String,
+    customer_id: Uuid,
+    amount: i64,
+    n: u64,
+}
+
+fn event(n: u64, keys: u64) -> OrderCreated {
+    OrderCreated {
+        order_id: format!("order-{}", n % keys),
+        customer_id: Uuid::from_u128(n as u128),
+        amount: n as i64,
+        n,
+    }
+}
+
+async fn write_events(pool: &PgPool, n: u64) {
+    sqlx::query("TRUNCATE outbox_event")
+        .execute(pool)
+        .await
+        .unwrap();
+    let mut i = 0;
+    while i < n {
+        let chunk: Vec<OrderCreated> = (i..(i + 1000).min(n)).map(|k| event(k, 1000)).collect();
+        let mut uow = Uow::begin(pool).await.unwrap();
+        uow.emit_all(&chunk).await.unwrap();
+        uow.commit().await.unwrap();
+        i += chunk.len() as u64;
+    }
+    sqlx::query("VACUUM ANALYZE outbox_event")
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+fn producer(bootstrap: &str) -> FutureProducer {
+    ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .set("acks", "all")
+        .set("linger.ms", "0")
+        .create()
+        .unwrap()
+}
+
+/// (1) The raw producer: the same records, no database.
+async fn raw_producer(bootstrap: &str, n: u64) -> Duration {
+    let producer = producer(bootstrap);
+    let records: Vec<(String, String, String)> = (0..n)
+        .map(|k| {
+            let e = event(k, 1000);
+            (
+                e.order_id.clone(),
+                serde_json::to_string(&e).unwrap(),
+                Uuid::now_v7().to_string(),
+            )
+        })
+        .collect();
+    let start = Instant::now();
+    let mut pending = Vec::with_capacity(records.len());
+    for (i, (key, payload, event_id)) in records.iter().enumerate() {
+        let id = i.to_string();
+        let headers = OwnedHeaders::new_with_capacity(6)
+            .insert(Header {
+                key: "event_id",
+                value: Some(event_id.as_bytes()),
+            })
+            .insert(Header {
+                key: "event_type",
+                value: Some("OrderCreated".as_bytes()),
+            })
+            .insert(Header {
+                key: "aggregate_type",
+                value: Some("Order".as_bytes()),
+            })
+            .insert(Header {
+                key: "aggregate_id",
+                value: Some(key.as_bytes()),
+            })
+            .insert(Header {
+                key: "content-type",
+                value: Some("application/json".as_bytes()),
+            })
+            .insert(Header {
+                key: "outbox_id",
+                value: Some(id.as_bytes()),
+            });
+        let record = FutureRecord::to(TOPIC)
+            .key(key)
+            .payload(payload)
+            .headers(headers);
+        pending.push(producer.send_result(record).map_err(|(e, _)| e).unwrap());
+        // Await in windows of a relay batch, as the relay does.
+        if pending.len() == 500 {
+            for d in pending.drain(..) {
+                d.await.unwrap().unwrap();
+            }
+        }
+    }
+    for d in pending {
+        d.await.unwrap().unwrap();
+    }
+    start.elapsed()
+}
+
+async fn wait_drained(pool: &PgPool) {
+    loop {
+        let left: bool = sqlx::query_scalar(
+            "SELECT EXISTS (SELECT 1 FROM outbox_event WHERE published_at IS NULL)",
+        )
+        .fetch_one(pool)
+        .await
+        .unwrap();
+        if !left {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
+
+/// (4) Commit → receipt latencies at a steady rate.
+async fn latency(db: &TestDb, relay: &Relay, bootstrap: &str, secs: u64) -> Vec<Duration> {
+    sqlx::query("TRUNCATE outbox_event")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let cancel = CancellationToken::new();
+    let handle = relay.spawn(cancel.clone());
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", "bench-latency")
+        .set("enable.auto.commit", "false")
+        .set("fetch.wait.max.ms", "1")
+        .create()
+        .unwrap();
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        tpl.add_partition_offset(TOPIC, p, Offset::End).unwrap();
+    }
+    consumer.assign(&tpl).unwrap();
+    // Let the consumer reach the end of every partition before the clock starts.
+    tokio::time::sleep(Duration::from_secs(1)).await;
+
+    let sent: Arc<Mutex<HashMap<u64, Instant>>> = Arc::default();
+    let total = secs * 1000;
+    let emitter = {
+        let pool = db.pool.clone();
+        let sent = sent.clone();
+        tokio::spawn(async move {
+            let mut tick = tokio::time::interval(Duration::from_millis(1));
+            for n in 1_000_000..1_000_000 + total {
+                tick.tick().await;
+                let mut uow = Uow::begin(&pool).await.unwrap();
+                uow.emit(&event(n, 1000)).await.unwrap();
+                sent.lock().unwrap().insert(n, Instant::now());
+                uow.commit().await.unwrap();
+            }
+        })
+    };
+    let mut latencies = Vec::with_capacity(total as usize);
+    while latencies.len() < total as usize {
+        let m = tokio::time::timeout(Duration::from_secs(30), consumer.recv())
+            .await
+            .expect("latency events keep arriving")
+            .unwrap();
+        let received = Instant::now();
+        let v: serde_json::Value = serde_json::from_slice(m.payload().unwrap()).unwrap();
+        let n = v["n"].as_u64().unwrap();
+        if let Some(t) = sent.lock().unwrap().remove(&n) {
+            latencies.push(received - t);
+        }
+    }
+    emitter.await.unwrap();
+    cancel.cancel();
+    handle.await.unwrap().unwrap();
+    latencies
+}
+
+fn rate(n: u64, d: Duration) -> f64 {
+    n as f64 / d.as_secs_f64()
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v[v.len() / 2]
+}
+
+fn env(name: &str, default: u64) -> u64 {
+    std::env::var(name)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(default)
+}
+
+#[tokio::main]
+async fn main() {
+    let n = env("N", 50_000);
+    let rounds = env("ROUNDS", 3);
+    let kafka = match std::env::var("BROKER").as_deref() {
+        Ok("tansu") => Kafka::tansu().await,
+        _ => Kafka::mock(),
+    };
+    let bootstrap = kafka.bootstrap();
+    kafka.create_topic(TOPIC, PARTITIONS).await;
+    let db = TestDb::new().await;
+    let relay = Relay::builder(db.pool.clone())
+        .brokers(&bootstrap)
+        .batch_size(500)
+        .build()
+        .unwrap();
+    println!("relay benchmark: N = {n} events, {rounds} rounds, broker = {kafka:?}, 1000 keys");
+
+    let mut results: [Vec<f64>; 4] = Default::default();
+    for round in 0..rounds {
+        let raw = rate(n, raw_producer(&bootstrap, n).await);
+
+        write_events(&db.pool, n).await;
+        let t = Instant::now();
+        let marked = relay::drain_without_kafka(db.pool.clone(), 500)
+            .await
+            .unwrap();
+        assert_eq!(marked, n);
+        let db_only = rate(n, t.elapsed());
+
+        write_events(&db.pool, n).await;
+        let t = Instant::now();
+        let published = relay.publish_pending().await.unwrap();
+        assert_eq!(published, n);
+        let one = rate(n, t.elapsed());
+
+        write_events(&db.pool, n).await;
+        let cancel = CancellationToken::new();
+        let t = Instant::now();
+        let handles: Vec<_> = (0..4).map(|_| relay.spawn(cancel.clone())).collect();
+        wait_drained(&db.pool).await;
+        let four = rate(n, t.elapsed());
+        cancel.cancel();
+        for h in handles {
+            h.await.unwrap().unwrap();
+        }
+        println!(
+            "round {round}: raw producer {raw:.0}/s, claim+mark only {db_only:.0}/s, \
+             1 relay {one:.0}/s, 4 relays {four:.0}/s"
+        );
+        for (i, r) in [raw, db_only, one, four].into_iter().enumerate() {
+            results[i].push(r);
+        }
+    }
+    let [raw, db_only, one, four] = results.map(median);
+    let limit = raw.min(db_only);
+    println!();
+    println!("medians over {rounds} rounds (events/s):");
+    println!("  (1) raw rdkafka producer, no database   {raw:>9.0}");
+    println!("  (2) claim + mark only, no Kafka         {db_only:>9.0}");
+    println!(
+        "  (3) publish_pending, 1 relay            {one:>9.0}   {:.0}% of min(1, 2)",
+        one / limit * 100.0
+    );
+    println!(
+        "      4 relays                            {four:>9.0}   {:.0}% of min(1, 2)",
+        four / limit * 100.0
+    );
+
+    let secs = env("LATENCY_SECS", 5);
+    let mut lat = latency(&db, &relay, &bootstrap, secs).await;
+    lat.sort();
+    let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];
+    println!(
+        "  (4) commit -> consumer latency at 1000 events/s over {secs} s: p50 {:.1} ms, p99 {:.1} ms, max {:.1} ms",
+        pct(0.50).as_secs_f64() * 1e3,
+        pct(0.99).as_secs_f64() * 1e3,
+        lat[lat.len() - 1].as_secs_f64() * 1e3
+    );
+}
