@@ -1,20 +1,30 @@
-//! Quickstart: commands that change the database and emit events atomically.
+//! Quickstart: commands that change the database and emit events atomically, and the relay
+//! that publishes them to Kafka.
 //!
 //! ```sh
-//! cargo run --example quickstart            # DATABASE_URL defaults to the local server
+//! cargo run --example quickstart
 //! ```
 //!
-//! It creates its own database (`outbox_quickstart`) if missing, applies the migrations, places
-//! a few orders (each an `orders` row and an `OrderCreated` outbox row in one transaction),
-//! tries one invalid order to show that a failed command writes neither row, and prints the
-//! outbox rows waiting for the relay.
+//! Without configuration it uses the local PostgreSQL (`DATABASE_URL`, default
+//! `postgres://postgres@127.0.0.1:5432/postgres`; it creates its own database
+//! `outbox_quickstart`) and an embedded Kafka (librdkafka's mock cluster); set `KAFKA_BROKERS`
+//! to use a real broker. It places a few orders (each an `orders` row and an `OrderCreated`
+//! outbox row in one transaction), tries an invalid one (nothing is written), runs the relay
+//! as a background task, reads the events back from Kafka, and shuts the relay down gracefully.
 
 use std::error::Error;
 use std::str::FromStr;
+use std::time::Duration;
 
+use outbox_runtime::relay::Relay;
 use outbox_runtime::{OutboxEvent, Uow};
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::{Headers, Message};
+use rdkafka::mocking::MockCluster;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, PgPool};
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 #[derive(serde::Serialize, OutboxEvent)]
@@ -88,31 +98,84 @@ async fn main() -> Result<(), Box<dyn Error>> {
     .execute(&pool)
     .await?;
 
+    // Kafka: KAFKA_BROKERS, or an embedded mock cluster that lives as long as this program.
+    let mock;
+    let brokers = match std::env::var("KAFKA_BROKERS") {
+        Ok(brokers) => brokers,
+        Err(_) => {
+            mock = MockCluster::new(1)?;
+            mock.create_topic("order.events", 3, 1)?;
+            println!(
+                "embedded Kafka (mock cluster) at {}",
+                mock.bootstrap_servers()
+            );
+            mock.bootstrap_servers()
+        }
+    };
+
+    // The relay runs beside the application and stops with it.
+    let relay = Relay::builder(pool.clone()).brokers(&brokers).build()?;
+    let cancel = CancellationToken::new();
+    let relay_task = relay.spawn(cancel.clone());
+
+    // A reader of the topic from its beginning, standing in for another service.
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &brokers)
+        .set("group.id", "outbox-quickstart")
+        .set("enable.auto.commit", "false")
+        .create()?;
+    let partitions = consumer
+        .fetch_metadata(Some("order.events"), Duration::from_secs(10))?
+        .topics()
+        .first()
+        .map_or(1, |t| t.partitions().len() as i32);
+    let mut assignment = TopicPartitionList::new();
+    for partition in 0..partitions {
+        assignment.add_partition_offset("order.events", partition, Offset::Beginning)?;
+    }
+    consumer.assign(&assignment)?;
+
     let customer = Uuid::now_v7();
+    let mut placed = Vec::new();
     for amount in [1_500, 2_750, 990] {
         let order_id = place_order(&pool, customer, amount).await?;
         println!("placed order {order_id} ({amount}): order row + OrderCreated event committed");
+        placed.push(order_id);
     }
     match place_order(&pool, customer, 0).await {
         Ok(id) => return Err(format!("order {id} with amount 0 should have been refused").into()),
         Err(e) => println!("refused an order of amount 0, nothing written: {e}"),
     }
 
-    let (orders, unpublished): (i64, i64) = sqlx::query_as(
-        "SELECT (SELECT count(*) FROM orders WHERE customer_id = $1), \
-                (SELECT count(*) FROM outbox_event WHERE published_at IS NULL)",
-    )
-    .bind(customer)
-    .fetch_one(&pool)
-    .await?;
-    println!("orders of this run: {orders}; outbox rows waiting for the relay: {unpublished}");
-    let rows: Vec<(i64, String, String, serde_json::Value)> = sqlx::query_as(
-        "SELECT id, topic, partition_key, payload FROM outbox_event ORDER BY id DESC LIMIT 3",
-    )
-    .fetch_all(&pool)
-    .await?;
-    for (id, topic, key, payload) in rows.into_iter().rev() {
-        println!("  #{id} {topic} key={key} {payload}");
+    // Read the events back: the relay publishes them within milliseconds of the commit.
+    let mut seen = 0;
+    while seen < placed.len() {
+        let message = tokio::time::timeout(Duration::from_secs(30), consumer.recv())
+            .await
+            .map_err(|_| "no event arrived from Kafka within 30 s")??;
+        let event_id = message
+            .headers()
+            .and_then(|h| h.iter().find(|h| h.key == "event_id"))
+            .and_then(|h| h.value)
+            .map(String::from_utf8_lossy)
+            .unwrap_or_default();
+        let payload = String::from_utf8_lossy(message.payload().unwrap_or_default());
+        let key = String::from_utf8_lossy(message.key().unwrap_or_default());
+        if placed.iter().any(|id| id.to_string() == key) {
+            seen += 1;
+            println!(
+                "kafka: {} key={key} event_id={event_id} {payload}",
+                message.topic()
+            );
+        }
     }
+
+    let status = relay.status().await?;
+    println!(
+        "outbox: {} unpublished, {} parked; shutting the relay down",
+        status.unpublished, status.parked
+    );
+    cancel.cancel();
+    relay_task.await??;
     Ok(())
 }

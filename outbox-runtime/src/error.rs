@@ -84,7 +84,7 @@ pub enum Error {
     #[error("kafka error: {0}")]
     Kafka(#[from] rdkafka::error::KafkaError),
 
-    /// Any other database error.
-    #[error("database error: {0}")]
+    /// Any other database error (its message says so).
+    #[error(transparent)]
     Database(#[from] sqlx::Error),
 }
