@@ -15,25 +15,12 @@ use uuid::Uuid;
 use crate::error::{Error, Result};
 use crate::event::{IntoRecord, OutboxEvent, OutboxRecord};
 
-/// Namespace (first key) of the transaction-scoped advisory locks emitters take on the hash of
-/// each partition key they write, from the moment rows get their `id` to commit. Emitters of one
-/// key therefore commit in `id` order, which the relay's per-key ordering relies on. Locks are
-/// taken in hash order, so emitters never deadlock on them.
-pub(crate) const EMIT_KEY_LOCK: i32 = 0x6f62_7865; // "obxe"
-
-/// One statement for any number of rows: the key locks, then seven arrays unnested in order, so
-/// `id`s follow the order of emission.
-const INSERT_SQL: &str = "\
-WITH key_locks AS MATERIALIZED ( \
-    SELECT count(pg_advisory_xact_lock(1868724325, h)) AS n \
-    FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest($7::text[]) AS k ORDER BY 1) AS sorted) \
-INSERT INTO outbox_event \
-    (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key) \
-SELECT r.event_id, r.aggregate_type, r.aggregate_id, r.event_type, r.payload::jsonb, r.topic, r.partition_key \
-FROM key_locks, \
-    UNNEST($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[]) \
-    WITH ORDINALITY AS r(event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key, n) \
-ORDER BY r.n";
+/// One call for any number of rows. `outbox_emit` (see the relay migration) takes a
+/// transaction-scoped advisory lock on the hash of each partition key, so that one key's rows
+/// commit in `id` order (the relay's per-key ordering relies on it), inserts the rows in the
+/// order given, and wakes waiting relays.
+const EMIT_SQL: &str = "SELECT outbox_emit($1::uuid[], $2::text[], $3::text[], $4::text[], \
+                        $5::text[], $6::text[], $7::text[])";
 
 /// Buffered events are written early (one statement, one round trip) past this many...
 const FLUSH_AT_EVENTS: usize = 10_000;
@@ -212,7 +199,7 @@ impl<'c> Uow<'c> {
         }
         // One simple query: the rows, then COMMIT. On an error the server skips the rest and
         // nothing commits; the transaction is then rolled back like any dropped one.
-        let mut sql = literal_insert(&self.pending)?;
+        let mut sql = literal_emit(&self.pending)?;
         sql.push_str("; COMMIT");
         let result = self.tx().execute(sql.as_str()).await;
         match result {
@@ -375,7 +362,7 @@ async fn insert(conn: &mut PgConnection, records: &[OutboxRecord]) -> Result<Vec
         topics.push(r.topic());
         keys.push(r.partition_key());
     }
-    sqlx::query(INSERT_SQL)
+    sqlx::query(EMIT_SQL)
         .bind(&ids)
         .bind(&aggregate_types)
         .bind(&aggregate_ids)
@@ -392,54 +379,45 @@ async fn insert(conn: &mut PgConnection, records: &[OutboxRecord]) -> Result<Vec
     Ok(ids)
 }
 
-/// `INSERT INTO outbox_event ... VALUES (...), ...` with every value as a literal, for the
+/// `SELECT outbox_emit(ARRAY[...], ...)` with every value as a literal, for the
 /// one-round-trip commit (a simple query carries no parameters).
 ///
 /// Strings are written as `E'...'` literals with every backslash and quote escaped, which is
 /// exact whatever `standard_conforming_strings` says; sqlx always talks UTF-8; a NUL character,
 /// which no PostgreSQL text can hold, is refused before anything is sent.
-fn literal_insert(records: &[OutboxRecord]) -> Result<String> {
+fn literal_emit(records: &[OutboxRecord]) -> Result<String> {
     let size: usize = records.iter().map(|r| r.payload.len() + 250).sum();
-    let mut sql = String::with_capacity(size + 256);
-    sql.push_str("SELECT count(pg_advisory_xact_lock(");
-    sql.push_str(&EMIT_KEY_LOCK.to_string());
-    sql.push_str(", h)) FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest(ARRAY[");
+    let mut sql = String::with_capacity(size + 128);
+    sql.push_str("SELECT outbox_emit(ARRAY[");
+    let mut buf = Uuid::encode_buffer();
     for (i, r) in records.iter().enumerate() {
         if i > 0 {
             sql.push_str(", ");
         }
-        push_literal(&mut sql, r.partition_key()).map_err(|()| nul_error(r))?;
+        sql.push('\'');
+        sql.push_str(r.event_id.hyphenated().encode_lower(&mut buf));
+        sql.push('\'');
     }
-    sql.push_str("]::text[]) AS k ORDER BY 1) AS sorted; ");
-    sql.push_str(
-        "INSERT INTO outbox_event \
-         (event_id, aggregate_type, aggregate_id, event_type, payload, topic, partition_key) VALUES ",
-    );
-    for (i, r) in records.iter().enumerate() {
-        if i > 0 {
-            sql.push_str(", ");
+    sql.push_str("]::uuid[]");
+    let columns: [fn(&OutboxRecord) -> &str; 6] = [
+        OutboxRecord::aggregate_type,
+        OutboxRecord::aggregate_id,
+        OutboxRecord::event_type,
+        OutboxRecord::payload,
+        OutboxRecord::topic,
+        OutboxRecord::partition_key,
+    ];
+    for column in columns {
+        sql.push_str(", ARRAY[");
+        for (i, r) in records.iter().enumerate() {
+            if i > 0 {
+                sql.push_str(", ");
+            }
+            push_literal(&mut sql, column(r)).map_err(|()| nul_error(r))?;
         }
-        sql.push_str("('");
-        sql.push_str(
-            r.event_id
-                .hyphenated()
-                .encode_lower(&mut Uuid::encode_buffer()),
-        );
-        sql.push_str("'::uuid");
-        for (value, cast) in [
-            (r.aggregate_type(), ""),
-            (r.aggregate_id(), ""),
-            (r.event_type(), ""),
-            (r.payload(), "::jsonb"),
-            (r.topic(), ""),
-            (r.partition_key(), ""),
-        ] {
-            sql.push_str(", ");
-            push_literal(&mut sql, value).map_err(|()| nul_error(r))?;
-            sql.push_str(cast);
-        }
-        sql.push(')');
+        sql.push_str("]::text[]");
     }
+    sql.push(')');
     Ok(sql)
 }
 
@@ -472,12 +450,6 @@ mod tests {
         let mut sql = String::new();
         push_literal(&mut sql, value).unwrap();
         sql
-    }
-
-    #[test]
-    fn insert_statement_locks_in_the_emit_namespace() {
-        let call = format!("pg_advisory_xact_lock({}, h)", super::EMIT_KEY_LOCK);
-        assert!(super::INSERT_SQL.contains(&call));
     }
 
     #[test]

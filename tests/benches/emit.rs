@@ -141,6 +141,14 @@ async fn main() {
         .execute(&db.pool)
         .await
         .unwrap();
+    if std::env::var("NO_NOTIFY").is_ok() {
+        // To measure what the relay's wake-up notification costs.
+        sqlx::query("DROP TRIGGER outbox_event_notify ON outbox_event")
+            .execute(&db.pool)
+            .await
+            .unwrap();
+        println!("(without the NOTIFY trigger)");
+    }
     let pool = db.pool(8).await;
     let variants = [
         Variant::NoEmit,

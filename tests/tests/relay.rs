@@ -332,15 +332,13 @@ async fn a_committed_event_wakes_the_relay_without_polling() {
         .unwrap();
     let cancel = CancellationToken::new();
     let handle = relay.spawn(cancel.clone());
-    // Let the relay go idle first (it has found nothing and is waiting).
+    // Let the relay go idle first: it found nothing and waits, marked as waiting.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let idle: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM pg_stat_activity WHERE query = 'LISTEN \"outbox_event\"'",
-        )
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+        let idle: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_relay_waiting")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
         if idle > 0 {
             break;
         }

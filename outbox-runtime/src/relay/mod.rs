@@ -305,10 +305,26 @@ impl Relay {
             match instance.step().await {
                 Ok(Step::Full) => {
                     failures = 0;
+                    // Busy: emitters need not notify (NOTIFY serializes their commits).
+                    if let Err(e) = instance.set_waiting(false).await {
+                        tracing::warn!(error = %e, "outbox relay could not clear its waiting mark");
+                        instance.reset();
+                    }
                     continue;
                 }
                 Ok(Step::Idle) => {
                     failures = 0;
+                    // About to wait: ask emitters to notify, then look once more, for rows
+                    // committed before they could see the mark.
+                    if !instance.waiting && !instance.shards.is_empty() {
+                        match instance.set_waiting(true).await {
+                            Ok(()) => continue,
+                            Err(e) => {
+                                tracing::warn!(error = %e, "outbox relay could not mark itself waiting");
+                                instance.reset();
+                            }
+                        }
+                    }
                     // Without shards, look again soon: another instance is about to free some.
                     let wait = if instance.shards.is_empty() {
                         self.inner.poll_interval.min(REBALANCE_EVERY)
@@ -337,6 +353,9 @@ impl Relay {
                     }
                 }
             }
+        }
+        if let Err(e) = instance.set_waiting(false).await {
+            tracing::debug!(error = %e, "outbox relay could not clear its waiting mark on shutdown");
         }
         let Some(producer) = self.inner.producer.clone() else {
             return Ok(());
@@ -427,6 +446,8 @@ struct Instance<'r> {
     shards: BTreeSet<i32>,
     last_rebalance: Option<Instant>,
     published: u64,
+    /// Whether this instance's waiting mark is set.
+    waiting: bool,
 }
 
 impl<'r> Instance<'r> {
@@ -438,11 +459,27 @@ impl<'r> Instance<'r> {
             shards: BTreeSet::new(),
             last_rebalance: None,
             published: 0,
+            waiting: false,
         }
+    }
+
+    async fn set_waiting(&mut self, waiting: bool) -> Result<()> {
+        if self.waiting == waiting {
+            return Ok(());
+        }
+        let slot = self.slot;
+        let Some(conn) = self.conn.as_mut() else {
+            return Ok(());
+        };
+        store::set_waiting(conn, slot, waiting).await?;
+        self.waiting = waiting;
+        Ok(())
     }
 
     /// Drops the connection: the server releases its shards and any open transaction.
     fn reset(&mut self) {
+        // A mark left behind is cleared by the next instance that joins.
+        self.waiting = false;
         self.conn = None;
         self.shards.clear();
         self.last_rebalance = None;
@@ -465,6 +502,7 @@ impl<'r> Instance<'r> {
             self.slot = store::join(&mut conn).await?.ok_or_else(|| {
                 Error::Config("no free relay member slot (more than 4096 relays?)".into())
             })?;
+            store::clear_stale_waiting(&mut conn, self.slot).await?;
             self.conn = Some(conn);
         }
         Ok(self.conn.as_mut().expect("connected above"))

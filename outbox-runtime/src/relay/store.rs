@@ -44,6 +44,34 @@ pub(crate) async fn join(conn: &mut PgConnection) -> Result<Option<i32>> {
     Ok(slot)
 }
 
+/// Registers (or unregisters) this instance as waiting for work: while any instance waits,
+/// emitters send NOTIFY.
+pub(crate) async fn set_waiting(conn: &mut PgConnection, slot: i32, waiting: bool) -> Result<()> {
+    let sql = if waiting {
+        "INSERT INTO outbox_relay_waiting (slot) VALUES ($1) ON CONFLICT DO NOTHING"
+    } else {
+        "DELETE FROM outbox_relay_waiting WHERE slot = $1"
+    };
+    sqlx::query(sql).bind(slot).execute(&mut *conn).await?;
+    Ok(())
+}
+
+/// Removes the waiting marks of instances that are gone (their member lock is free), and any
+/// left under `slot` by its previous holder.
+pub(crate) async fn clear_stale_waiting(conn: &mut PgConnection, slot: i32) -> Result<()> {
+    sqlx::query(
+        "DELETE FROM outbox_relay_waiting w WHERE w.slot = $2 OR NOT EXISTS ( \
+             SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted \
+               AND l.classid = $1::int8::oid AND l.objid = w.slot::int8::oid AND l.objsubid = 2 \
+               AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))",
+    )
+    .bind(MEMBER_LOCK)
+    .bind(slot)
+    .execute(&mut *conn)
+    .await?;
+    Ok(())
+}
+
 /// Live relay instances on this database.
 pub(crate) async fn members(conn: &mut PgConnection) -> Result<i64> {
     let n: i64 = sqlx::query_scalar(

@@ -4,6 +4,6 @@
 #[test]
 fn ui() {
     let t = trybuild::TestCases::new();
-    t.pass("ui/pass/*.rs");
-    t.compile_fail("ui/fail/*.rs");
+    t.pass("pass/*.rs");
+    t.compile_fail("fail/*.rs");
 }

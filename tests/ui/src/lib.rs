@@ -1,0 +1,1 @@
+//! trybuild cases live in `pass/` and `fail/`; `tests/compile.rs` runs them.
