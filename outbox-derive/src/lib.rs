@@ -9,6 +9,7 @@ mod ast;
 mod attr;
 mod ctxt;
 mod expand;
+mod handler;
 mod valid;
 
 use proc_macro::TokenStream;
@@ -19,4 +20,12 @@ use syn::{parse_macro_input, DeriveInput};
 pub fn derive_outbox_event(input: TokenStream) -> TokenStream {
     let input = parse_macro_input!(input as DeriveInput);
     expand::derive(&input).into()
+}
+
+/// Turns `async fn name(event: E, tx: &mut sqlx::PgConnection) -> Result<(), HandlerError>`
+/// into a handler value (a unit struct of the same name) to register on a consumer. See
+/// `outbox_runtime::inbox`.
+#[proc_macro_attribute]
+pub fn inbox_handler(args: TokenStream, item: TokenStream) -> TokenStream {
+    handler::expand(args.into(), item.into()).into()
 }

@@ -3,6 +3,7 @@
 
 mod error;
 mod event;
+pub mod inbox;
 pub mod migrate;
 #[cfg(feature = "kafka")]
 pub mod relay;
@@ -17,12 +18,26 @@ pub use uow::{emit, emit_all, EmitFuture, Uow};
 #[cfg(feature = "derive")]
 pub use outbox_derive::OutboxEvent;
 
+/// `#[inbox_handler]`: see the [`inbox`] module.
+#[cfg(feature = "derive")]
+pub use outbox_derive::inbox_handler;
+
 /// Used by the code that `#[derive(OutboxEvent)]` generates. Not public API.
 #[doc(hidden)]
 pub mod __private {
     use std::fmt::Display;
 
     pub use serde_json::Error as JsonError;
+    pub use sqlx::PgConnection;
+
+    pub use crate::inbox::BoxFuture;
+
+    /// Checks the event type of an `#[inbox_handler]` (the error lands on its parameter).
+    pub fn assert_handler_event<T>()
+    where
+        T: crate::OutboxEvent + serde::de::DeserializeOwned + Send + 'static,
+    {
+    }
     pub use std::string::String;
     pub use uuid::Uuid;
 

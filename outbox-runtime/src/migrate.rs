@@ -39,6 +39,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(20261130000002, "inbox_event"),
     migration!(20261130000003, "processed_event"),
     migration!(20261130000004, "relay"),
+    migration!(20261130000005, "inbox_processing"),
 ];
 
 /// Key of the transaction-scoped advisory lock that serializes concurrent `migrate` calls.

@@ -12,12 +12,13 @@ use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Headers, Message};
 use rdkafka::mocking::MockCluster;
-use rdkafka::producer::DefaultProducerContext;
+use rdkafka::producer::{BaseProducer, DefaultProducerContext, Producer};
 use rdkafka::TopicPartitionList;
 
 /// A broker for one test.
 pub enum Kafka {
-    Mock(MockCluster<'static, DefaultProducerContext>),
+    /// A mock cluster, owned by the client that created it.
+    Mock(BaseProducer),
     Tansu(Tansu),
 }
 
@@ -31,9 +32,24 @@ impl std::fmt::Debug for Kafka {
 const MOCK_BROKERS: i32 = 3;
 
 impl Kafka {
-    /// librdkafka's in-process mock cluster (3 brokers).
+    /// librdkafka's in-process mock cluster (3 brokers), with consumer groups that form at once
+    /// (its default initial rebalance delay is 3 s).
     pub fn mock() -> Kafka {
-        Kafka::Mock(MockCluster::new(MOCK_BROKERS).expect("start the mock Kafka cluster"))
+        let owner: BaseProducer = ClientConfig::new()
+            .set("test.mock.num.brokers", MOCK_BROKERS.to_string())
+            .create()
+            .expect("start the mock Kafka cluster");
+        // SAFETY: the pointer is the live mock cluster of `owner`, which outlives this call.
+        unsafe {
+            let cluster = rdkafka_sys::rd_kafka_handle_mock_cluster(owner.client().native_ptr());
+            assert!(!cluster.is_null(), "the client has a mock cluster");
+            rdkafka_sys::rd_kafka_mock_group_initial_rebalance_delay_ms(cluster, 0);
+        }
+        Kafka::Mock(owner)
+    }
+
+    fn cluster(owner: &BaseProducer) -> MockCluster<'_, DefaultProducerContext> {
+        owner.client().mock_cluster().expect("mock cluster")
     }
 
     /// A tansu broker process on a free local port.
@@ -43,14 +59,14 @@ impl Kafka {
 
     pub fn bootstrap(&self) -> String {
         match self {
-            Kafka::Mock(m) => m.bootstrap_servers(),
+            Kafka::Mock(m) => Self::cluster(m).bootstrap_servers(),
             Kafka::Tansu(t) => t.bootstrap(),
         }
     }
 
     pub async fn create_topic(&self, topic: &str, partitions: i32) {
         match self {
-            Kafka::Mock(m) => m
+            Kafka::Mock(m) => Self::cluster(m)
                 .create_topic(topic, partitions, 1)
                 .expect("create topic on the mock cluster"),
             Kafka::Tansu(_) => {
@@ -75,7 +91,7 @@ impl Kafka {
         match self {
             Kafka::Mock(m) => {
                 for id in 1..=MOCK_BROKERS {
-                    m.broker_down(id).expect("mock broker down");
+                    Self::cluster(m).broker_down(id).expect("mock broker down");
                 }
             }
             Kafka::Tansu(t) => t.kill(),
@@ -87,7 +103,7 @@ impl Kafka {
         match self {
             Kafka::Mock(m) => {
                 for id in 1..=MOCK_BROKERS {
-                    m.broker_up(id).expect("mock broker up");
+                    Self::cluster(m).broker_up(id).expect("mock broker up");
                 }
             }
             Kafka::Tansu(t) => t.spawn().await,
@@ -185,7 +201,9 @@ impl Drop for Tansu {
 #[derive(Debug, Clone)]
 pub struct Received {
     pub key: String,
+    /// The value as JSON (`Null` if it is not JSON).
     pub payload: serde_json::Value,
+    pub raw: Vec<u8>,
     pub headers: HashMap<String, String>,
     pub partition: i32,
     pub offset: i64,
@@ -250,7 +268,8 @@ where
         received.push(Received {
             key: String::from_utf8_lossy(message.key().unwrap_or_default()).into_owned(),
             payload: serde_json::from_slice(message.payload().unwrap_or_default())
-                .expect("JSON payload"),
+                .unwrap_or(serde_json::Value::Null),
+            raw: message.payload().unwrap_or_default().to_vec(),
             headers,
             partition: message.partition(),
             offset: message.offset(),
@@ -258,4 +277,92 @@ where
         });
     }
     received
+}
+
+/// A record to produce in a test.
+#[derive(Debug, Clone)]
+pub struct Outgoing {
+    pub key: String,
+    pub payload: Vec<u8>,
+    pub headers: Vec<(String, String)>,
+}
+
+impl Outgoing {
+    /// A record shaped as the relay sends an event.
+    pub fn event<E: outbox_runtime::OutboxEvent + serde::Serialize>(
+        event: &E,
+        event_id: uuid::Uuid,
+    ) -> Self {
+        Outgoing {
+            key: event.partition_key(),
+            payload: serde_json::to_vec(event).expect("payload"),
+            headers: vec![
+                ("event_id".into(), event_id.to_string()),
+                ("event_type".into(), E::EVENT_TYPE.into()),
+                ("aggregate_type".into(), E::AGGREGATE_TYPE.into()),
+                ("aggregate_id".into(), event.aggregate_id()),
+                ("content-type".into(), "application/json".into()),
+            ],
+        }
+    }
+}
+
+/// Produces the records in order and waits for every acknowledgement.
+pub async fn produce(bootstrap: &str, topic: &str, records: &[Outgoing]) {
+    use rdkafka::message::{Header, OwnedHeaders};
+    use rdkafka::producer::{FutureProducer, FutureRecord};
+    let producer: FutureProducer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("enable.idempotence", "true")
+        .set("linger.ms", "0")
+        .create()
+        .expect("producer");
+    let mut pending = Vec::with_capacity(records.len());
+    for r in records {
+        let mut headers = OwnedHeaders::new_with_capacity(r.headers.len());
+        for (k, v) in &r.headers {
+            headers = headers.insert(Header {
+                key: k,
+                value: Some(v.as_bytes()),
+            });
+        }
+        let record = FutureRecord::to(topic)
+            .key(r.key.as_bytes())
+            .payload(&r.payload)
+            .headers(headers);
+        pending.push(
+            producer
+                .send_result(record)
+                .map_err(|(e, _)| e)
+                .expect("enqueue"),
+        );
+    }
+    for d in pending {
+        d.await.expect("delivery").expect("acknowledged");
+    }
+}
+
+/// Sum over the topic's partitions of the offsets `group` has committed.
+pub fn committed_total(bootstrap: &str, group: &str, topic: &str, partitions: i32) -> i64 {
+    use rdkafka::consumer::BaseConsumer;
+    let consumer: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", bootstrap)
+        .set("group.id", group)
+        .create()
+        .expect("consumer");
+    let mut tpl = TopicPartitionList::new();
+    for p in 0..partitions {
+        tpl.add_partition(topic, p);
+    }
+    let committed = consumer
+        .committed_offsets(tpl, Duration::from_secs(10))
+        .expect("committed offsets");
+    committed
+        .elements()
+        .iter()
+        .map(|e| match e.offset() {
+            rdkafka::Offset::Offset(o) => o,
+            _ => 0,
+        })
+        .sum()
 }

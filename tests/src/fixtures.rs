@@ -1,0 +1,108 @@
+//! Events, a domain table and handlers shared by the consumer tests and their helper process.
+
+use std::sync::atomic::{AtomicU32, Ordering};
+
+use outbox_runtime::inbox::HandlerError;
+use outbox_runtime::{inbox_handler, OutboxEvent};
+use serde::{Deserialize, Serialize};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+pub const PAYMENTS: &str = "payment.events";
+
+#[derive(Debug, Clone, Serialize, Deserialize, OutboxEvent)]
+#[outbox(
+    topic = "payment.events",
+    aggregate_type = "Payment",
+    event_type = "PaymentSucceeded"
+)]
+pub struct PaymentSucceeded {
+    #[outbox(aggregate_id)]
+    pub payment_id: Uuid,
+    pub order_id: Uuid,
+    pub amount: i64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize, OutboxEvent)]
+#[outbox(
+    topic = "payment.events",
+    aggregate_type = "Payment",
+    event_type = "PaymentRefunded"
+)]
+pub struct PaymentRefunded {
+    #[outbox(aggregate_id)]
+    pub payment_id: Uuid,
+    pub order_id: Uuid,
+}
+
+/// The domain table: `paid` counts how often a payment was applied, so a duplicate shows.
+pub async fn create_orders(pool: &PgPool) {
+    sqlx::query(
+        "CREATE TABLE orders (id uuid PRIMARY KEY, payment_status text NOT NULL DEFAULT 'new', \
+         paid integer NOT NULL DEFAULT 0, refunded integer NOT NULL DEFAULT 0)",
+    )
+    .execute(pool)
+    .await
+    .expect("orders table");
+}
+
+pub async fn insert_orders(pool: &PgPool, ids: &[Uuid]) {
+    sqlx::query("INSERT INTO orders (id) SELECT unnest($1::uuid[])")
+        .bind(ids)
+        .execute(pool)
+        .await
+        .expect("orders");
+}
+
+/// Marks the order paid. A negative amount is a permanent failure.
+#[inbox_handler]
+pub async fn mark_order_paid(
+    event: PaymentSucceeded,
+    tx: &mut sqlx::PgConnection,
+) -> Result<(), HandlerError> {
+    if event.amount < 0 {
+        return Err(HandlerError::permanent(format!(
+            "negative amount {}",
+            event.amount
+        )));
+    }
+    sqlx::query("UPDATE orders SET payment_status = 'paid', paid = paid + 1 WHERE id = $1")
+        .bind(event.order_id)
+        .execute(tx)
+        .await?;
+    Ok(())
+}
+
+#[inbox_handler]
+pub async fn mark_order_refunded(
+    event: PaymentRefunded,
+    tx: &mut sqlx::PgConnection,
+) -> Result<(), HandlerError> {
+    sqlx::query(
+        "UPDATE orders SET payment_status = 'refunded', refunded = refunded + 1 WHERE id = $1",
+    )
+    .bind(event.order_id)
+    .execute(tx)
+    .await?;
+    Ok(())
+}
+
+/// Calls of [`flaky_mark_paid`] so far.
+pub static FLAKY_CALLS: AtomicU32 = AtomicU32::new(0);
+
+/// Fails (retryably) on its first two calls, then marks the order paid.
+#[inbox_handler(name = "flaky_mark_paid")]
+pub async fn flaky_mark_paid(
+    event: PaymentSucceeded,
+    tx: &mut sqlx::PgConnection,
+) -> Result<(), HandlerError> {
+    // The write happens before the failure, to show that a failed attempt leaves nothing.
+    sqlx::query("UPDATE orders SET paid = paid + 1 WHERE id = $1")
+        .bind(event.order_id)
+        .execute(&mut *tx)
+        .await?;
+    if FLAKY_CALLS.fetch_add(1, Ordering::SeqCst) < 2 {
+        return Err(HandlerError::retryable("the payment service is busy"));
+    }
+    Ok(())
+}
