@@ -1,6 +1,7 @@
 //! Events, a domain table and handlers shared by the consumer tests and their helper process.
 
-use std::sync::atomic::{AtomicU32, Ordering};
+use std::collections::BTreeMap;
+use std::sync::Mutex;
 
 use outbox_runtime::inbox::HandlerError;
 use outbox_runtime::{inbox_handler, OutboxEvent};
@@ -87,10 +88,19 @@ pub async fn mark_order_refunded(
     Ok(())
 }
 
-/// Calls of [`flaky_mark_paid`] so far.
-pub static FLAKY_CALLS: AtomicU32 = AtomicU32::new(0);
+/// Calls of [`flaky_mark_paid`] so far, by order.
+pub static FLAKY_CALLS: Mutex<BTreeMap<Uuid, u32>> = Mutex::new(BTreeMap::new());
 
-/// Fails (retryably) on its first two calls, then marks the order paid.
+pub fn flaky_calls(order: Uuid) -> u32 {
+    FLAKY_CALLS
+        .lock()
+        .unwrap()
+        .get(&order)
+        .copied()
+        .unwrap_or(0)
+}
+
+/// Fails (retryably) on its first two calls for an order, then marks the order paid.
 #[inbox_handler(name = "flaky_mark_paid")]
 pub async fn flaky_mark_paid(
     event: PaymentSucceeded,
@@ -101,8 +111,34 @@ pub async fn flaky_mark_paid(
         .bind(event.order_id)
         .execute(&mut *tx)
         .await?;
-    if FLAKY_CALLS.fetch_add(1, Ordering::SeqCst) < 2 {
+    let calls = {
+        let mut calls = FLAKY_CALLS.lock().unwrap();
+        let n = calls.entry(event.order_id).or_default();
+        *n += 1;
+        *n
+    };
+    if calls <= 2 {
         return Err(HandlerError::retryable("the payment service is busy"));
     }
+    Ok(())
+}
+
+/// Closed until a test adds permits: [`gated_mark_paid`] waits for one per event.
+pub static GATE: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(0);
+
+/// Marks the order paid once the gate lets it: a handler slower than any burst.
+#[inbox_handler]
+pub async fn gated_mark_paid(
+    event: PaymentSucceeded,
+    tx: &mut sqlx::PgConnection,
+) -> Result<(), HandlerError> {
+    GATE.acquire()
+        .await
+        .map_err(HandlerError::permanent)?
+        .forget();
+    sqlx::query("UPDATE orders SET payment_status = 'paid', paid = paid + 1 WHERE id = $1")
+        .bind(event.order_id)
+        .execute(tx)
+        .await?;
     Ok(())
 }

@@ -152,3 +152,21 @@ impl Drop for TestDb {
         let _ = dropper.join();
     }
 }
+
+/// A child process that is killed (SIGKILL) when dropped, also when a test panics.
+#[derive(Debug)]
+pub struct ChildGuard(pub std::process::Child);
+
+impl ChildGuard {
+    /// Kills the process now and reaps it.
+    pub fn kill(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+impl Drop for ChildGuard {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}

@@ -6,7 +6,7 @@ use std::time::Duration;
 use outbox_runtime::inbox::{Consumer, ConsumerBuilder, Mode};
 use outbox_tests::fixtures::{self, PaymentRefunded, PaymentSucceeded, PAYMENTS};
 use outbox_tests::kafka::{committed_total, consume, produce, Kafka, Outgoing};
-use outbox_tests::TestDb;
+use outbox_tests::{ChildGuard, TestDb};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
@@ -269,8 +269,229 @@ async fn inbox_handler_failing_twice_then_succeeding_takes_effect_once() {
         [1],
         "failed attempts left nothing behind"
     );
+    assert_eq!(fixtures::flaky_calls(payments[0].1.order_id), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dedup_handler_failing_twice_then_succeeding_takes_effect_once() {
+    let (db, kafka) = setup().await;
+    let payments = orders_with_payments(&db.pool, 3).await;
+    let records: Vec<Outgoing> = payments
+        .iter()
+        .map(|(id, e)| Outgoing::event(e, *id))
+        .collect();
+    produce(&kafka.bootstrap(), PAYMENTS, &records).await;
+    let consumer = builder(&db, &kafka, "orders")
+        .handler(fixtures::flaky_mark_paid)
+        .build()
+        .unwrap();
+    let cancel = CancellationToken::new();
+    let handle = consumer.spawn(cancel.clone());
+    wait_for("all consumed", Duration::from_secs(30), || async {
+        committed_total(&kafka.bootstrap(), "orders", PAYMENTS, PARTITIONS) == 3
+    })
+    .await;
+    cancel.cancel();
+    handle.await.unwrap().unwrap();
+    assert_eq!(paid_counts(&db.pool).await, [1, 1, 1]);
+    for (_, p) in &payments {
+        assert_eq!(fixtures::flaky_calls(p.order_id), 3, "retried in process");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_inbox_processors_process_each_of_10000_events_once() {
+    let (db, kafka) = setup().await;
+    let payments = orders_with_payments(&db.pool, 10_000).await;
+    let records: Vec<Outgoing> = payments
+        .iter()
+        .map(|(id, e)| Outgoing::event(e, *id))
+        .collect();
+    produce(&kafka.bootstrap(), PAYMENTS, &records).await;
+    let consumer = builder(&db, &kafka, "orders")
+        .handler(fixtures::mark_order_paid)
+        .mode(Mode::Inbox)
+        .processors(2)
+        .batch_size(200)
+        .poll_interval(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let cancel = CancellationToken::new();
+    let handle = consumer.spawn(cancel.clone());
+    wait_for("10,000 processed", Duration::from_secs(120), || async {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM inbox_event WHERE processed")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap()
+            == 10_000
+    })
+    .await;
+    cancel.cancel();
+    handle.await.unwrap().unwrap();
+    assert_eq!(paid_counts(&db.pool).await, vec![1; 10_000]);
+    let status = consumer.inbox_status().await.unwrap();
+    assert_eq!((status.unprocessed, status.dead), (0, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inbox_burst_is_received_at_once_and_processed_at_the_handlers_pace() {
+    let (db, kafka) = setup().await;
+    let payments = orders_with_payments(&db.pool, 20_000).await;
+    let records: Vec<Outgoing> = payments
+        .iter()
+        .map(|(id, e)| Outgoing::event(e, *id))
+        .collect();
+    let consumer = builder(&db, &kafka, "orders")
+        .handler(fixtures::gated_mark_paid)
+        .mode(Mode::Inbox)
+        .poll_interval(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let cancel = CancellationToken::new();
+    let handle = consumer.spawn(cancel.clone());
+    produce(&kafka.bootstrap(), PAYMENTS, &records).await;
+    // The handler is blocked, yet receipt takes the whole burst.
+    wait_for("20,000 received", Duration::from_secs(120), || async {
+        consumer.inbox_status().await.unwrap().unprocessed == 20_000
+    })
+    .await;
+    wait_for(
+        "offsets committed for the whole burst",
+        Duration::from_secs(30),
+        || async { committed_total(&kafka.bootstrap(), "orders", PAYMENTS, PARTITIONS) == 20_000 },
+    )
+    .await;
+    let paid: i64 = sqlx::query_scalar("SELECT sum(paid) FROM orders")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(paid, 0, "nothing processed while the handler waits");
+    fixtures::GATE.add_permits(20_000);
+    wait_for("20,000 processed", Duration::from_secs(120), || async {
+        consumer.inbox_status().await.unwrap().unprocessed == 0
+    })
+    .await;
+    cancel.cancel();
+    handle.await.unwrap().unwrap();
     assert_eq!(
-        fixtures::FLAKY_CALLS.load(std::sync::atomic::Ordering::SeqCst),
-        3
+        paid_counts(&db.pool).await,
+        vec![1; 20_000],
+        "none lost, none twice"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn shutdown_commits_the_offsets_of_committed_work() {
+    let (db, kafka) = setup().await;
+    let payments = orders_with_payments(&db.pool, 50).await;
+    let records: Vec<Outgoing> = payments
+        .iter()
+        .map(|(id, e)| Outgoing::event(e, *id))
+        .collect();
+    produce(&kafka.bootstrap(), PAYMENTS, &records).await;
+    let mut never = rdkafka::ClientConfig::new();
+    never.set("auto.commit.interval.ms", "3600000");
+    let consumer = builder(&db, &kafka, "orders")
+        .consumer_config(never)
+        .handler(fixtures::mark_order_paid)
+        .build()
+        .unwrap();
+    let cancel = CancellationToken::new();
+    let handle = consumer.spawn(cancel.clone());
+    wait_for("50 applied", Duration::from_secs(30), || async {
+        paid_counts(&db.pool).await.iter().sum::<i32>() == 50
+    })
+    .await;
+    assert_eq!(
+        committed_total(&kafka.bootstrap(), "orders", PAYMENTS, PARTITIONS),
+        0
+    );
+    cancel.cancel();
+    handle.await.unwrap().unwrap();
+    assert_eq!(
+        committed_total(&kafka.bootstrap(), "orders", PAYMENTS, PARTITIONS),
+        50
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumer_killed_after_commit_before_offsets_redelivers_and_still_applies_once() {
+    let (db, kafka) = setup().await;
+    let payments = orders_with_payments(&db.pool, 300).await;
+    let records: Vec<Outgoing> = payments
+        .iter()
+        .map(|(id, e)| Outgoing::event(e, *id))
+        .collect();
+    produce(&kafka.bootstrap(), PAYMENTS, &records).await;
+    let start = |commit_interval_ms: &str| {
+        ChildGuard(
+            std::process::Command::new(env!("CARGO_BIN_EXE_outbox-test-consumer"))
+                .args([&db.url, &kafka.bootstrap(), "orders", commit_interval_ms])
+                .spawn()
+                .expect("start consumer process"),
+        )
+    };
+    // This one never commits offsets on its own.
+    let mut child = start("3600000");
+    wait_for("all 300 applied", Duration::from_secs(60), || async {
+        paid_counts(&db.pool).await.iter().sum::<i32>() == 300
+    })
+    .await;
+    child.kill();
+    assert_eq!(
+        committed_total(&kafka.bootstrap(), "orders", PAYMENTS, PARTITIONS),
+        0,
+        "killed before any offset commit: everything will be redelivered"
+    );
+    let mut child = start("100");
+    wait_for(
+        "the redelivered 300 consumed",
+        Duration::from_secs(60),
+        || async { committed_total(&kafka.bootstrap(), "orders", PAYMENTS, PARTITIONS) == 300 },
+    )
+    .await;
+    child.kill();
+    assert_eq!(
+        paid_counts(&db.pool).await,
+        vec![1; 300],
+        "effects still once"
+    );
+}
+
+#[test]
+fn build_refuses_invalid_settings() {
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let pool = rt.block_on(async { PgPool::connect_lazy("postgres://localhost/x").unwrap() });
+    let base = || {
+        Consumer::builder(pool.clone())
+            .brokers("127.0.0.1:9092")
+            .group_id("g")
+    };
+    let err = |b: ConsumerBuilder| match b.build() {
+        Err(outbox_runtime::Error::Config(msg)) => msg,
+        other => panic!("expected a configuration error, got {other:?}"),
+    };
+    assert!(err(base()).contains("no handlers"));
+    assert!(err(Consumer::builder(pool.clone())
+        .group_id("g")
+        .handler(fixtures::mark_order_paid))
+    .contains("no Kafka brokers"));
+    assert!(err(Consumer::builder(pool.clone())
+        .brokers("b:9092")
+        .handler(fixtures::mark_order_paid))
+    .contains("no consumer group"));
+    let mut store = rdkafka::ClientConfig::new();
+    store.set("enable.auto.offset.store", "true");
+    assert!(err(base()
+        .handler(fixtures::mark_order_paid)
+        .consumer_config(store))
+    .contains("enable.auto.offset.store must stay false"));
+    assert!(err(base()
+        .handler(fixtures::mark_order_paid)
+        .handler(fixtures::mark_order_paid))
+    .contains("handler `mark_order_paid` is registered twice"));
+    assert!(
+        err(base().handler(fixtures::mark_order_paid).max_attempts(0)).contains("max_attempts")
+    );
+    assert!(base().handler(fixtures::mark_order_paid).build().is_ok());
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 use outbox_runtime::relay::{status as relay_status, Relay, RelayBuilder};
 use outbox_runtime::{Error, OutboxEvent, Uow};
 use outbox_tests::kafka::{consume, Kafka, Received};
-use outbox_tests::TestDb;
+use outbox_tests::{ChildGuard, TestDb};
 use serde::Serialize;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
@@ -438,10 +438,12 @@ async fn relay_process_killed_mid_batch_loses_nothing() {
     kafka.create_topic(TOPIC, PARTITIONS).await;
     let n = emit_events(&db.pool, 200, 100, 1000).await;
     let start = || {
-        std::process::Command::new(env!("CARGO_BIN_EXE_outbox-test-relay"))
-            .args([&db.url, &kafka.bootstrap(), "50"])
-            .spawn()
-            .expect("start relay process")
+        ChildGuard(
+            std::process::Command::new(env!("CARGO_BIN_EXE_outbox-test-relay"))
+                .args([&db.url, &kafka.bootstrap(), "50"])
+                .spawn()
+                .expect("start relay process"),
+        )
     };
     let mut child = start();
     // Kill it once it has published something and is inside a batch.
@@ -463,8 +465,7 @@ async fn relay_process_killed_mid_batch_loses_nothing() {
             "relay process made no progress"
         );
     }
-    child.kill().expect("SIGKILL the relay");
-    child.wait().unwrap();
+    child.kill();
     let left = relay_status(&db.pool).await.unwrap().unpublished;
     assert!(
         left > 0 && (left as usize) < n,
@@ -474,8 +475,7 @@ async fn relay_process_killed_mid_batch_loses_nothing() {
     let mut child = start();
     let received = consume_all(&kafka, n, Duration::from_secs(120)).await;
     wait_until_published(&db.pool, Duration::from_secs(60)).await;
-    child.kill().unwrap();
-    child.wait().unwrap();
+    child.kill();
     let duplicates = check_delivery(&db.pool, &received, n).await;
     println!("relay killed with {left} of {n} unpublished: none lost, {duplicates} duplicates");
 }
