@@ -2,7 +2,7 @@
 //! unit struct that implements `outbox_runtime::inbox::Handler`.
 
 use proc_macro2::TokenStream;
-use quote::{format_ident, quote, quote_spanned};
+use quote::{format_ident, quote};
 use syn::spanned::Spanned as _;
 use syn::{FnArg, GenericArgument, ItemFn, LitStr, Path, PathArguments, ReturnType, Type};
 
@@ -134,7 +134,9 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
         ),
     }
     if let Err(errors) = cx.check() {
-        return errors.into_compile_error();
+        // The function itself still compiles, so that its callers and imports add no errors.
+        let errors = errors.into_compile_error();
+        return quote!(#errors #func);
     }
     let Some(event_ty) = event_ty else {
         return quote!();
@@ -152,9 +154,6 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     let mut call_sig = sig.clone();
     call_sig.ident = format_ident!("call");
     let block = &func.block;
-    let event_check = quote_spanned! {event_ty.span()=>
-        #krate::__private::assert_handler_event::<#event_ty>
-    };
     quote! {
         #(#attrs)*
         #[allow(non_camel_case_types)]
@@ -179,7 +178,6 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
                     event: #event_ty,
                     conn: &'a mut #krate::__private::PgConnection,
                 ) -> #krate::__private::BoxFuture<'a, ::core::result::Result<(), #krate::inbox::HandlerError>> {
-                    let _ = #event_check;
                     ::std::boxed::Box::pin(#ident::call(event, conn))
                 }
             }

@@ -32,12 +32,6 @@ pub mod __private {
 
     pub use crate::inbox::BoxFuture;
 
-    /// Checks the event type of an `#[inbox_handler]` (the error lands on its parameter).
-    pub fn assert_handler_event<T>()
-    where
-        T: crate::OutboxEvent + serde::de::DeserializeOwned + Send + 'static,
-    {
-    }
     pub use std::string::String;
     pub use uuid::Uuid;
 
