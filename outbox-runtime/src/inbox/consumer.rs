@@ -242,10 +242,10 @@ pub(crate) struct Inner {
 }
 
 /// A message read off Kafka, checked.
-struct Incoming<'m> {
-    event_id: Uuid,
-    event_type: String,
-    payload: &'m [u8],
+pub(super) struct Incoming<'m> {
+    pub(super) event_id: Uuid,
+    pub(super) event_type: String,
+    pub(super) payload: &'m [u8],
 }
 
 fn header<'m>(msg: &'m BorrowedMessage<'_>, name: &str) -> Option<&'m [u8]> {
@@ -253,7 +253,7 @@ fn header<'m>(msg: &'m BorrowedMessage<'_>, name: &str) -> Option<&'m [u8]> {
 }
 
 /// Checks what every message needs; the error is the dead-letter reason.
-fn check<'m>(msg: &'m BorrowedMessage<'_>) -> std::result::Result<Incoming<'m>, String> {
+pub(super) fn check<'m>(msg: &'m BorrowedMessage<'_>) -> std::result::Result<Incoming<'m>, String> {
     let payload = msg.payload().unwrap_or_default();
     serde_json::from_slice::<serde::de::IgnoredAny>(payload)
         .map_err(|e| format!("payload is not JSON: {e}"))?;
@@ -471,37 +471,105 @@ impl Consumer {
         result
     }
 
+    /// The next batch: waits for one message, then takes what is already waiting (up to
+    /// `batch_size`) without waiting for more. `None` once cancelled.
+    async fn next_batch<'c>(
+        &self,
+        consumer: &'c StreamConsumer,
+        cancel: &CancellationToken,
+    ) -> Option<Vec<BorrowedMessage<'c>>> {
+        loop {
+            let first = tokio::select! {
+                () = cancel.cancelled() => return None,
+                msg = consumer.recv() => msg,
+            };
+            let mut batch = Vec::with_capacity(self.inner.batch_size);
+            match first {
+                Ok(msg) => batch.push(msg),
+                Err(e) => {
+                    tracing::warn!(error = %e, "kafka consumer error");
+                    continue;
+                }
+            }
+            while batch.len() < self.inner.batch_size {
+                match tokio::time::timeout(Duration::ZERO, consumer.recv()).await {
+                    Ok(Ok(msg)) => batch.push(msg),
+                    _ => break,
+                }
+            }
+            return Some(batch);
+        }
+    }
+
+    /// Dedup mode. Messages are handled in batches, one transaction and one commit (one WAL
+    /// flush) each: first optimistically (all dedup rows in one statement, then the handlers);
+    /// if a handler fails, again with a savepoint per message and handler. A message whose
+    /// handler fails retryably ends the batch (what came before commits) and is retried on its
+    /// own, with backoff; then the batch goes on after it.
     async fn consume_dedup(
         &self,
         consumer: &StreamConsumer,
         cancel: &CancellationToken,
     ) -> Result<()> {
-        loop {
-            let msg = tokio::select! {
-                () = cancel.cancelled() => return Ok(()),
-                msg = consumer.recv() => msg,
-            };
-            let msg = match msg {
-                Ok(msg) => msg,
-                Err(e) => {
-                    tracing::warn!(error = %e, "kafka consumer error");
-                    continue;
+        let inner = &self.inner;
+        while let Some(batch) = self.next_batch(consumer, cancel).await {
+            let mut rest: &[BorrowedMessage<'_>] = &batch;
+            while !rest.is_empty() {
+                let mut failures = 0;
+                let outcome = loop {
+                    let fast = store::dedup_batch_optimistic(&inner.pool, &inner.routes, rest);
+                    let result = match fast.await {
+                        Ok(Ok(outcome)) => Ok(outcome),
+                        Ok(Err(known)) => {
+                            store::dedup_batch(&inner.pool, &inner.routes, rest, Some(known)).await
+                        }
+                        Err(e) => Err(e),
+                    };
+                    match result {
+                        Ok(outcome) => break outcome,
+                        Err(e) => {
+                            // The database, not the messages, failed: wait and try again.
+                            failures += 1;
+                            tracing::warn!(error = %e, "consumer cannot reach the database; retrying");
+                            tokio::select! {
+                                () = cancel.cancelled() => return Ok(()),
+                                () = tokio::time::sleep(inner.backoff(failures)) => {}
+                            }
+                        }
+                    }
+                };
+                metrics::counter!("outbox_consumer_processed_total").increment(outcome.processed);
+                metrics::counter!("outbox_consumer_duplicates_total").increment(outcome.duplicates);
+                // A message retried on its own below is dead-lettered there if it must be.
+                for (i, reason) in outcome.dead.iter().filter(|(i, _)| *i < outcome.done) {
+                    inner.dead_letter(&rest[*i], reason, cancel).await?;
                 }
-            };
-            let span = tracing::info_span!(
-                "outbox_consume",
-                topic = msg.topic(),
-                partition = msg.partition(),
-                offset = msg.offset()
-            );
-            match self.inner.handle_dedup(&msg, cancel).instrument(span).await {
-                Ok(()) => consumer.store_offset(msg.topic(), msg.partition(), msg.offset())?,
-                // Cancelled while waiting to retry: the offset stays unstored, so the message
-                // comes again after a restart.
-                Err(_) if cancel.is_cancelled() => return Ok(()),
-                Err(e) => return Err(e),
+                for msg in &rest[..outcome.done] {
+                    consumer.store_offset(msg.topic(), msg.partition(), msg.offset())?;
+                }
+                rest = &rest[outcome.done..];
+                if outcome.retry {
+                    let msg = &rest[0];
+                    let span = tracing::info_span!(
+                        "outbox_consume",
+                        topic = msg.topic(),
+                        partition = msg.partition(),
+                        offset = msg.offset()
+                    );
+                    match inner.handle_dedup(msg, cancel).instrument(span).await {
+                        Ok(()) => {
+                            consumer.store_offset(msg.topic(), msg.partition(), msg.offset())?
+                        }
+                        // Cancelled while waiting to retry: the offset stays unstored, so the
+                        // message comes again after a restart.
+                        Err(_) if cancel.is_cancelled() => return Ok(()),
+                        Err(e) => return Err(e),
+                    }
+                    rest = &rest[1..];
+                }
             }
         }
+        Ok(())
     }
 
     async fn receive_inbox(
@@ -510,26 +578,7 @@ impl Consumer {
         cancel: &CancellationToken,
     ) -> Result<()> {
         let inner = &self.inner;
-        loop {
-            let first = tokio::select! {
-                () = cancel.cancelled() => return Ok(()),
-                msg = consumer.recv() => msg,
-            };
-            let mut batch = Vec::with_capacity(inner.batch_size);
-            match first {
-                Ok(msg) => batch.push(msg),
-                Err(e) => {
-                    tracing::warn!(error = %e, "kafka consumer error");
-                    continue;
-                }
-            }
-            // Take what is already waiting, without waiting for more.
-            while batch.len() < inner.batch_size {
-                match tokio::time::timeout(Duration::ZERO, consumer.recv()).await {
-                    Ok(Ok(msg)) => batch.push(msg),
-                    _ => break,
-                }
-            }
+        while let Some(batch) = self.next_batch(consumer, cancel).await {
             let mut rows = Vec::with_capacity(batch.len());
             let mut bad = Vec::new();
             for msg in &batch {
@@ -570,6 +619,7 @@ impl Consumer {
                 consumer.store_offset(msg.topic(), msg.partition(), msg.offset())?;
             }
         }
+        Ok(())
     }
 
     fn spawn_processor(&self, cancel: CancellationToken) -> JoinHandle<Result<()>> {

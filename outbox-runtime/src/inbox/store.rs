@@ -49,6 +49,173 @@ pub(crate) async fn run_deduplicated(
     Ok(true)
 }
 
+/// What became of a dedup batch.
+pub(crate) struct BatchOutcome {
+    /// Messages from the start of the batch that are done (committed or dead-lettered).
+    pub done: usize,
+    /// Messages (by index) to dead-letter, with the reason.
+    pub dead: Vec<(usize, String)>,
+    /// The message at `done` failed retryably: retry it on its own.
+    pub retry: bool,
+    pub processed: u64,
+    pub duplicates: u64,
+}
+
+/// Dedup mode, the fast path: all the batch's dedup rows in one statement, then the handlers of
+/// the new ones, all in one transaction. If a handler fails, nothing is committed and the
+/// failure is returned (`Err`): the caller then takes [`dedup_batch`], which isolates failures
+/// with savepoints and does not run that handler on that message again.
+pub(crate) async fn dedup_batch_optimistic(
+    pool: &PgPool,
+    routes: &Routes,
+    messages: &[rdkafka::message::BorrowedMessage<'_>],
+) -> Result<std::result::Result<BatchOutcome, KnownFailure>> {
+    use rdkafka::Message as _;
+    use std::collections::HashSet;
+    let mut outcome = BatchOutcome {
+        done: messages.len(),
+        dead: Vec::new(),
+        retry: false,
+        processed: 0,
+        duplicates: 0,
+    };
+    let mut work = Vec::new();
+    for (i, msg) in messages.iter().enumerate() {
+        match super::consumer::check(msg) {
+            Ok(incoming) => {
+                for handler in routes.get(msg.topic(), &incoming.event_type) {
+                    work.push((incoming.event_id, handler.clone(), incoming.payload, i));
+                }
+            }
+            Err(reason) => outcome.dead.push((i, reason)),
+        }
+    }
+    if work.is_empty() {
+        return Ok(Ok(outcome));
+    }
+    let ids: Vec<Uuid> = work.iter().map(|w| w.0).collect();
+    let names: Vec<&str> = work.iter().map(|w| w.1.name()).collect();
+    let mut tx = pool.begin().await?;
+    let new: Vec<(Uuid, String)> = sqlx::query_as(
+        "INSERT INTO processed_event (event_id, handler) \
+         SELECT * FROM unnest($1::uuid[], $2::text[]) ON CONFLICT DO NOTHING \
+         RETURNING event_id, handler",
+    )
+    .bind(&ids)
+    .bind(&names)
+    .fetch_all(&mut *tx)
+    .await?;
+    let mut new: HashSet<(Uuid, String)> = new.into_iter().collect();
+    for (event_id, handler, payload, i) in &work {
+        // Each new row runs its handler once, even if the batch holds the event twice.
+        if !new.remove(&(*event_id, handler.name().to_owned())) {
+            outcome.duplicates += 1;
+            continue;
+        }
+        let span = tracing::info_span!("outbox_consume", %event_id, handler = handler.name());
+        if let Err(failure) = handler.handle_json(payload, &mut tx).instrument(span).await {
+            tx.rollback().await?;
+            return Ok(Err(KnownFailure {
+                index: *i,
+                handler: handler.name(),
+                failure,
+            }));
+        }
+        outcome.processed += 1;
+    }
+    tx.commit().await?;
+    Ok(Ok(outcome))
+}
+
+/// A handler failure already seen (on the optimistic pass), so as not to run it twice for one
+/// attempt.
+pub(crate) struct KnownFailure {
+    /// The message's index in the batch.
+    pub index: usize,
+    pub handler: &'static str,
+    pub failure: Failure,
+}
+
+/// Dedup mode, many messages in one transaction: per message and handler a savepoint with the
+/// dedup row and (if new) the handler. Stops at the first retryable failure, committing what
+/// came before it. An error is the database's (nothing of the batch committed).
+pub(crate) async fn dedup_batch(
+    pool: &PgPool,
+    routes: &Routes,
+    messages: &[rdkafka::message::BorrowedMessage<'_>],
+    mut known: Option<KnownFailure>,
+) -> Result<BatchOutcome> {
+    use rdkafka::Message as _;
+    let mut tx = pool.begin().await?;
+    let mut outcome = BatchOutcome {
+        done: messages.len(),
+        dead: Vec::new(),
+        retry: false,
+        processed: 0,
+        duplicates: 0,
+    };
+    'messages: for (i, msg) in messages.iter().enumerate() {
+        let incoming = match super::consumer::check(msg) {
+            Ok(incoming) => incoming,
+            Err(reason) => {
+                outcome.dead.push((i, reason));
+                continue;
+            }
+        };
+        for handler in routes.get(msg.topic(), &incoming.event_type) {
+            let seen = known
+                .take_if(|k| k.index == i && k.handler == handler.name())
+                .map(|k| k.failure);
+            let mut savepoint = Connection::begin(&mut *tx).await?;
+            let new = sqlx::query(
+                "INSERT INTO processed_event (event_id, handler) VALUES ($1, $2) \
+                 ON CONFLICT DO NOTHING",
+            )
+            .bind(incoming.event_id)
+            .bind(handler.name())
+            .execute(&mut *savepoint)
+            .await?
+            .rows_affected()
+                == 1;
+            if !new {
+                savepoint.commit().await?;
+                outcome.duplicates += 1;
+                continue;
+            }
+            let span = tracing::info_span!("outbox_consume", topic = msg.topic(),
+                partition = msg.partition(), offset = msg.offset(), event_id = %incoming.event_id,
+                handler = handler.name());
+            let result = match seen {
+                Some(failure) => Err(failure),
+                None => {
+                    handler
+                        .handle_json(incoming.payload, &mut savepoint)
+                        .instrument(span)
+                        .await
+                }
+            };
+            match result {
+                Ok(()) => {
+                    savepoint.commit().await?;
+                    outcome.processed += 1;
+                }
+                Err(Failure::Permanent(reason)) => {
+                    savepoint.rollback().await?;
+                    outcome.dead.push((i, reason));
+                }
+                Err(Failure::Retryable(_)) => {
+                    savepoint.rollback().await?;
+                    outcome.done = i;
+                    outcome.retry = true;
+                    break 'messages;
+                }
+            }
+        }
+    }
+    tx.commit().await?;
+    Ok(outcome)
+}
+
 /// A checked message, ready to store in the inbox.
 pub(crate) struct InboxRow<'m> {
     pub event_id: Uuid,
@@ -89,19 +256,81 @@ pub(crate) async fn receive(pool: &PgPool, rows: &[InboxRow<'_>]) -> Result<u64>
     Ok(result.rows_affected())
 }
 
-/// Claims a batch of due rows and processes each under its own savepoint, in one transaction.
-/// Returns how many rows it claimed.
+const CLAIM_INBOX_SQL: &str = "\
+SELECT event_id, topic, event_type, payload::text AS payload, attempts FROM inbox_event \
+WHERE NOT processed AND dead_at IS NULL \
+  AND (next_attempt_at IS NULL OR next_attempt_at <= now()) \
+ORDER BY received_at LIMIT $1 FOR UPDATE SKIP LOCKED";
+
+/// Claims a batch of due rows and processes it in one transaction: first optimistically (every
+/// handler straight in the transaction); if any fails, the batch rolls back and is processed
+/// again with a savepoint per row, so a failing row undoes only its own work. Returns how many
+/// rows it claimed.
 pub(crate) async fn process_batch(inner: &Inner, routes: &Routes) -> Result<usize> {
+    match process_batch_optimistic(inner, routes).await? {
+        Ok(claimed) => Ok(claimed),
+        Err(known) => process_batch_isolated(inner, routes, Some(known)).await,
+    }
+}
+
+/// `Err` (nothing committed) with the row and failure if a handler failed.
+async fn process_batch_optimistic(
+    inner: &Inner,
+    routes: &Routes,
+) -> Result<std::result::Result<usize, (Uuid, Failure)>> {
     let mut tx = inner.pool.begin().await?;
-    let rows = sqlx::query(
-        "SELECT event_id, topic, event_type, payload::text AS payload, attempts FROM inbox_event \
-         WHERE NOT processed AND dead_at IS NULL \
-           AND (next_attempt_at IS NULL OR next_attempt_at <= now()) \
-         ORDER BY received_at LIMIT $1 FOR UPDATE SKIP LOCKED",
+    let rows = sqlx::query(CLAIM_INBOX_SQL)
+        .bind(inner.batch_size as i64)
+        .fetch_all(&mut *tx)
+        .await?;
+    let mut done: Vec<Uuid> = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let event_id: Uuid = row.try_get("event_id")?;
+        let topic: &str = row.try_get("topic")?;
+        let event_type: &str = row.try_get("event_type")?;
+        let payload: &str = row.try_get("payload")?;
+        let span = tracing::info_span!("outbox_inbox_row", %event_id, %topic);
+        for handler in routes.get(topic, event_type) {
+            let result = handler
+                .handle_json(payload.as_bytes(), &mut tx)
+                .instrument(span.clone())
+                .await;
+            if let Err(failure) = result {
+                tx.rollback().await?;
+                return Ok(Err((event_id, failure)));
+            }
+        }
+        done.push(event_id);
+    }
+    if !done.is_empty() {
+        mark_processed(&mut tx, &done).await?;
+    }
+    tx.commit().await?;
+    metrics::counter!("outbox_inbox_processed_total").increment(done.len() as u64);
+    Ok(Ok(rows.len()))
+}
+
+async fn mark_processed(conn: &mut sqlx::PgConnection, done: &[Uuid]) -> Result<()> {
+    sqlx::query(
+        "UPDATE inbox_event SET processed = true, processed_at = now(), next_attempt_at = NULL \
+         WHERE event_id = ANY($1)",
     )
-    .bind(inner.batch_size as i64)
-    .fetch_all(&mut *tx)
+    .bind(done)
+    .execute(conn)
     .await?;
+    Ok(())
+}
+
+async fn process_batch_isolated(
+    inner: &Inner,
+    routes: &Routes,
+    mut known: Option<(Uuid, Failure)>,
+) -> Result<usize> {
+    let mut tx = inner.pool.begin().await?;
+    let rows = sqlx::query(CLAIM_INBOX_SQL)
+        .bind(inner.batch_size as i64)
+        .fetch_all(&mut *tx)
+        .await?;
     let claimed = rows.len();
     let mut done: Vec<Uuid> = Vec::with_capacity(claimed);
     let mut failed: Vec<(Uuid, String, f64, bool)> = Vec::new();
@@ -114,7 +343,11 @@ pub(crate) async fn process_batch(inner: &Inner, routes: &Routes) -> Result<usiz
         let span =
             tracing::info_span!("outbox_inbox_row", %event_id, %topic, attempt = attempts + 1);
         // Its own savepoint: a failure undoes this row's work only.
+        let seen = known.take_if(|(id, _)| *id == event_id).map(|(_, f)| f);
         let outcome = async {
+            if let Some(failure) = seen {
+                return Ok(Err(failure));
+            }
             let mut savepoint = Connection::begin(&mut *tx).await?;
             for handler in routes.get(&topic, &event_type) {
                 if let Err(failure) = handler
@@ -153,13 +386,7 @@ pub(crate) async fn process_batch(inner: &Inner, routes: &Routes) -> Result<usiz
         }
     }
     if !done.is_empty() {
-        sqlx::query(
-            "UPDATE inbox_event SET processed = true, processed_at = now(), next_attempt_at = NULL \
-             WHERE event_id = ANY($1)",
-        )
-        .bind(&done)
-        .execute(&mut *tx)
-        .await?;
+        mark_processed(&mut tx, &done).await?;
     }
     if !failed.is_empty() {
         let ids: Vec<Uuid> = failed.iter().map(|f| f.0).collect();
