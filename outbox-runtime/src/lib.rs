@@ -1,6 +1,8 @@
 #![doc = include_str!("lib.md")]
 #![warn(missing_debug_implementations, rust_2018_idioms, unreachable_pub)]
 
+#[cfg(feature = "kafka")]
+mod config;
 mod error;
 mod event;
 pub mod inbox;

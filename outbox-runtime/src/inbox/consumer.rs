@@ -15,6 +15,7 @@ use uuid::Uuid;
 
 use super::handler::{Failure, Handler, Routes};
 use super::store::{self, inbox_status, InboxStatus};
+use crate::config::{self, Backoff};
 use crate::error::{Error, Result};
 
 /// How a consumer hands messages to its handlers.
@@ -36,8 +37,7 @@ pub struct ConsumerBuilder {
     errors: Vec<String>,
     mode: Mode,
     max_attempts: u32,
-    retry_backoff: Duration,
-    max_backoff: Duration,
+    backoff: Backoff,
     dlq_suffix: String,
     processors: usize,
     batch_size: usize,
@@ -98,8 +98,7 @@ impl ConsumerBuilder {
 
     /// Wait before a retry, doubling up to `max` (defaults 200 ms and 30 s).
     pub fn retry_backoff(mut self, first: Duration, max: Duration) -> Self {
-        self.retry_backoff = first;
-        self.max_backoff = max;
+        self.backoff = Backoff { first, max };
         self
     }
 
@@ -138,9 +137,13 @@ impl ConsumerBuilder {
             return fail("no handlers: register at least one with `handler(...)`".into());
         }
         let mut config = self.config;
-        if config.get("bootstrap.servers").is_none_or(str::is_empty) {
-            return fail("no Kafka brokers: call `brokers(...)` or set bootstrap.servers".into());
-        }
+        config::check_common(
+            config.get("bootstrap.servers"),
+            self.batch_size,
+            self.poll_interval,
+            self.max_attempts,
+            self.backoff,
+        )?;
         if config.get("group.id").is_none_or(str::is_empty) {
             return fail("no consumer group: call `group_id(...)`".into());
         }
@@ -153,21 +156,6 @@ impl ConsumerBuilder {
                  database committed"
                     .into(),
             );
-        }
-        if self.max_attempts == 0 {
-            return fail("max_attempts must be at least 1".into());
-        }
-        if self.batch_size == 0 || self.batch_size > 100_000 {
-            return fail(format!(
-                "batch_size must be between 1 and 100000, not {}",
-                self.batch_size
-            ));
-        }
-        if self.retry_backoff.is_zero() || self.max_backoff < self.retry_backoff {
-            return fail("retry_backoff must be more than zero and at most its maximum".into());
-        }
-        if self.poll_interval.is_zero() {
-            return fail("poll_interval must be more than zero".into());
         }
         if self.dlq_suffix.is_empty() {
             return fail("the dead-letter suffix must not be empty".into());
@@ -200,8 +188,7 @@ impl ConsumerBuilder {
                 routes: self.routes,
                 mode: self.mode,
                 max_attempts: self.max_attempts,
-                retry_backoff: self.retry_backoff,
-                max_backoff: self.max_backoff,
+                backoff: self.backoff,
                 dlq_suffix: self.dlq_suffix,
                 processors: self.processors,
                 batch_size: self.batch_size,
@@ -233,8 +220,7 @@ pub(crate) struct Inner {
     pub(super) routes: Routes,
     pub(super) mode: Mode,
     pub(super) max_attempts: u32,
-    pub(super) retry_backoff: Duration,
-    pub(super) max_backoff: Duration,
+    pub(super) backoff: Backoff,
     pub(super) dlq_suffix: String,
     pub(super) processors: usize,
     pub(super) batch_size: usize,
@@ -277,10 +263,7 @@ pub(super) fn check<'m>(msg: &'m BorrowedMessage<'_>) -> std::result::Result<Inc
 
 impl Inner {
     pub(super) fn backoff(&self, attempt: u32) -> Duration {
-        let factor = 2u32.saturating_pow(attempt.saturating_sub(1).min(20));
-        self.retry_backoff
-            .saturating_mul(factor)
-            .min(self.max_backoff)
+        self.backoff.delay(attempt)
     }
 
     /// Sends the message to its dead-letter topic and waits for the broker's acknowledgement
@@ -383,7 +366,7 @@ impl Inner {
                         attempt -= 1;
                         tokio::select! {
                             () = cancel.cancelled() => return Err(e),
-                            () = tokio::time::sleep(self.max_backoff.min(Duration::from_secs(1))) => {}
+                            () = tokio::time::sleep(self.backoff.max.min(Duration::from_secs(1))) => {}
                         }
                     }
                     Err(store::DedupError::Handler(Failure::Retryable(e)))
@@ -422,8 +405,10 @@ impl Consumer {
             errors: Vec::new(),
             mode: Mode::Dedup,
             max_attempts: 5,
-            retry_backoff: Duration::from_millis(200),
-            max_backoff: Duration::from_secs(30),
+            backoff: Backoff {
+                first: Duration::from_millis(200),
+                max: Duration::from_secs(30),
+            },
             dlq_suffix: ".dlq".into(),
             processors: 1,
             batch_size: 500,

@@ -52,6 +52,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
 
+use crate::config::{self, Backoff};
 use crate::error::{Error, Result};
 use publish::Outcome;
 
@@ -65,8 +66,7 @@ pub struct RelayBuilder {
     poll_interval: Duration,
     publish_timeout: Duration,
     max_attempts: u32,
-    retry_backoff: Duration,
-    max_backoff: Duration,
+    backoff: Backoff,
 }
 
 impl RelayBuilder {
@@ -115,43 +115,26 @@ impl RelayBuilder {
     /// First wait before retrying a refused record, and after a failed batch; doubles each
     /// time up to `max_backoff` (defaults 1 s and 60 s).
     pub fn retry_backoff(mut self, first: Duration, max: Duration) -> Self {
-        self.retry_backoff = first;
-        self.max_backoff = max;
+        self.backoff = Backoff { first, max };
         self
     }
 
     /// Validates the settings and creates the producer.
     pub fn build(self) -> Result<Relay> {
         let config_err = |msg: String| Err(Error::Config(msg));
-        if self.batch_size == 0 || self.batch_size > 100_000 {
-            return config_err(format!(
-                "batch_size must be between 1 and 100000, not {}",
-                self.batch_size
-            ));
-        }
-        if self.poll_interval.is_zero() {
-            return config_err("poll_interval must be more than zero".into());
-        }
+        let mut producer = self.producer;
+        config::check_common(
+            producer.get("bootstrap.servers"),
+            self.batch_size,
+            self.poll_interval,
+            self.max_attempts,
+            self.backoff,
+        )?;
         if self.publish_timeout < Duration::from_millis(100) {
             return config_err(format!(
                 "publish_timeout must be at least 100 ms, not {:?}",
                 self.publish_timeout
             ));
-        }
-        if self.max_attempts == 0 {
-            return config_err("max_attempts must be at least 1".into());
-        }
-        if self.retry_backoff.is_zero() || self.max_backoff < self.retry_backoff {
-            return config_err(format!(
-                "retry_backoff must be more than zero and at most max_backoff ({:?} and {:?})",
-                self.retry_backoff, self.max_backoff
-            ));
-        }
-        let mut producer = self.producer;
-        if producer.get("bootstrap.servers").is_none_or(str::is_empty) {
-            return config_err(
-                "no Kafka brokers: call `brokers(...)` or set bootstrap.servers".into(),
-            );
         }
         match producer.get("enable.idempotence") {
             None => {
@@ -198,8 +181,7 @@ impl RelayBuilder {
                 poll_interval: self.poll_interval,
                 publish_timeout: self.publish_timeout,
                 max_attempts: self.max_attempts.min(i32::MAX as u32) as i32,
-                retry_backoff: self.retry_backoff,
-                max_backoff: self.max_backoff,
+                backoff: self.backoff,
             }),
         })
     }
@@ -221,8 +203,7 @@ struct Inner {
     poll_interval: Duration,
     publish_timeout: Duration,
     max_attempts: i32,
-    retry_backoff: Duration,
-    max_backoff: Duration,
+    backoff: Backoff,
 }
 
 impl std::fmt::Debug for Relay {
@@ -279,8 +260,10 @@ impl Relay {
             poll_interval: Duration::from_millis(500),
             publish_timeout: Duration::from_secs(10),
             max_attempts: 5,
-            retry_backoff: Duration::from_secs(1),
-            max_backoff: Duration::from_secs(60),
+            backoff: Backoff {
+                first: Duration::from_secs(1),
+                max: Duration::from_secs(60),
+            },
         }
     }
 
@@ -397,8 +380,7 @@ pub async fn drain_without_kafka(pool: PgPool, batch_size: usize) -> Result<u64>
             poll_interval: builder.poll_interval,
             publish_timeout: builder.publish_timeout,
             max_attempts: 5,
-            retry_backoff: builder.retry_backoff,
-            max_backoff: builder.max_backoff,
+            backoff: builder.backoff,
         }),
     };
     relay.publish_pending().await
@@ -406,10 +388,7 @@ pub async fn drain_without_kafka(pool: PgPool, batch_size: usize) -> Result<u64>
 
 impl Inner {
     fn backoff(&self, failures: u32) -> Duration {
-        let factor = 2u32.saturating_pow(failures.saturating_sub(1).min(20));
-        self.retry_backoff
-            .saturating_mul(factor)
-            .min(self.max_backoff)
+        self.backoff.delay(failures)
     }
 }
 
