@@ -40,6 +40,18 @@ async fn orders_with_payments(pool: &PgPool, n: usize) -> Vec<(Uuid, PaymentSucc
         .collect()
 }
 
+fn records(payments: &[(Uuid, PaymentSucceeded)]) -> Vec<Outgoing> {
+    payments
+        .iter()
+        .map(|(id, e)| Outgoing::event(e, *id))
+        .collect()
+}
+
+/// Produces the payments as the relay would.
+async fn publish(kafka: &Kafka, payments: &[(Uuid, PaymentSucceeded)]) {
+    produce(&kafka.bootstrap(), PAYMENTS, &records(payments)).await;
+}
+
 /// Polls `condition` until it holds; panics with `what` after `timeout`.
 async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut condition: F)
 where
@@ -87,10 +99,7 @@ async fn every_event_delivered_twice_takes_effect_once() {
             (Uuid::now_v7(), refund)
         })
         .collect();
-    let mut records: Vec<Outgoing> = payments
-        .iter()
-        .map(|(id, e)| Outgoing::event(e, *id))
-        .collect();
+    let mut records = records(&payments);
     records.extend(refunds.iter().map(|(id, e)| Outgoing::event(e, *id)));
     // Everything once, then everything again in the opposite order.
     let mut twice = records.clone();
@@ -234,11 +243,7 @@ async fn poison_messages_go_to_the_dead_letter_topic_and_the_partition_flows() {
 async fn inbox_handler_failing_twice_then_succeeding_takes_effect_once() {
     let (db, kafka) = setup().await;
     let payments = orders_with_payments(&db.pool, 1).await;
-    let records: Vec<Outgoing> = payments
-        .iter()
-        .map(|(id, e)| Outgoing::event(e, *id))
-        .collect();
-    produce(&kafka.bootstrap(), PAYMENTS, &records).await;
+    publish(&kafka, &payments).await;
     let consumer = builder(&db, &kafka, "orders")
         .handler(fixtures::flaky_mark_paid)
         .mode(Mode::Inbox)
@@ -276,11 +281,7 @@ async fn inbox_handler_failing_twice_then_succeeding_takes_effect_once() {
 async fn dedup_handler_failing_twice_then_succeeding_takes_effect_once() {
     let (db, kafka) = setup().await;
     let payments = orders_with_payments(&db.pool, 3).await;
-    let records: Vec<Outgoing> = payments
-        .iter()
-        .map(|(id, e)| Outgoing::event(e, *id))
-        .collect();
-    produce(&kafka.bootstrap(), PAYMENTS, &records).await;
+    publish(&kafka, &payments).await;
     let consumer = builder(&db, &kafka, "orders")
         .handler(fixtures::flaky_mark_paid)
         .build()
@@ -303,11 +304,7 @@ async fn dedup_handler_failing_twice_then_succeeding_takes_effect_once() {
 async fn two_inbox_processors_process_each_of_10000_events_once() {
     let (db, kafka) = setup().await;
     let payments = orders_with_payments(&db.pool, 10_000).await;
-    let records: Vec<Outgoing> = payments
-        .iter()
-        .map(|(id, e)| Outgoing::event(e, *id))
-        .collect();
-    produce(&kafka.bootstrap(), PAYMENTS, &records).await;
+    publish(&kafka, &payments).await;
     let consumer = builder(&db, &kafka, "orders")
         .handler(fixtures::mark_order_paid)
         .mode(Mode::Inbox)
@@ -337,10 +334,6 @@ async fn two_inbox_processors_process_each_of_10000_events_once() {
 async fn an_inbox_burst_is_received_at_once_and_processed_at_the_handlers_pace() {
     let (db, kafka) = setup().await;
     let payments = orders_with_payments(&db.pool, 20_000).await;
-    let records: Vec<Outgoing> = payments
-        .iter()
-        .map(|(id, e)| Outgoing::event(e, *id))
-        .collect();
     let consumer = builder(&db, &kafka, "orders")
         .handler(fixtures::gated_mark_paid)
         .mode(Mode::Inbox)
@@ -349,7 +342,7 @@ async fn an_inbox_burst_is_received_at_once_and_processed_at_the_handlers_pace()
         .unwrap();
     let cancel = CancellationToken::new();
     let handle = consumer.spawn(cancel.clone());
-    produce(&kafka.bootstrap(), PAYMENTS, &records).await;
+    publish(&kafka, &payments).await;
     // The handler is blocked, yet receipt takes the whole burst.
     wait_for("20,000 received", Duration::from_secs(120), || async {
         consumer.inbox_status().await.unwrap().unprocessed == 20_000
@@ -384,11 +377,7 @@ async fn an_inbox_burst_is_received_at_once_and_processed_at_the_handlers_pace()
 async fn shutdown_commits_the_offsets_of_committed_work() {
     let (db, kafka) = setup().await;
     let payments = orders_with_payments(&db.pool, 50).await;
-    let records: Vec<Outgoing> = payments
-        .iter()
-        .map(|(id, e)| Outgoing::event(e, *id))
-        .collect();
-    produce(&kafka.bootstrap(), PAYMENTS, &records).await;
+    publish(&kafka, &payments).await;
     let mut never = rdkafka::ClientConfig::new();
     never.set("auto.commit.interval.ms", "3600000");
     let consumer = builder(&db, &kafka, "orders")
@@ -418,11 +407,7 @@ async fn shutdown_commits_the_offsets_of_committed_work() {
 async fn consumer_killed_after_commit_before_offsets_redelivers_and_still_applies_once() {
     let (db, kafka) = setup().await;
     let payments = orders_with_payments(&db.pool, 300).await;
-    let records: Vec<Outgoing> = payments
-        .iter()
-        .map(|(id, e)| Outgoing::event(e, *id))
-        .collect();
-    produce(&kafka.bootstrap(), PAYMENTS, &records).await;
+    publish(&kafka, &payments).await;
     let start = |commit_interval_ms: &str| {
         ChildGuard(
             std::process::Command::new(env!("CARGO_BIN_EXE_outbox-test-consumer"))

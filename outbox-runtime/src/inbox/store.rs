@@ -61,6 +61,18 @@ pub(crate) struct BatchOutcome {
     pub duplicates: u64,
 }
 
+impl BatchOutcome {
+    fn all_done(messages: usize) -> Self {
+        BatchOutcome {
+            done: messages,
+            dead: Vec::new(),
+            retry: false,
+            processed: 0,
+            duplicates: 0,
+        }
+    }
+}
+
 /// Dedup mode, the fast path: all the batch's dedup rows in one statement, then the handlers of
 /// the new ones, all in one transaction. If a handler fails, nothing is committed and the
 /// failure is returned (`Err`): the caller then takes [`dedup_batch`], which isolates failures
@@ -72,13 +84,7 @@ pub(crate) async fn dedup_batch_optimistic(
 ) -> Result<std::result::Result<BatchOutcome, KnownFailure>> {
     use rdkafka::Message as _;
     use std::collections::HashSet;
-    let mut outcome = BatchOutcome {
-        done: messages.len(),
-        dead: Vec::new(),
-        retry: false,
-        processed: 0,
-        duplicates: 0,
-    };
+    let mut outcome = BatchOutcome::all_done(messages.len());
     let mut work = Vec::new();
     for (i, msg) in messages.iter().enumerate() {
         match super::consumer::check(msg) {
@@ -147,13 +153,7 @@ pub(crate) async fn dedup_batch(
 ) -> Result<BatchOutcome> {
     use rdkafka::Message as _;
     let mut tx = pool.begin().await?;
-    let mut outcome = BatchOutcome {
-        done: messages.len(),
-        dead: Vec::new(),
-        retry: false,
-        processed: 0,
-        duplicates: 0,
-    };
+    let mut outcome = BatchOutcome::all_done(messages.len());
     'messages: for (i, msg) in messages.iter().enumerate() {
         let incoming = match super::consumer::check(msg) {
             Ok(incoming) => incoming,
