@@ -617,7 +617,20 @@ impl Consumer {
     pub async fn run_processor(&self, cancel: CancellationToken) -> Result<()> {
         let inner = &self.inner;
         let mut failures = 0;
+        let mut gauges_at: Option<std::time::Instant> = None;
         while !cancel.is_cancelled() {
+            if gauges_at.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+                gauges_at = Some(std::time::Instant::now());
+                match inbox_status(&inner.pool).await {
+                    Ok(s) => {
+                        metrics::gauge!("outbox_inbox_backlog").set(s.unprocessed as f64);
+                        metrics::gauge!("outbox_inbox_dead").set(s.dead as f64);
+                        metrics::gauge!("outbox_inbox_lag_seconds")
+                            .set(s.oldest_unprocessed_age.map_or(0.0, |a| a.as_secs_f64()));
+                    }
+                    Err(e) => tracing::debug!(error = %e, "cannot read the inbox backlog"),
+                }
+            }
             match store::process_batch(inner, &inner.routes).await {
                 Ok(n) if n >= inner.batch_size => failures = 0,
                 Ok(_) => {

@@ -281,9 +281,14 @@ impl Relay {
         let mut instance = Instance::new(&self.inner);
         let mut listener: Option<PgListener> = None;
         let mut failures = 0u32;
+        let mut gauges_at: Option<Instant> = None;
         while !cancel.is_cancelled() {
             if listener.is_none() {
                 listener = listen(&self.inner.pool).await;
+            }
+            if gauges_at.is_none_or(|t| t.elapsed() >= GAUGES_EVERY) {
+                gauges_at = Some(Instant::now());
+                report_backlog(&self.inner.pool).await;
             }
             match instance.step().await {
                 Ok(Step::Full) => {
@@ -403,6 +408,23 @@ async fn wait_notification(listener: &mut Option<PgListener>) -> bool {
     match listener {
         Some(l) => l.recv().await.is_ok(),
         None => std::future::pending().await,
+    }
+}
+
+/// How often a running relay reports the backlog gauges.
+const GAUGES_EVERY: Duration = Duration::from_secs(10);
+
+/// Sets `outbox_relay_backlog`, `outbox_relay_parked` and
+/// `outbox_relay_oldest_unpublished_age_seconds` from [`status`].
+async fn report_backlog(pool: &PgPool) {
+    match status(pool).await {
+        Ok(s) => {
+            metrics::gauge!("outbox_relay_backlog").set(s.unpublished as f64);
+            metrics::gauge!("outbox_relay_parked").set(s.parked as f64);
+            metrics::gauge!("outbox_relay_oldest_unpublished_age_seconds")
+                .set(s.oldest_unpublished_age.map_or(0.0, |a| a.as_secs_f64()));
+        }
+        Err(e) => tracing::debug!(error = %e, "cannot read the outbox backlog"),
     }
 }
 
