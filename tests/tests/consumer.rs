@@ -76,9 +76,12 @@ async fn paid_counts(pool: &PgPool) -> Vec<i32> {
 }
 
 async fn setup() -> (TestDb, Kafka) {
+    setup_on(Kafka::mock()).await
+}
+
+async fn setup_on(kafka: Kafka) -> (TestDb, Kafka) {
     let db = TestDb::new().await;
     fixtures::create_orders(&db.pool).await;
-    let kafka = Kafka::mock();
     kafka.create_topic(PAYMENTS, PARTITIONS).await;
     kafka.create_topic(&format!("{PAYMENTS}.dlq"), 1).await;
     (db, kafka)
@@ -86,7 +89,15 @@ async fn setup() -> (TestDb, Kafka) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_event_delivered_twice_takes_effect_once() {
-    let (db, kafka) = setup().await;
+    delivered_twice(setup().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_event_delivered_twice_takes_effect_once_on_tansu() {
+    delivered_twice(setup_on(Kafka::tansu().await).await).await;
+}
+
+async fn delivered_twice((db, kafka): (TestDb, Kafka)) {
     let payments = orders_with_payments(&db.pool, 100).await;
     let refunds: Vec<(Uuid, PaymentRefunded)> = payments
         .iter()
@@ -150,7 +161,15 @@ async fn every_event_delivered_twice_takes_effect_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_messages_go_to_the_dead_letter_topic_and_the_partition_flows() {
-    let (db, kafka) = setup().await;
+    poison(setup().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_messages_go_to_the_dead_letter_topic_and_the_partition_flows_on_tansu() {
+    poison(setup_on(Kafka::tansu().await).await).await;
+}
+
+async fn poison((db, kafka): (TestDb, Kafka)) {
     let payments = orders_with_payments(&db.pool, 2).await;
     let key = "one-partition".to_owned();
     let good = |i: usize| {
