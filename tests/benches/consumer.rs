@@ -7,6 +7,7 @@ use std::time::{Duration, Instant};
 
 use outbox_runtime::inbox::{Consumer, HandlerError, Mode};
 use outbox_runtime::{inbox_handler, OutboxEvent};
+use outbox_tests::bench::{env, median, rate};
 use outbox_tests::kafka::{produce, Kafka, Outgoing};
 use outbox_tests::TestDb;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
@@ -74,25 +75,10 @@ fn consumer(db: &TestDb, bootstrap: &str, group: &str, mode: Mode, processors: u
         .unwrap()
 }
 
-fn rate(n: usize, d: Duration) -> f64 {
-    n as f64 / d.as_secs_f64()
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
 #[tokio::main]
 async fn main() {
-    let n: usize = std::env::var("N")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(20_000);
-    let rounds: usize = std::env::var("ROUNDS")
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(3);
+    let n: usize = env("N", 20_000);
+    let rounds: usize = env("ROUNDS", 3);
     let kafka = Kafka::mock();
     let bootstrap = kafka.bootstrap();
     kafka.create_topic(TOPIC, PARTITIONS).await;
@@ -112,7 +98,7 @@ async fn main() {
     let mut results: [Vec<f64>; 5] = Default::default();
     for round in 0..rounds {
         let raw = rate(
-            n,
+            n as u64,
             raw_consumer(&bootstrap, &format!("raw-{round}"), n).await,
         );
 
@@ -125,7 +111,7 @@ async fn main() {
         let handle = consumer(&db, &bootstrap, &format!("dedup-{round}"), Mode::Dedup, 0)
             .spawn(cancel.clone());
         wait_count(&db.pool, "SELECT count(*) FROM processed_event", n as i64).await;
-        let dedup = rate(n, start.elapsed());
+        let dedup = rate(n as u64, start.elapsed());
         cancel.cancel();
         handle.await.unwrap().unwrap();
 
@@ -135,13 +121,13 @@ async fn main() {
         let inbox = consumer(&db, &bootstrap, &format!("inbox-{round}"), Mode::Inbox, 0);
         let handle = inbox.spawn(cancel.clone());
         wait_count(&db.pool, "SELECT count(*) FROM inbox_event", n as i64).await;
-        let receipt = rate(n, start.elapsed());
+        let receipt = rate(n as u64, start.elapsed());
         cancel.cancel();
         handle.await.unwrap().unwrap();
 
         let start = Instant::now();
         inbox.process_inbox_pending().await.unwrap();
-        let one = rate(n, start.elapsed());
+        let one = rate(n as u64, start.elapsed());
 
         sqlx::query("UPDATE inbox_event SET processed = false, processed_at = NULL")
             .execute(&db.pool)
@@ -154,7 +140,7 @@ async fn main() {
         let start = Instant::now();
         let (a, b) = tokio::join!(inbox.process_inbox_pending(), inbox.process_inbox_pending());
         assert_eq!(a.unwrap() + b.unwrap(), n as u64);
-        let two = rate(n, start.elapsed());
+        let two = rate(n as u64, start.elapsed());
         println!(
             "round {round}: raw {raw:.0}/s, dedup {dedup:.0}/s, inbox receipt {receipt:.0}/s, \
              processing 1: {one:.0}/s, 2: {two:.0}/s"

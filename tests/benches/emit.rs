@@ -11,6 +11,7 @@
 use std::time::{Duration, Instant};
 
 use outbox_runtime::{OutboxEvent, Uow};
+use outbox_tests::bench::{env, median, percentile};
 use outbox_tests::TestDb;
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -115,27 +116,10 @@ async fn round(
     (rate, latencies)
 }
 
-fn median_f64(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
-fn percentile(v: &mut [Duration], p: f64) -> Duration {
-    v.sort();
-    v[((v.len() as f64 * p) as usize).min(v.len() - 1)]
-}
-
-fn env(name: &str, default: usize) -> usize {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 #[tokio::main]
 async fn main() {
-    let rounds = env("ROUNDS", 7);
-    let txs = env("TXS", 300);
+    let rounds: usize = env("ROUNDS", 7);
+    let txs: usize = env("TXS", 300);
     let db = TestDb::new().await;
     sqlx::query("CREATE TABLE orders (id uuid PRIMARY KEY, customer_id uuid NOT NULL, amount bigint NOT NULL)")
         .execute(&db.pool)
@@ -178,9 +162,9 @@ async fn main() {
                 lats[i].extend(l);
             }
         }
-        let base = median_f64(rates[0].clone());
+        let base = median(rates[0].clone());
         for i in 0..n {
-            let rate = median_f64(rates[i].clone());
+            let rate = median(rates[i].clone());
             let p50 = percentile(&mut lats[i], 0.50);
             let p99 = percentile(&mut lats[i], 0.99);
             println!(

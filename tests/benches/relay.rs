@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use outbox_runtime::relay::{self, Relay};
 use outbox_runtime::{OutboxEvent, Uow};
+use outbox_tests::bench::{env, median, rate};
 use outbox_tests::kafka::Kafka;
 use outbox_tests::TestDb;
 use rdkafka::consumer::{Consumer, StreamConsumer};
@@ -213,26 +214,10 @@ async fn latency(db: &TestDb, relay: &Relay, bootstrap: &str, secs: u64) -> Vec<
     latencies
 }
 
-fn rate(n: u64, d: Duration) -> f64 {
-    n as f64 / d.as_secs_f64()
-}
-
-fn median(mut v: Vec<f64>) -> f64 {
-    v.sort_by(|a, b| a.total_cmp(b));
-    v[v.len() / 2]
-}
-
-fn env(name: &str, default: u64) -> u64 {
-    std::env::var(name)
-        .ok()
-        .and_then(|v| v.parse().ok())
-        .unwrap_or(default)
-}
-
 #[tokio::main]
 async fn main() {
-    let n = env("N", 50_000);
-    let rounds = env("ROUNDS", 3);
+    let n: u64 = env("N", 50_000);
+    let rounds: u64 = env("ROUNDS", 3);
     let kafka = match std::env::var("BROKER").as_deref() {
         Ok("tansu") => Kafka::tansu().await,
         _ => Kafka::mock(),
@@ -298,7 +283,7 @@ async fn main() {
         four / limit * 100.0
     );
 
-    let secs = env("LATENCY_SECS", 5);
+    let secs: u64 = env("LATENCY_SECS", 5);
     let mut lat = latency(&db, &relay, &bootstrap, secs).await;
     lat.sort();
     let pct = |p: f64| lat[((lat.len() as f64 * p) as usize).min(lat.len() - 1)];

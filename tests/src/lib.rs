@@ -1,5 +1,6 @@
 //! Test support: a fresh PostgreSQL database per test, and a proxy that counts round trips.
 
+pub mod bench;
 pub mod fixtures;
 pub mod kafka;
 pub mod proxy;
