@@ -1,8 +1,10 @@
 //! Handlers, their errors, and the routing table from (topic, event type) to handlers.
 
+#[cfg(feature = "kafka")]
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
+#[cfg(feature = "kafka")]
 use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
@@ -88,6 +90,7 @@ pub trait Handler: Send + Sync + 'static {
     ) -> BoxFuture<'a, Result<(), HandlerError>>;
 }
 
+#[cfg(feature = "kafka")]
 /// Why a message could not be handled.
 #[derive(Debug)]
 pub(crate) enum Failure {
@@ -97,6 +100,7 @@ pub(crate) enum Failure {
     Permanent(String),
 }
 
+#[cfg(feature = "kafka")]
 impl Failure {
     pub(crate) fn message(&self) -> &str {
         match self {
@@ -105,6 +109,7 @@ impl Failure {
     }
 }
 
+#[cfg(feature = "kafka")]
 /// A handler with its event type erased: takes the JSON payload.
 pub(crate) trait ErasedHandler: Send + Sync {
     fn name(&self) -> &'static str;
@@ -115,8 +120,10 @@ pub(crate) trait ErasedHandler: Send + Sync {
     ) -> BoxFuture<'a, Result<(), Failure>>;
 }
 
+#[cfg(feature = "kafka")]
 struct Erased<H>(H);
 
+#[cfg(feature = "kafka")]
 impl<H: Handler> ErasedHandler for Erased<H> {
     fn name(&self) -> &'static str {
         H::NAME
@@ -147,12 +154,14 @@ impl<H: Handler> ErasedHandler for Erased<H> {
     }
 }
 
+#[cfg(feature = "kafka")]
 /// Handlers by (topic, event type).
 #[derive(Default, Clone)]
 pub(crate) struct Routes {
     routes: HashMap<(String, String), Vec<Arc<dyn ErasedHandler>>>,
 }
 
+#[cfg(feature = "kafka")]
 impl Routes {
     pub(crate) fn add<H: Handler>(&mut self, handler: H) -> Result<(), String> {
         let key = (
