@@ -261,6 +261,16 @@ pub(super) fn check<'m>(msg: &'m BorrowedMessage<'_>) -> std::result::Result<Inc
     })
 }
 
+/// Stores a handled message's offset for the next commit. If the partition moved to another
+/// member meanwhile (a rebalance), the offset cannot be stored: the new owner gets the message
+/// again and deduplicates it, so this only logs.
+fn store_offset(consumer: &StreamConsumer, msg: &BorrowedMessage<'_>) {
+    if let Err(e) = consumer.store_offset(msg.topic(), msg.partition(), msg.offset()) {
+        tracing::info!(error = %e, topic = msg.topic(), partition = msg.partition(),
+            offset = msg.offset(), "offset not stored; the message will be seen again");
+    }
+}
+
 impl Inner {
     pub(super) fn backoff(&self, attempt: u32) -> Duration {
         self.backoff.delay(attempt)
@@ -530,7 +540,7 @@ impl Consumer {
                     inner.dead_letter(&rest[*i], reason, cancel).await?;
                 }
                 for msg in &rest[..outcome.done] {
-                    consumer.store_offset(msg.topic(), msg.partition(), msg.offset())?;
+                    store_offset(consumer, msg);
                 }
                 rest = &rest[outcome.done..];
                 if outcome.retry {
@@ -542,9 +552,7 @@ impl Consumer {
                         offset = msg.offset()
                     );
                     match inner.handle_dedup(msg, cancel).instrument(span).await {
-                        Ok(()) => {
-                            consumer.store_offset(msg.topic(), msg.partition(), msg.offset())?
-                        }
+                        Ok(()) => store_offset(consumer, msg),
                         // Cancelled while waiting to retry: the offset stays unstored, so the
                         // message comes again after a restart.
                         Err(_) if cancel.is_cancelled() => return Ok(()),
@@ -601,7 +609,7 @@ impl Consumer {
                 inner.dead_letter(msg, &reason, cancel).await?;
             }
             for msg in &batch {
-                consumer.store_offset(msg.topic(), msg.partition(), msg.offset())?;
+                store_offset(consumer, msg);
             }
         }
         Ok(())
