@@ -573,6 +573,8 @@ impl<'r> Instance<'r> {
                 Outcome::Deferred(error) => {
                     deferred.get_or_insert(error);
                 }
+                // Its key waits for the refused record (now retrying), then goes on.
+                Outcome::Skipped => {}
             }
         }
         let parked = store::finish(conn, &published, &failed, relay.max_attempts).await?;

@@ -16,9 +16,11 @@ pub(crate) enum Outcome {
     Published,
     /// Refused for good (too large, invalid topic, ...): counts as an attempt.
     Rejected(String),
-    /// Not sent or not acknowledged for a passing reason (broker down, timeout, queue full, or
-    /// an earlier record of its key failed in this batch): stays as it is, for the next batch.
+    /// Not sent or not acknowledged for a passing reason (broker down, timeout, queue full):
+    /// stays as it is, for the next batch.
     Deferred(String),
+    /// Not sent because an earlier record of its key failed in this batch: stays as it is.
+    Skipped,
 }
 
 /// Errors for which another try of the same record would fail the same way.
@@ -68,9 +70,7 @@ pub(crate) async fn publish(
     let mut failed_keys: HashSet<&str> = HashSet::new();
     for (i, row) in rows.iter().enumerate() {
         if failed_keys.contains(row.partition_key.as_str()) {
-            outcomes.push(Some(Outcome::Deferred(
-                "an earlier record of this key failed in this batch".into(),
-            )));
+            outcomes.push(Some(Outcome::Skipped));
             continue;
         }
         let event_id = row.event_id.hyphenated().to_string();
