@@ -486,7 +486,8 @@ impl<'r> Instance<'r> {
         self.last_rebalance = None;
     }
 
-    async fn connection(&mut self) -> Result<&mut PgConnection> {
+    /// Connects, joins the members and clears stale waiting marks, unless connected already.
+    async fn connect(&mut self) -> Result<()> {
         if self.conn.is_none() {
             let mut conn = self.relay.pool.acquire().await?.detach();
             // A relay that hangs must not hold its rows forever.
@@ -506,7 +507,7 @@ impl<'r> Instance<'r> {
             store::clear_stale_waiting(&mut conn, self.slot).await?;
             self.conn = Some(conn);
         }
-        Ok(self.conn.as_mut().expect("connected above"))
+        Ok(())
     }
 
     /// Rebalances shards when due, then publishes one batch.
@@ -515,12 +516,9 @@ impl<'r> Instance<'r> {
             .last_rebalance
             .is_none_or(|t| t.elapsed() >= REBALANCE_EVERY);
         if due {
-            let slot = {
-                self.connection().await?;
-                self.slot
-            };
+            self.connect().await?;
             let conn = self.conn.as_mut().expect("connected above");
-            store::rebalance(conn, &mut self.shards, slot).await?;
+            store::rebalance(conn, &mut self.shards, self.slot).await?;
             self.last_rebalance = Some(Instant::now());
         }
         if self.shards.is_empty() {
@@ -532,11 +530,8 @@ impl<'r> Instance<'r> {
             published = tracing::field::Empty,
             shards = self.shards.len()
         );
-        let result = self.batch().instrument(span).await;
-        if result.is_err() {
-            self.reset();
-        }
-        result
+        // On an error the caller drops the connection (`reset`), which ends the transaction.
+        self.batch().instrument(span).await
     }
 
     async fn batch(&mut self) -> Result<Step> {
