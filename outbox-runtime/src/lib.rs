@@ -1,6 +1,7 @@
 #![doc = include_str!("lib.md")]
 #![warn(missing_debug_implementations, rust_2018_idioms, unreachable_pub)]
 
+pub mod admin;
 #[cfg(feature = "kafka")]
 mod config;
 mod error;

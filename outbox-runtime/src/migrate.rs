@@ -40,6 +40,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(20261130000003, "processed_event"),
     migration!(20261130000004, "relay"),
     migration!(20261130000005, "inbox_processing"),
+    migration!(20261130000006, "retention"),
 ];
 
 /// Key of the transaction-scoped advisory lock that serializes concurrent `migrate` calls.
@@ -73,6 +74,38 @@ impl Migration {
 pub async fn migrate(pool: &PgPool) -> Result<()> {
     let mut conn = pool.acquire().await?;
     migrate_on(&mut conn).await
+}
+
+/// The embedded migrations not applied to the database yet (all of them on a fresh one).
+/// Fails like [`migrate`] if an applied migration was edited.
+pub async fn pending(pool: &PgPool) -> Result<Vec<Migration>> {
+    let ledger: bool =
+        sqlx::query_scalar("SELECT to_regclass('outbox_schema_migrations') IS NOT NULL")
+            .fetch_one(pool)
+            .await?;
+    let applied: Vec<(i64, i64)> = if ledger {
+        sqlx::query_as("SELECT version, checksum FROM outbox_schema_migrations")
+            .fetch_all(pool)
+            .await?
+    } else {
+        Vec::new()
+    };
+    let mut pending = Vec::new();
+    for m in MIGRATIONS {
+        match applied.iter().find(|(version, _)| *version == m.version) {
+            Some(&(_, checksum)) if checksum != m.checksum() => {
+                return Err(Error::MigrationChanged {
+                    version: m.version,
+                    description: m.description,
+                    applied: checksum,
+                    embedded: m.checksum(),
+                })
+            }
+            Some(_) => {}
+            None => pending.push(*m),
+        }
+    }
+    Ok(pending)
 }
 
 /// [`migrate`] on a connection (not inside a transaction).

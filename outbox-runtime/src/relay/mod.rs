@@ -37,8 +37,8 @@
 //! `max_attempts` it is parked (`parked_at`), kept for operators and skipped. When Kafka is down
 //! nothing is marked: the relay backs off, retries and drains the backlog when it is back.
 
-mod publish;
-mod store;
+pub(crate) mod publish;
+pub(crate) mod store;
 
 use std::collections::BTreeSet;
 use std::sync::Arc;
@@ -122,7 +122,7 @@ impl RelayBuilder {
     /// Validates the settings and creates the producer.
     pub fn build(self) -> Result<Relay> {
         let config_err = |msg: String| Err(Error::Config(msg));
-        let mut producer = self.producer;
+        let producer = self.producer;
         config::check_common(
             producer.get("bootstrap.servers"),
             self.batch_size,
@@ -136,43 +136,7 @@ impl RelayBuilder {
                 self.publish_timeout
             ));
         }
-        match producer.get("enable.idempotence") {
-            None => {
-                producer.set("enable.idempotence", "true");
-            }
-            Some("true") => {}
-            Some(other) => {
-                return config_err(format!(
-                    "the relay's producer must be idempotent (R-DIST-IDEM-X2): \
-                     enable.idempotence={other} is not allowed"
-                ))
-            }
-        }
-        match producer
-            .get("acks")
-            .or(producer.get("request.required.acks"))
-        {
-            None => {
-                producer.set("acks", "all");
-            }
-            Some("all" | "-1") => {}
-            Some(other) => {
-                return config_err(format!(
-                    "the relay's producer must wait for all in-sync replicas: acks={other} \
-                     is not allowed (use acks=all)"
-                ))
-            }
-        }
-        let timeout_ms = self.publish_timeout.as_millis().to_string();
-        if producer.get("message.timeout.ms").is_none() {
-            producer.set("message.timeout.ms", &timeout_ms);
-        }
-        if producer.get("linger.ms").is_none() {
-            producer.set("linger.ms", "0");
-        }
-        let producer: FutureProducer = producer
-            .create()
-            .map_err(|e| Error::Config(format!("cannot create the Kafka producer: {e}")))?;
+        let producer = create_producer(producer, self.publish_timeout)?;
         Ok(Relay {
             inner: Arc::new(Inner {
                 pool: self.pool,
@@ -185,6 +149,53 @@ impl RelayBuilder {
             }),
         })
     }
+}
+
+/// Creates the idempotent producer the relay and replays publish with: `enable.idempotence=true`
+/// and `acks=all` (a configuration that says otherwise is refused), `message.timeout.ms` = the
+/// publish timeout and `linger.ms=0` unless set.
+pub(crate) fn create_producer(
+    mut producer: ClientConfig,
+    publish_timeout: Duration,
+) -> Result<FutureProducer> {
+    let config_err = |msg: String| Err(Error::Config(msg));
+    match producer.get("enable.idempotence") {
+        None => {
+            producer.set("enable.idempotence", "true");
+        }
+        Some("true") => {}
+        Some(other) => {
+            return config_err(format!(
+                "the relay's producer must be idempotent (R-DIST-IDEM-X2): \
+                 enable.idempotence={other} is not allowed"
+            ))
+        }
+    }
+    match producer
+        .get("acks")
+        .or(producer.get("request.required.acks"))
+    {
+        None => {
+            producer.set("acks", "all");
+        }
+        Some("all" | "-1") => {}
+        Some(other) => {
+            return config_err(format!(
+                "the relay's producer must wait for all in-sync replicas: acks={other} \
+                 is not allowed (use acks=all)"
+            ))
+        }
+    }
+    let timeout_ms = publish_timeout.as_millis().to_string();
+    if producer.get("message.timeout.ms").is_none() {
+        producer.set("message.timeout.ms", &timeout_ms);
+    }
+    if producer.get("linger.ms").is_none() {
+        producer.set("linger.ms", "0");
+    }
+    producer
+        .create()
+        .map_err(|e| Error::Config(format!("cannot create the Kafka producer: {e}")))
 }
 
 /// Publishes the outbox to Kafka. Cheap to clone; every [`run`](Self::run) or

@@ -2,6 +2,7 @@
 
 use std::collections::BTreeSet;
 
+use sqlx::postgres::PgRow;
 use sqlx::{Executor, PgConnection, Row};
 
 use crate::error::Result;
@@ -11,7 +12,7 @@ use crate::error::Result;
 pub(crate) const SHARDS: i32 = 64;
 
 /// Advisory lock namespaces (first key of the two-key form).
-const MEMBER_LOCK: i32 = 0x6f62_7872; // "obxr": key2 = member slot
+use crate::admin::status::RELAY_MEMBER_LOCK as MEMBER_LOCK; // key2 = member slot
 const SHARD_LOCK: i32 = 0x6f62_7873; // "obxs": key2 = shard
 const MEMBER_SLOTS: i32 = 4096;
 
@@ -72,18 +73,7 @@ pub(crate) async fn clear_stale_waiting(conn: &mut PgConnection, slot: i32) -> R
     Ok(())
 }
 
-/// Live relay instances on this database.
-pub(crate) async fn members(conn: &mut PgConnection) -> Result<i64> {
-    let n: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
-         AND classid = $1::int8::oid AND objsubid = 2 \
-         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-    )
-    .bind(MEMBER_LOCK)
-    .fetch_one(&mut *conn)
-    .await?;
-    Ok(n)
-}
+pub(crate) use crate::admin::status::relay_members as members;
 
 /// Moves `owned` toward this instance's fair share of the shards: releases extras, takes free
 /// ones. Called only between batches, so a released shard has nothing in flight.
@@ -137,10 +127,38 @@ pub(crate) async fn rebalance(
     Ok(())
 }
 
-const CLAIM_SQL: &str = "\
-SELECT o.id, o.event_id, o.topic, o.partition_key, o.aggregate_type, o.aggregate_id, \
-       o.event_type, o.payload::text AS payload, o.attempts, \
-       (extract(epoch FROM o.created_at) * 1000)::int8 AS created_at_ms \
+/// The columns a [`Claimed`] is read from (table alias `o`).
+macro_rules! claimed_columns {
+    () => {
+        "o.id, o.event_id, o.topic, o.partition_key, o.aggregate_type, o.aggregate_id, \
+         o.event_type, o.payload::text AS payload, o.attempts, \
+         (extract(epoch FROM o.created_at) * 1000)::int8 AS created_at_ms"
+    };
+}
+pub(crate) use claimed_columns;
+
+impl Claimed {
+    /// Reads a row selected with [`claimed_columns!`].
+    pub(crate) fn from_row(r: &PgRow) -> Result<Claimed> {
+        Ok(Claimed {
+            id: r.try_get("id")?,
+            event_id: r.try_get("event_id")?,
+            topic: r.try_get("topic")?,
+            partition_key: r.try_get("partition_key")?,
+            aggregate_type: r.try_get("aggregate_type")?,
+            aggregate_id: r.try_get("aggregate_id")?,
+            event_type: r.try_get("event_type")?,
+            payload: r.try_get("payload")?,
+            attempts: r.try_get("attempts")?,
+            created_at_ms: r.try_get("created_at_ms")?,
+        })
+    }
+}
+
+const CLAIM_SQL: &str = concat!(
+    "SELECT ",
+    claimed_columns!(),
+    " \
 FROM outbox_event o \
 WHERE o.published_at IS NULL AND o.parked_at IS NULL \
   AND (hashtext(o.partition_key) & 63) = ANY($1::int4[]) \
@@ -152,7 +170,8 @@ WHERE o.published_at IS NULL AND o.parked_at IS NULL \
         AND b.partition_key = o.partition_key AND b.id < o.id) \
 ORDER BY o.id \
 LIMIT $2 \
-FOR UPDATE OF o SKIP LOCKED";
+FOR UPDATE OF o SKIP LOCKED"
+);
 
 /// Begins the batch's transaction and claims up to `limit` rows of the owned shards, in `id`
 /// order, skipping keys with an earlier record waiting for a retry.
@@ -168,22 +187,7 @@ pub(crate) async fn claim(
         .bind(limit)
         .fetch_all(&mut *conn)
         .await?;
-    rows.into_iter()
-        .map(|r| {
-            Ok(Claimed {
-                id: r.try_get("id")?,
-                event_id: r.try_get("event_id")?,
-                topic: r.try_get("topic")?,
-                partition_key: r.try_get("partition_key")?,
-                aggregate_type: r.try_get("aggregate_type")?,
-                aggregate_id: r.try_get("aggregate_id")?,
-                event_type: r.try_get("event_type")?,
-                payload: r.try_get("payload")?,
-                attempts: r.try_get("attempts")?,
-                created_at_ms: r.try_get("created_at_ms")?,
-            })
-        })
-        .collect()
+    rows.iter().map(Claimed::from_row).collect()
 }
 
 /// A record the broker refused for good.

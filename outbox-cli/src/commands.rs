@@ -1,0 +1,732 @@
+//! What each command does; `main.rs` only parses.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use outbox_runtime::admin::{
+    self, Cleanup, CleanupTable, PoisonFilter, Replay, ReplayFilter, Status,
+};
+use outbox_runtime::relay::Relay;
+use rdkafka::config::ClientConfig;
+use rdkafka::producer::{BaseProducer, Producer};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, PgPool};
+use tokio_util::sync::CancellationToken;
+
+use crate::parse::human;
+use crate::ui::{self, Progress};
+use crate::{Brokers, Command, Db, DeadAction, InboxAction, ParkedAction, Selection};
+
+type Result<T = ()> = std::result::Result<T, String>;
+
+/// Rows `list` shows unless `--limit` says otherwise.
+const DEFAULT_LIST_LIMIT: u32 = 100;
+
+pub async fn run(command: Command) -> Result {
+    match command {
+        Command::Migrate { db } => migrate(&db).await,
+        Command::Status { db, json } => status(&db, json).await,
+        Command::Relay {
+            db,
+            brokers,
+            instances,
+            batch_size,
+            poll_interval,
+            max_attempts,
+        } => {
+            relay(
+                &db,
+                &brokers,
+                instances,
+                batch_size,
+                poll_interval,
+                max_attempts,
+            )
+            .await
+        }
+        Command::Replay {
+            db,
+            brokers,
+            topic,
+            since,
+            until,
+            aggregate_type,
+            event_type,
+            to_topic,
+            dry_run,
+            batch_size,
+        } => {
+            let mut filter = ReplayFilter::topic(topic);
+            if let Some(t) = since {
+                filter = filter.since(t);
+            }
+            if let Some(t) = until {
+                filter = filter.until(t);
+            }
+            if let Some(a) = aggregate_type {
+                filter = filter.aggregate_type(a);
+            }
+            if let Some(e) = event_type {
+                filter = filter.event_type(e);
+            }
+            replay(
+                &db,
+                &brokers,
+                &filter,
+                to_topic.as_deref(),
+                dry_run,
+                batch_size,
+            )
+            .await
+        }
+        Command::Cleanup {
+            db,
+            older_than,
+            batch,
+            tables,
+            dry_run,
+            yes,
+        } => cleanup(&db, older_than, batch, tables, dry_run, yes).await,
+        Command::Parked { action } => parked(action).await,
+        Command::Inbox {
+            action: InboxAction::Dead { action },
+        } => dead(action).await,
+        Command::DevBroker {
+            port,
+            partitions,
+            topics,
+        } => crate::dev_broker::run(port, partitions, &topics).await,
+    }
+}
+
+/// `host:port/database` of a URL, without its credentials.
+fn describe(options: &PgConnectOptions) -> String {
+    format!(
+        "{}:{}/{}",
+        options.get_host(),
+        options.get_port(),
+        options.get_database().unwrap_or("")
+    )
+}
+
+async fn connect(db: &Db, max_connections: u32) -> Result<PgPool> {
+    let options = PgConnectOptions::from_str(&db.database_url)
+        .map_err(|e| format!("invalid database URL: {e}"))?;
+    let target = describe(&options);
+    // One connection first: the pool would report a refused connection as a timeout.
+    let first = tokio::time::timeout(Duration::from_secs(10), options.connect()).await;
+    let first = match first {
+        Ok(Ok(conn)) => conn,
+        Ok(Err(e)) => return Err(format!("cannot connect to PostgreSQL at {target}: {e}")),
+        Err(_) => {
+            return Err(format!(
+                "cannot connect to PostgreSQL at {target}: no answer within 10 s"
+            ))
+        }
+    };
+    first.close().await.ok();
+    Ok(PgPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect_lazy_with(options))
+}
+
+/// Connects and checks that the schema is up to date.
+async fn connect_migrated(db: &Db, max_connections: u32) -> Result<PgPool> {
+    let pool = connect(db, max_connections).await?;
+    let pending = outbox_runtime::migrate::pending(&pool)
+        .await
+        .map_err(|e| e.to_string())?;
+    if !pending.is_empty() {
+        return Err(format!(
+            "the database is not migrated ({} of {} outbox migrations pending); run `outbox migrate`",
+            pending.len(),
+            outbox_runtime::migrate::MIGRATIONS.len()
+        ));
+    }
+    Ok(pool)
+}
+
+fn producer_config(brokers: &Brokers) -> Result<ClientConfig> {
+    if brokers.brokers.trim().is_empty() {
+        return Err("no Kafka brokers: pass --brokers or set KAFKA_BROKERS".into());
+    }
+    let mut config = ClientConfig::new();
+    config.set("bootstrap.servers", brokers.brokers.trim());
+    for (key, value) in &brokers.producer_config {
+        config.set(key, value);
+    }
+    Ok(config)
+}
+
+/// Fails with one clear line when no broker answers within 10 s.
+async fn check_kafka(config: &ClientConfig) -> Result {
+    let producer: BaseProducer = config
+        .create()
+        .map_err(|e| format!("invalid Kafka settings: {e}"))?;
+    let brokers = config.get("bootstrap.servers").unwrap_or("").to_owned();
+    tokio::task::spawn_blocking(move || {
+        producer
+            .client()
+            .fetch_metadata(None, Duration::from_secs(10))
+            .map(drop)
+    })
+    .await
+    .map_err(|e| e.to_string())?
+    .map_err(|e| format!("cannot reach Kafka at {brokers}: {e}"))
+}
+
+async fn migrate(db: &Db) -> Result {
+    let pool = connect(db, 2).await?;
+    let pending = outbox_runtime::migrate::pending(&pool)
+        .await
+        .map_err(|e| e.to_string())?;
+    outbox_runtime::migrate(&pool)
+        .await
+        .map_err(|e| e.to_string())?;
+    if pending.is_empty() {
+        println!(
+            "schema up to date ({} migrations applied)",
+            outbox_runtime::migrate::MIGRATIONS.len()
+        );
+    } else {
+        for m in &pending {
+            println!("applied {} {}", m.version, m.description);
+        }
+        println!("applied {} migrations", pending.len());
+    }
+    Ok(())
+}
+
+async fn status(db: &Db, json: bool) -> Result {
+    let pool = connect_migrated(db, 2).await?;
+    let status = admin::status(&pool).await.map_err(|e| e.to_string())?;
+    if json {
+        let text = serde_json::to_string_pretty(&status).map_err(|e| e.to_string())?;
+        println!("{text}");
+    } else {
+        print_status(&status);
+    }
+    Ok(())
+}
+
+fn age(secs: Option<f64>) -> String {
+    secs.map_or_else(
+        || "-".to_owned(),
+        |s| human(Duration::from_secs_f64(s.max(0.0))),
+    )
+}
+
+fn print_status(status: &Status) {
+    println!(
+        "outbox ({} relay instances running)",
+        status.relay_instances
+    );
+    if status.outbox.is_empty() {
+        println!("  nothing unpublished or parked, nothing published in the last minute");
+    } else {
+        let rows: Vec<Vec<String>> = status
+            .outbox
+            .iter()
+            .map(|t| {
+                vec![
+                    t.topic.clone(),
+                    t.unpublished.to_string(),
+                    t.retrying.to_string(),
+                    t.parked.to_string(),
+                    age(t.oldest_unpublished_age_secs),
+                    t.published_last_minute.to_string(),
+                ]
+            })
+            .collect();
+        ui::table(
+            &[
+                "TOPIC",
+                "UNPUBLISHED",
+                "RETRYING",
+                "PARKED",
+                "OLDEST",
+                "PUBLISHED/1M",
+            ],
+            &[false, true, true, true, true, true],
+            &rows,
+        );
+    }
+    println!();
+    println!("inbox");
+    if status.inbox.is_empty() {
+        println!("  nothing unprocessed or dead");
+    } else {
+        let rows: Vec<Vec<String>> = status
+            .inbox
+            .iter()
+            .map(|t| {
+                vec![
+                    t.topic.clone(),
+                    t.unprocessed.to_string(),
+                    t.retrying.to_string(),
+                    t.dead.to_string(),
+                    age(t.oldest_unprocessed_age_secs),
+                ]
+            })
+            .collect();
+        ui::table(
+            &["TOPIC", "UNPROCESSED", "RETRYING", "DEAD", "OLDEST"],
+            &[false, true, true, true, true],
+            &rows,
+        );
+    }
+    println!();
+    println!("processed_event rows: {}", status.processed_event_rows);
+}
+
+async fn relay(
+    db: &Db,
+    brokers: &Brokers,
+    instances: u16,
+    batch_size: usize,
+    poll_interval: Duration,
+    max_attempts: u32,
+) -> Result {
+    let config = producer_config(brokers)?;
+    // Each instance holds a connection, and a listening one for notifications.
+    let pool = connect_migrated(db, u32::from(instances) * 2 + 2).await?;
+    let relay = Relay::builder(pool)
+        .producer_config(config)
+        .batch_size(batch_size)
+        .poll_interval(poll_interval)
+        .max_attempts(max_attempts)
+        .build()
+        .map_err(|e| e.to_string())?;
+    let cancel = CancellationToken::new();
+    let handles: Vec<_> = (0..instances)
+        .map(|_| relay.spawn(cancel.clone()))
+        .collect();
+    println!(
+        "outbox relay: {instances} instance(s) publishing to {}; stop with Ctrl-C or SIGTERM",
+        brokers.brokers
+    );
+    shutdown_signal().await;
+    eprintln!("stopping: finishing the batches in flight");
+    cancel.cancel();
+    let mut failed = None;
+    for handle in handles {
+        match handle.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => failed = Some(e.to_string()),
+            Err(e) => failed = Some(e.to_string()),
+        }
+    }
+    if let Some(e) = failed {
+        return Err(format!("a relay instance failed to stop cleanly: {e}"));
+    }
+    let status = relay.status().await.map_err(|e| e.to_string())?;
+    println!(
+        "stopped; {} unpublished, {} parked",
+        status.unpublished, status.parked
+    );
+    Ok(())
+}
+
+/// Ctrl-C, or SIGTERM (what process managers send).
+pub async fn shutdown_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let term = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let term = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = term => {}
+    }
+}
+
+async fn replay(
+    db: &Db,
+    brokers: &Brokers,
+    filter: &ReplayFilter,
+    to_topic: Option<&str>,
+    dry_run: bool,
+    batch_size: u32,
+) -> Result {
+    let config = producer_config(brokers)?;
+    let pool = connect_migrated(db, 2).await?;
+    let topic = filter.source_topic();
+    let known: bool =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox_event WHERE topic = $1)")
+            .bind(topic)
+            .fetch_one(&pool)
+            .await
+            .map_err(|e| e.to_string())?;
+    if !known {
+        let topics: Vec<String> =
+            sqlx::query_scalar("SELECT DISTINCT topic FROM outbox_event ORDER BY 1 LIMIT 20")
+                .fetch_all(&pool)
+                .await
+                .map_err(|e| e.to_string())?;
+        let known = if topics.is_empty() {
+            "the outbox is empty".to_owned()
+        } else {
+            format!("topics with events: {}", topics.join(", "))
+        };
+        return Err(format!(
+            "unknown topic `{topic}`: no stored events ({known})"
+        ));
+    }
+    let target = to_topic.unwrap_or(topic);
+    if !dry_run {
+        check_kafka(&config).await?;
+    }
+    let replay = Replay::with_producer_config(pool, config)
+        .map_err(|e| e.to_string())?
+        .batch_size(batch_size);
+    let total = replay.count(filter).await.map_err(|e| e.to_string())?;
+    if dry_run {
+        println!("dry run: would replay {total} events from `{topic}` to `{target}`");
+        return Ok(());
+    }
+    if total == 0 {
+        println!("no published events of `{topic}` match; nothing replayed");
+        return Ok(());
+    }
+    let mut progress = Progress::new(format!("replaying to {target}"), Some(total));
+    let result = replay
+        .run(filter, to_topic, |sent| progress.update(sent))
+        .await;
+    progress.finish();
+    let sent = result.map_err(|e| e.to_string())?;
+    let secs = progress.elapsed().as_secs_f64();
+    println!(
+        "replayed {sent} events from `{topic}` to `{target}` in {secs:.2} s ({:.0}/s), with their original event ids",
+        sent as f64 / secs.max(1e-3)
+    );
+    Ok(())
+}
+
+async fn cleanup(
+    db: &Db,
+    older_than: Duration,
+    batch: u32,
+    mut tables: Vec<CleanupTable>,
+    dry_run: bool,
+    yes: bool,
+) -> Result {
+    if tables.is_empty() {
+        tables = CleanupTable::ALL.to_vec();
+    }
+    let mut seen = Vec::new();
+    tables.retain(|t| {
+        let new = !seen.contains(t);
+        seen.push(*t);
+        new
+    });
+    let pool = connect_migrated(db, 2).await?;
+    let cleanup = Cleanup::new(pool, older_than).batch_size(batch);
+    let cutoff = cleanup.cutoff().await.map_err(|e| e.to_string())?;
+    let cut = cutoff.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
+    let mut counts = Vec::new();
+    for &table in &tables {
+        let n = cleanup
+            .count(table, cutoff)
+            .await
+            .map_err(|e| e.to_string())?;
+        counts.push((table, n));
+    }
+    let total: u64 = counts.iter().map(|(_, n)| n).sum();
+    let summary = counts
+        .iter()
+        .map(|(t, n)| format!("{n} from {}", t.table_name()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if dry_run {
+        println!("dry run: would delete {total} rows older than {cut}: {summary}");
+        return Ok(());
+    }
+    if total == 0 {
+        println!("nothing older than {cut}; nothing deleted");
+        return Ok(());
+    }
+    ui::confirm(
+        &format!("delete {total} rows older than {cut} ({summary})"),
+        yes,
+    )?;
+    for (table, expected) in counts {
+        if expected == 0 {
+            println!("{}: nothing to delete", table.table_name());
+            continue;
+        }
+        let mut progress =
+            Progress::new(format!("cleaning {}", table.table_name()), Some(expected));
+        let result = cleanup
+            .run(table, cutoff, |done| progress.update(done))
+            .await;
+        progress.finish();
+        let deleted = result.map_err(|e| e.to_string())?;
+        println!(
+            "{}: deleted {deleted} rows older than {cut} in {:.2} s",
+            table.table_name(),
+            progress.elapsed().as_secs_f64()
+        );
+    }
+    Ok(())
+}
+
+/// The filter for a selection; `outbox_ids` says whether integer ids (outbox rows) are allowed.
+fn filter_of(
+    select: &Selection,
+    outbox_ids: bool,
+    default_limit: Option<u32>,
+) -> Result<PoisonFilter> {
+    let mut filter = PoisonFilter::all();
+    if let Some(t) = &select.topic {
+        filter = filter.topic(t);
+    }
+    if let Some(e) = &select.event_type {
+        filter = filter.event_type(e);
+    }
+    for id in &select.ids {
+        if let Ok(event_id) = uuid::Uuid::parse_str(id) {
+            filter = filter.event_id(event_id);
+        } else if let (true, Ok(row)) = (outbox_ids, id.parse::<i64>()) {
+            filter = filter.id(row);
+        } else if outbox_ids {
+            return Err(format!(
+                "invalid --id `{id}`: expected an event id (UUID) or an outbox row id (integer)"
+            ));
+        } else {
+            return Err(format!("invalid --id `{id}`: expected an event id (UUID)"));
+        }
+    }
+    if let Some(limit) = select.limit.or(default_limit) {
+        filter = filter.limit(limit);
+    }
+    Ok(filter)
+}
+
+/// Retry and drop act on every row only when asked to.
+fn require_selection(select: &Selection, all: bool) -> Result {
+    let filtered = select.topic.is_some()
+        || select.event_type.is_some()
+        || !select.ids.is_empty()
+        || select.limit.is_some();
+    if filtered || all {
+        Ok(())
+    } else {
+        Err("say which rows: --id, --topic, --event-type, --limit, or --all".into())
+    }
+}
+
+fn print_json<T: serde::Serialize>(value: &T) -> Result {
+    let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
+    println!("{text}");
+    Ok(())
+}
+
+fn when(t: chrono::DateTime<chrono::Utc>) -> String {
+    t.to_rfc3339_opts(chrono::SecondsFormat::Secs, true)
+}
+
+async fn parked(action: ParkedAction) -> Result {
+    match action {
+        ParkedAction::List { db, select, json } => {
+            let pool = connect_migrated(&db, 2).await?;
+            let filter = filter_of(&select, true, Some(DEFAULT_LIST_LIMIT))?;
+            let rows = admin::list_parked(&pool, &filter)
+                .await
+                .map_err(|e| e.to_string())?;
+            if json {
+                return print_json(&rows);
+            }
+            if rows.is_empty() {
+                println!("no parked events");
+                return Ok(());
+            }
+            let table: Vec<Vec<String>> = rows
+                .iter()
+                .map(|r| {
+                    vec![
+                        r.id.to_string(),
+                        r.event_id.to_string(),
+                        r.topic.clone(),
+                        ui::short(&r.partition_key, 24),
+                        r.event_type.clone(),
+                        r.attempts.to_string(),
+                        when(r.parked_at),
+                        ui::short(r.last_error.as_deref().unwrap_or(""), 60),
+                    ]
+                })
+                .collect();
+            ui::table(
+                &[
+                    "ID",
+                    "EVENT_ID",
+                    "TOPIC",
+                    "KEY",
+                    "EVENT_TYPE",
+                    "ATTEMPTS",
+                    "PARKED_AT",
+                    "LAST_ERROR",
+                ],
+                &[true, false, false, false, false, true, false, false],
+                &table,
+            );
+            print_shown(rows.len(), select.limit);
+            Ok(())
+        }
+        ParkedAction::Retry {
+            db,
+            select,
+            all,
+            yes,
+        } => {
+            require_selection(&select, all)?;
+            let pool = connect_migrated(&db, 2).await?;
+            let rows = admin::list_parked(&pool, &filter_of(&select, true, None)?)
+                .await
+                .map_err(|e| e.to_string())?;
+            if rows.is_empty() {
+                println!("no parked events match; nothing changed");
+                return Ok(());
+            }
+            ui::confirm(
+                &format!(
+                    "retry {} parked events (the relay publishes them again, after their keys' later events)",
+                    rows.len()
+                ),
+                yes,
+            )?;
+            let exact = rows.iter().fold(PoisonFilter::all(), |f, r| f.id(r.id));
+            let n = admin::retry_parked(&pool, &exact)
+                .await
+                .map_err(|e| e.to_string())?;
+            println!("un-parked {n} events; running relays publish them now");
+            Ok(())
+        }
+        ParkedAction::Drop {
+            db,
+            select,
+            all,
+            yes,
+        } => {
+            require_selection(&select, all)?;
+            let pool = connect_migrated(&db, 2).await?;
+            let rows = admin::list_parked(&pool, &filter_of(&select, true, None)?)
+                .await
+                .map_err(|e| e.to_string())?;
+            if rows.is_empty() {
+                println!("no parked events match; nothing changed");
+                return Ok(());
+            }
+            ui::confirm(
+                &format!(
+                    "delete {} parked events for good (they will never be published)",
+                    rows.len()
+                ),
+                yes,
+            )?;
+            let exact = rows.iter().fold(PoisonFilter::all(), |f, r| f.id(r.id));
+            let n = admin::drop_parked(&pool, &exact)
+                .await
+                .map_err(|e| e.to_string())?;
+            println!("dropped {n} parked events");
+            Ok(())
+        }
+    }
+}
+
+fn print_shown(shown: usize, limit: Option<u32>) {
+    let limit = limit.unwrap_or(DEFAULT_LIST_LIMIT) as usize;
+    if shown >= limit {
+        println!("({shown} shown, the oldest first; there may be more: raise --limit)");
+    } else {
+        println!("({shown} rows)");
+    }
+}
+
+async fn dead(action: DeadAction) -> Result {
+    match action {
+        DeadAction::List { db, select, json } => {
+            let pool = connect_migrated(&db, 2).await?;
+            let filter = filter_of(&select, false, Some(DEFAULT_LIST_LIMIT))?;
+            let rows = admin::list_dead(&pool, &filter)
+                .await
+                .map_err(|e| e.to_string())?;
+            if json {
+                return print_json(&rows);
+            }
+            if rows.is_empty() {
+                println!("no dead inbox rows");
+                return Ok(());
+            }
+            let table: Vec<Vec<String>> = rows
+                .iter()
+                .map(|r| {
+                    vec![
+                        r.event_id.to_string(),
+                        r.topic.clone(),
+                        r.event_type.clone(),
+                        r.attempts.to_string(),
+                        when(r.dead_at),
+                        ui::short(r.last_error.as_deref().unwrap_or(""), 60),
+                    ]
+                })
+                .collect();
+            ui::table(
+                &[
+                    "EVENT_ID",
+                    "TOPIC",
+                    "EVENT_TYPE",
+                    "ATTEMPTS",
+                    "DEAD_AT",
+                    "LAST_ERROR",
+                ],
+                &[false, false, false, true, false, false],
+                &table,
+            );
+            print_shown(rows.len(), select.limit);
+            Ok(())
+        }
+        DeadAction::Retry {
+            db,
+            select,
+            all,
+            yes,
+        } => {
+            require_selection(&select, all)?;
+            let pool = connect_migrated(&db, 2).await?;
+            let rows = admin::list_dead(&pool, &filter_of(&select, false, None)?)
+                .await
+                .map_err(|e| e.to_string())?;
+            if rows.is_empty() {
+                println!("no dead inbox rows match; nothing changed");
+                return Ok(());
+            }
+            ui::confirm(
+                &format!(
+                    "retry {} dead inbox rows (their handlers run again)",
+                    rows.len()
+                ),
+                yes,
+            )?;
+            let exact = rows
+                .iter()
+                .fold(PoisonFilter::all(), |f, r| f.event_id(r.event_id));
+            let n = admin::retry_dead(&pool, &exact)
+                .await
+                .map_err(|e| e.to_string())?;
+            println!("revived {n} dead inbox rows; running inbox processors handle them now");
+            Ok(())
+        }
+    }
+}

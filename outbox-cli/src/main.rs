@@ -1,0 +1,271 @@
+//! `outbox`: the operator's tool for the transactional outbox and inbox. See `outbox --help`
+//! and the README's "Operations" section.
+
+mod commands;
+mod dev_broker;
+mod parse;
+mod ui;
+
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand};
+
+/// Operate the transactional outbox and inbox: migrations, status, relays, replay, retention
+/// and poison events.
+#[derive(Debug, Parser)]
+#[command(name = "outbox", version, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+/// Where the database is.
+#[derive(Debug, Args)]
+struct Db {
+    /// PostgreSQL URL, e.g. postgres://user:password@host:5432/app
+    #[arg(long, env = "DATABASE_URL", hide_env_values = true, value_name = "URL")]
+    database_url: String,
+}
+
+/// Where Kafka is.
+#[derive(Debug, Args)]
+struct Brokers {
+    /// Kafka bootstrap servers, e.g. broker1:9092,broker2:9092
+    #[arg(long, env = "KAFKA_BROKERS", value_name = "HOST:PORT,...")]
+    brokers: String,
+    /// A producer setting (librdkafka's names), e.g. -X security.protocol=SASL_SSL; repeatable
+    #[arg(short = 'X', long = "producer-config", value_name = "KEY=VALUE", value_parser = parse::key_value)]
+    producer_config: Vec<(String, String)>,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Apply the outbox/inbox migrations (idempotent; safe from several processes at once)
+    Migrate {
+        #[command(flatten)]
+        db: Db,
+    },
+    /// Backlog per topic: unpublished, parked, oldest unpublished age, published in the last
+    /// minute; inbox backlog and dead rows; processed_event size
+    Status {
+        #[command(flatten)]
+        db: Db,
+        /// Print JSON instead of tables
+        #[arg(long)]
+        json: bool,
+    },
+    /// Run relays as a standalone process until Ctrl-C or SIGTERM
+    Relay {
+        #[command(flatten)]
+        db: Db,
+        #[command(flatten)]
+        brokers: Brokers,
+        /// Relay instances in this process (they share the shards with every other relay)
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+        instances: u16,
+        /// Rows claimed per batch
+        #[arg(long, default_value_t = 500)]
+        batch_size: usize,
+        /// How often an idle relay looks for work without a notification
+        #[arg(long, default_value = "500ms", value_parser = parse::duration)]
+        poll_interval: Duration,
+        /// Refusals of a record before it is parked
+        #[arg(long, default_value_t = 5)]
+        max_attempts: u32,
+    },
+    /// Publish stored events again (with their original event_id), to rebuild a projection
+    Replay {
+        #[command(flatten)]
+        db: Db,
+        #[command(flatten)]
+        brokers: Brokers,
+        /// The topic whose published events to replay
+        #[arg(long)]
+        topic: String,
+        /// Only events created at or after this time (RFC 3339, a date, or a duration ago: 2h)
+        #[arg(long, value_parser = parse::time, value_name = "TIME")]
+        since: Option<chrono::DateTime<chrono::Utc>>,
+        /// Only events created before this time
+        #[arg(long, value_parser = parse::time, value_name = "TIME")]
+        until: Option<chrono::DateTime<chrono::Utc>>,
+        /// Only events of this aggregate type
+        #[arg(long)]
+        aggregate_type: Option<String>,
+        /// Only events of this event type
+        #[arg(long)]
+        event_type: Option<String>,
+        /// Publish to this topic instead of the original one
+        #[arg(long, value_name = "TOPIC")]
+        to_topic: Option<String>,
+        /// Count what would be replayed, publish nothing
+        #[arg(long)]
+        dry_run: bool,
+        /// Records sent before waiting for their acknowledgements
+        #[arg(long, default_value_t = 1_000)]
+        batch_size: u32,
+    },
+    /// Retention: delete published outbox rows, processed inbox rows and processed_event rows
+    /// older than a cut-off, in small batches (never an unpublished, parked or dead row)
+    Cleanup {
+        #[command(flatten)]
+        db: Db,
+        /// The retention, e.g. 30d, 12h, 1w
+        #[arg(long, value_parser = parse::duration, value_name = "DURATION")]
+        older_than: Duration,
+        /// Rows deleted per transaction
+        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+        batch: u32,
+        /// Only these tables (outbox, inbox, processed); repeatable; default all three
+        #[arg(long = "table", value_name = "TABLE")]
+        tables: Vec<outbox_runtime::admin::CleanupTable>,
+        /// Count what would be deleted, delete nothing
+        #[arg(long)]
+        dry_run: bool,
+        /// Do not ask for confirmation
+        #[arg(long, short = 'y')]
+        yes: bool,
+    },
+    /// Parked outbox events (refused by the broker too often): list, retry, drop
+    Parked {
+        #[command(subcommand)]
+        action: ParkedAction,
+    },
+    /// The inbox's dead rows (handlers failed for good): list, retry
+    Inbox {
+        #[command(subcommand)]
+        action: InboxAction,
+    },
+    /// Run an in-memory Kafka (librdkafka's mock cluster) on a local port, for trying things out
+    DevBroker {
+        /// The local port to listen on
+        #[arg(long, default_value_t = 9092)]
+        port: u16,
+        /// Partitions of the topics created with --topic
+        #[arg(long, default_value_t = 6, value_parser = clap::value_parser!(i32).range(1..=1000))]
+        partitions: i32,
+        /// A topic to create at start; repeatable (others are created on first use, with 4
+        /// partitions)
+        #[arg(long = "topic", value_name = "TOPIC")]
+        topics: Vec<String>,
+    },
+}
+
+/// Which poison rows: filters, or `--all`.
+#[derive(Debug, Args)]
+struct Selection {
+    /// Only rows of this topic
+    #[arg(long)]
+    topic: Option<String>,
+    /// Only rows of this event type
+    #[arg(long)]
+    event_type: Option<String>,
+    /// Only this row: an event id (UUID), or an outbox row id; repeatable
+    #[arg(long = "id", value_name = "ID")]
+    ids: Vec<String>,
+    /// At most this many rows, the oldest first
+    #[arg(long)]
+    limit: Option<u32>,
+}
+
+#[derive(Debug, Subcommand)]
+enum ParkedAction {
+    /// List parked events (the oldest first; 100 unless --limit)
+    List {
+        #[command(flatten)]
+        db: Db,
+        #[command(flatten)]
+        select: Selection,
+        /// Print JSON (with payloads)
+        #[arg(long)]
+        json: bool,
+    },
+    /// Un-park events: the relay publishes them again, attempts reset
+    Retry {
+        #[command(flatten)]
+        db: Db,
+        #[command(flatten)]
+        select: Selection,
+        /// Every parked event (when no filter is given)
+        #[arg(long)]
+        all: bool,
+        /// Do not ask for confirmation
+        #[arg(long, short = 'y')]
+        yes: bool,
+    },
+    /// Delete parked events for good
+    Drop {
+        #[command(flatten)]
+        db: Db,
+        #[command(flatten)]
+        select: Selection,
+        /// Every parked event (when no filter is given)
+        #[arg(long)]
+        all: bool,
+        /// Do not ask for confirmation
+        #[arg(long, short = 'y')]
+        yes: bool,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum InboxAction {
+    /// Dead inbox rows: list, retry
+    Dead {
+        #[command(subcommand)]
+        action: DeadAction,
+    },
+}
+
+#[derive(Debug, Subcommand)]
+enum DeadAction {
+    /// List dead inbox rows (the oldest first; 100 unless --limit)
+    List {
+        #[command(flatten)]
+        db: Db,
+        #[command(flatten)]
+        select: Selection,
+        /// Print JSON (with payloads)
+        #[arg(long)]
+        json: bool,
+    },
+    /// Revive dead rows: the inbox processors handle them again, attempts reset
+    Retry {
+        #[command(flatten)]
+        db: Db,
+        #[command(flatten)]
+        select: Selection,
+        /// Every dead row (when no filter is given)
+        #[arg(long)]
+        all: bool,
+        /// Do not ask for confirmation
+        #[arg(long, short = 'y')]
+        yes: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_max_level(tracing::Level::INFO)
+        .with_target(false)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(commands::run(cli.command)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,23 @@
+//! Operations on the outbox and inbox tables, for operators and their tools (the `outbox` CLI
+//! is a thin layer over this module): backlog figures per topic, retention, poison events,
+//! replay.
+//!
+//! Everything here works on the database alone, except [`replay`](crate::admin::Replay), which
+//! publishes (feature `kafka`). Every function is safe to run while relays and consumers run:
+//! retention deletes in small batches and skips rows another transaction holds, and the poison
+//! tools only touch parked or dead rows, which no relay or processor works on.
+
+mod cleanup;
+mod poison;
+#[cfg(feature = "kafka")]
+mod replay;
+pub(crate) mod status;
+
+pub use cleanup::{Cleanup, CleanupTable};
+pub use poison::{
+    drop_parked, list_dead, list_parked, retry_dead, retry_parked, DeadInboxEvent, ParkedEvent,
+    PoisonFilter,
+};
+#[cfg(feature = "kafka")]
+pub use replay::{Replay, ReplayFilter};
+pub use status::{status, InboxTopicStatus, Status, TopicStatus};

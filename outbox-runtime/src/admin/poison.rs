@@ -1,0 +1,225 @@
+//! Poison events: parked outbox rows and dead inbox rows, listed, retried or dropped.
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::postgres::PgArguments;
+use sqlx::query::Query;
+use sqlx::{PgPool, Postgres, Row};
+use uuid::Uuid;
+
+use crate::error::Result;
+
+/// Which poison rows an operation applies to: all of them by default, narrowed by topic, event
+/// type and ids (any of the ids given), the oldest first, at most `limit`. What
+/// [`list_parked`] shows for a filter is what [`retry_parked`] and [`drop_parked`] act on.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[must_use]
+pub struct PoisonFilter {
+    topic: Option<String>,
+    event_type: Option<String>,
+    ids: Vec<i64>,
+    event_ids: Vec<Uuid>,
+    limit: Option<i64>,
+}
+
+impl PoisonFilter {
+    /// Every poison row.
+    pub fn all() -> Self {
+        Self::default()
+    }
+
+    /// Rows of this topic only.
+    pub fn topic(mut self, topic: impl Into<String>) -> Self {
+        self.topic = Some(topic.into());
+        self
+    }
+
+    /// Rows of this event type only.
+    pub fn event_type(mut self, event_type: impl Into<String>) -> Self {
+        self.event_type = Some(event_type.into());
+        self
+    }
+
+    /// The outbox row with this `id` (outbox rows only; with [`event_id`](Self::event_id),
+    /// rows matching either).
+    pub fn id(mut self, id: i64) -> Self {
+        self.ids.push(id);
+        self
+    }
+
+    /// The row with this event id.
+    pub fn event_id(mut self, event_id: Uuid) -> Self {
+        self.event_ids.push(event_id);
+        self
+    }
+
+    /// At most this many rows, the oldest first.
+    pub fn limit(mut self, limit: u32) -> Self {
+        self.limit = Some(i64::from(limit));
+        self
+    }
+
+    /// Whether the filter names rows by id.
+    pub fn has_ids(&self) -> bool {
+        !self.ids.is_empty() || !self.event_ids.is_empty()
+    }
+
+    /// Binds `$1..$5` of [`OUTBOX_SELECT`] / [`INBOX_SELECT`].
+    fn bind<'q>(
+        &'q self,
+        query: Query<'q, Postgres, PgArguments>,
+    ) -> Query<'q, Postgres, PgArguments> {
+        query
+            .bind(self.topic.as_deref())
+            .bind(self.event_type.as_deref())
+            .bind(&self.ids)
+            .bind(&self.event_ids)
+            .bind(self.limit)
+    }
+}
+
+/// The parked rows a filter selects, as a subquery of ids.
+const OUTBOX_SELECT: &str = "\
+SELECT id FROM outbox_event \
+WHERE parked_at IS NOT NULL \
+  AND ($1::text IS NULL OR topic = $1) AND ($2::text IS NULL OR event_type = $2) \
+  AND ((cardinality($3::int8[]) = 0 AND cardinality($4::uuid[]) = 0) \
+       OR id = ANY($3) OR event_id = ANY($4)) \
+ORDER BY id LIMIT $5";
+
+/// The dead rows a filter selects, as a subquery of event ids.
+const INBOX_SELECT: &str = "\
+SELECT event_id FROM inbox_event \
+WHERE dead_at IS NOT NULL \
+  AND ($1::text IS NULL OR topic = $1) AND ($2::text IS NULL OR event_type = $2) \
+  AND ((cardinality($3::int8[]) = 0 AND cardinality($4::uuid[]) = 0) OR event_id = ANY($4)) \
+ORDER BY received_at, event_id LIMIT $5";
+
+/// A parked outbox row: refused by the broker `max_attempts` times, skipped by the relay.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct ParkedEvent {
+    pub id: i64,
+    pub event_id: Uuid,
+    pub topic: String,
+    pub partition_key: String,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub event_type: String,
+    pub attempts: i32,
+    pub last_error: Option<String>,
+    pub created_at: DateTime<Utc>,
+    pub parked_at: DateTime<Utc>,
+    pub payload: serde_json::Value,
+}
+
+/// A dead inbox row: its handler failed for good or too often; processors skip it.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct DeadInboxEvent {
+    pub event_id: Uuid,
+    pub topic: String,
+    pub event_type: String,
+    pub partition_key: Option<String>,
+    pub attempts: i32,
+    pub last_error: Option<String>,
+    pub received_at: DateTime<Utc>,
+    pub dead_at: DateTime<Utc>,
+    pub payload: serde_json::Value,
+}
+
+/// The parked outbox rows the filter selects, oldest first.
+pub async fn list_parked(pool: &PgPool, filter: &PoisonFilter) -> Result<Vec<ParkedEvent>> {
+    let sql = format!(
+        "SELECT id, event_id, topic, partition_key, aggregate_type, aggregate_id, event_type, \
+                attempts, last_error, created_at, parked_at, payload \
+         FROM outbox_event WHERE id IN ({OUTBOX_SELECT}) ORDER BY id"
+    );
+    let rows = filter.bind(sqlx::query(&sql)).fetch_all(pool).await?;
+    rows.into_iter()
+        .map(|r| {
+            Ok(ParkedEvent {
+                id: r.try_get("id")?,
+                event_id: r.try_get("event_id")?,
+                topic: r.try_get("topic")?,
+                partition_key: r.try_get("partition_key")?,
+                aggregate_type: r.try_get("aggregate_type")?,
+                aggregate_id: r.try_get("aggregate_id")?,
+                event_type: r.try_get("event_type")?,
+                attempts: r.try_get("attempts")?,
+                last_error: r.try_get("last_error")?,
+                created_at: r.try_get("created_at")?,
+                parked_at: r.try_get("parked_at")?,
+                payload: r.try_get("payload")?,
+            })
+        })
+        .collect()
+}
+
+/// Un-parks the rows the filter selects: the relay publishes them again from a clean slate
+/// (attempts reset), and is woken at once. Their keys' later events were published meanwhile
+/// (a parked row does not hold its key), so a retried event reaches consumers after them.
+/// Returns how many rows it un-parked.
+pub async fn retry_parked(pool: &PgPool, filter: &PoisonFilter) -> Result<u64> {
+    let sql = format!(
+        "UPDATE outbox_event SET parked_at = NULL, attempts = 0, next_attempt_at = NULL \
+         WHERE id IN ({OUTBOX_SELECT})"
+    );
+    let mut tx = pool.begin().await?;
+    let retried = filter
+        .bind(sqlx::query(&sql))
+        .execute(&mut *tx)
+        .await?
+        .rows_affected();
+    if retried > 0 {
+        sqlx::query("SELECT pg_notify('outbox_event', '')")
+            .execute(&mut *tx)
+            .await?;
+    }
+    tx.commit().await?;
+    Ok(retried)
+}
+
+/// Deletes the parked rows the filter selects, for good. Returns how many it deleted.
+pub async fn drop_parked(pool: &PgPool, filter: &PoisonFilter) -> Result<u64> {
+    let sql = format!("DELETE FROM outbox_event WHERE id IN ({OUTBOX_SELECT})");
+    let done = filter.bind(sqlx::query(&sql)).execute(pool).await?;
+    Ok(done.rows_affected())
+}
+
+/// The dead inbox rows the filter selects, oldest first (outbox `id`s in the filter match
+/// nothing here).
+pub async fn list_dead(pool: &PgPool, filter: &PoisonFilter) -> Result<Vec<DeadInboxEvent>> {
+    let sql = format!(
+        "SELECT event_id, topic, event_type, partition_key, attempts, last_error, received_at, \
+                dead_at, payload \
+         FROM inbox_event WHERE event_id IN ({INBOX_SELECT}) ORDER BY received_at, event_id"
+    );
+    let rows = filter.bind(sqlx::query(&sql)).fetch_all(pool).await?;
+    rows.into_iter()
+        .map(|r| {
+            Ok(DeadInboxEvent {
+                event_id: r.try_get("event_id")?,
+                topic: r.try_get("topic")?,
+                event_type: r.try_get("event_type")?,
+                partition_key: r.try_get("partition_key")?,
+                attempts: r.try_get("attempts")?,
+                last_error: r.try_get("last_error")?,
+                received_at: r.try_get("received_at")?,
+                dead_at: r.try_get("dead_at")?,
+                payload: r.try_get("payload")?,
+            })
+        })
+        .collect()
+}
+
+/// Revives the dead inbox rows the filter selects: the inbox processors handle them again,
+/// attempts reset. Returns how many rows it revived.
+pub async fn retry_dead(pool: &PgPool, filter: &PoisonFilter) -> Result<u64> {
+    let sql = format!(
+        "UPDATE inbox_event SET dead_at = NULL, attempts = 0, next_attempt_at = NULL \
+         WHERE event_id IN ({INBOX_SELECT})"
+    );
+    let done = filter.bind(sqlx::query(&sql)).execute(pool).await?;
+    Ok(done.rows_affected())
+}

@@ -1,0 +1,216 @@
+//! Replay: publishing stored events again, to rebuild a read projection (R-DIST-OBX-3).
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use chrono::{DateTime, Utc};
+use rdkafka::config::ClientConfig;
+use rdkafka::producer::FutureProducer;
+use sqlx::PgPool;
+
+use crate::error::{Error, Result};
+use crate::relay::publish::{self, Outcome};
+use crate::relay::store::{claimed_columns, Claimed};
+
+/// Which stored events a replay publishes: published rows of one topic, narrowed by creation
+/// time (`since` inclusive, `until` exclusive), aggregate type and event type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub struct ReplayFilter {
+    topic: String,
+    since: Option<DateTime<Utc>>,
+    until: Option<DateTime<Utc>>,
+    aggregate_type: Option<String>,
+    event_type: Option<String>,
+}
+
+impl ReplayFilter {
+    /// The published events of `topic`.
+    pub fn topic(topic: impl Into<String>) -> Self {
+        ReplayFilter {
+            topic: topic.into(),
+            since: None,
+            until: None,
+            aggregate_type: None,
+            event_type: None,
+        }
+    }
+
+    /// Events created at or after `since`.
+    pub fn since(mut self, since: DateTime<Utc>) -> Self {
+        self.since = Some(since);
+        self
+    }
+
+    /// Events created before `until`.
+    pub fn until(mut self, until: DateTime<Utc>) -> Self {
+        self.until = Some(until);
+        self
+    }
+
+    /// Events of this aggregate type only.
+    pub fn aggregate_type(mut self, aggregate_type: impl Into<String>) -> Self {
+        self.aggregate_type = Some(aggregate_type.into());
+        self
+    }
+
+    /// Events of this event type only.
+    pub fn event_type(mut self, event_type: impl Into<String>) -> Self {
+        self.event_type = Some(event_type.into());
+        self
+    }
+
+    /// The topic it replays from.
+    pub fn source_topic(&self) -> &str {
+        &self.topic
+    }
+}
+
+/// `$1..$5` of the filter; `$6` is the id to start after.
+const WHERE_SQL: &str = "\
+o.topic = $1 AND o.published_at IS NOT NULL \
+AND ($2::timestamptz IS NULL OR o.created_at >= $2) \
+AND ($3::timestamptz IS NULL OR o.created_at < $3) \
+AND ($4::text IS NULL OR o.aggregate_type = $4) \
+AND ($5::text IS NULL OR o.event_type = $5)";
+
+/// Binds `$1..$5` of [`WHERE_SQL`] (for `query` and `query_scalar` alike).
+macro_rules! bind_filter {
+    ($query:expr, $filter:expr) => {
+        $query
+            .bind(&$filter.topic)
+            .bind($filter.since)
+            .bind($filter.until)
+            .bind($filter.aggregate_type.as_deref())
+            .bind($filter.event_type.as_deref())
+    };
+}
+
+/// Publishes stored events again, in their original order (by outbox id), with their original
+/// `event_id`, key, payload and headers, so that deduplicating receivers handle each at most
+/// once. Records carry the replay's time as their Kafka timestamp (so the topic's time-based
+/// retention keeps them). Published with the relay's idempotent producer settings.
+///
+/// ```no_run
+/// # async fn run(pool: sqlx::PgPool) -> outbox_runtime::Result<()> {
+/// use outbox_runtime::admin::{Replay, ReplayFilter};
+///
+/// let replay = Replay::new(pool, "127.0.0.1:9092")?;
+/// let filter = ReplayFilter::topic("order.events").event_type("OrderCreated");
+/// let total = replay.count(&filter).await?;
+/// let sent = replay.run(&filter, None, |sent| eprintln!("{sent}/{total}")).await?;
+/// # Ok(()) }
+/// ```
+pub struct Replay {
+    pool: PgPool,
+    producer: FutureProducer,
+    batch_size: i64,
+    publish_timeout: Duration,
+}
+
+impl std::fmt::Debug for Replay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Replay")
+            .field("batch_size", &self.batch_size)
+            .field("publish_timeout", &self.publish_timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Replay {
+    /// A replay to the Kafka cluster at `brokers`.
+    pub fn new(pool: PgPool, brokers: &str) -> Result<Replay> {
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", brokers);
+        Self::with_producer_config(pool, config)
+    }
+
+    /// A replay with these producer settings (`bootstrap.servers`, security, ...); they must
+    /// allow an idempotent producer, like the relay's.
+    pub fn with_producer_config(pool: PgPool, config: ClientConfig) -> Result<Replay> {
+        if config.get("bootstrap.servers").is_none_or(str::is_empty) {
+            return Err(Error::Config("no Kafka brokers for the replay".into()));
+        }
+        let publish_timeout = Duration::from_secs(30);
+        Ok(Replay {
+            pool,
+            producer: crate::relay::create_producer(config, publish_timeout)?,
+            batch_size: 1_000,
+            publish_timeout,
+        })
+    }
+
+    /// Records sent before waiting for their acknowledgements (default 1,000).
+    #[must_use]
+    pub fn batch_size(mut self, batch_size: u32) -> Self {
+        self.batch_size = i64::from(batch_size.max(1));
+        self
+    }
+
+    /// How many events the filter selects (what a dry run reports).
+    pub async fn count(&self, filter: &ReplayFilter) -> Result<u64> {
+        let sql = format!("SELECT count(*) FROM outbox_event o WHERE {WHERE_SQL}");
+        let n: i64 = bind_filter!(sqlx::query_scalar(&sql), filter)
+            .fetch_one(&self.pool)
+            .await?;
+        Ok(n.max(0) as u64)
+    }
+
+    /// Publishes the events the filter selects to their topic, or to `to_topic`, calling
+    /// `progress` with the number sent so far after each batch. Returns how many it sent.
+    ///
+    /// Stops at the first record the broker does not acknowledge, with an error that says how
+    /// far it got (events up to there were delivered; running the replay again sends them again,
+    /// which deduplicating receivers ignore).
+    pub async fn run(
+        &self,
+        filter: &ReplayFilter,
+        to_topic: Option<&str>,
+        mut progress: impl FnMut(u64),
+    ) -> Result<u64> {
+        let sql = format!(
+            "SELECT {} FROM outbox_event o WHERE {WHERE_SQL} AND o.id > $6 ORDER BY o.id LIMIT $7",
+            claimed_columns!()
+        );
+        let mut after = 0i64;
+        let mut sent = 0u64;
+        loop {
+            let rows = bind_filter!(sqlx::query(&sql), filter)
+                .bind(after)
+                .bind(self.batch_size)
+                .fetch_all(&self.pool)
+                .await?;
+            if rows.is_empty() {
+                return Ok(sent);
+            }
+            let now_ms = SystemTime::now()
+                .duration_since(UNIX_EPOCH)
+                .map_or(0, |d| d.as_millis() as i64);
+            let mut batch = rows
+                .iter()
+                .map(Claimed::from_row)
+                .collect::<Result<Vec<_>>>()?;
+            for row in &mut batch {
+                row.created_at_ms = now_ms;
+                if let Some(topic) = to_topic {
+                    row.topic = topic.to_owned();
+                }
+            }
+            let outcomes = publish::publish(&self.producer, &batch, self.publish_timeout).await;
+            for (row, outcome) in batch.iter().zip(outcomes) {
+                match outcome {
+                    Outcome::Published => sent += 1,
+                    Outcome::Rejected(reason) | Outcome::Deferred(reason) => {
+                        return Err(Error::Publish(format!(
+                            "replay stopped at outbox row {} (event {}) after {sent} records: \
+                             {reason}",
+                            row.id, row.event_id
+                        )))
+                    }
+                    Outcome::Skipped => {}
+                }
+            }
+            after = batch.last().map_or(after, |r| r.id);
+            progress(sent);
+        }
+    }
+}

@@ -1,0 +1,149 @@
+//! Backlog figures per topic.
+
+use std::time::Duration;
+
+use serde::Serialize;
+use sqlx::{PgConnection, PgPool, Row};
+
+use crate::error::Result;
+
+/// What [`status`] reports: the outbox per topic, the inbox per topic, and the dedup ledger.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct Status {
+    /// Outbox figures of every topic with unpublished or parked rows, or rows published in the
+    /// last minute; by topic name.
+    pub outbox: Vec<TopicStatus>,
+    /// Inbox figures of every topic with unprocessed or dead rows; by topic name.
+    pub inbox: Vec<InboxTopicStatus>,
+    /// Rows in `processed_event` (dedup mode's ledger; cut by retention).
+    pub processed_event_rows: i64,
+    /// Live relay instances on this database.
+    pub relay_instances: i64,
+}
+
+/// The outbox figures of one topic.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct TopicStatus {
+    pub topic: String,
+    /// Rows waiting to be published (not parked).
+    pub unpublished: i64,
+    /// Of those, rows the broker refused that wait for a retry.
+    pub retrying: i64,
+    /// Parked rows (refused too often; skipped until an operator acts).
+    pub parked: i64,
+    /// Age of the oldest row waiting to be published, in seconds: what to alert on.
+    pub oldest_unpublished_age_secs: Option<f64>,
+    /// Rows published in the last minute.
+    pub published_last_minute: i64,
+}
+
+impl TopicStatus {
+    /// [`oldest_unpublished_age_secs`](Self::oldest_unpublished_age_secs) as a `Duration`.
+    pub fn oldest_unpublished_age(&self) -> Option<Duration> {
+        self.oldest_unpublished_age_secs
+            .map(|s| Duration::from_secs_f64(s.max(0.0)))
+    }
+}
+
+/// The inbox figures of one topic.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct InboxTopicStatus {
+    pub topic: String,
+    /// Rows received and not processed yet (not dead).
+    pub unprocessed: i64,
+    /// Of those, rows that failed and wait for a retry.
+    pub retrying: i64,
+    /// Dead rows (failed for good; kept until an operator acts).
+    pub dead: i64,
+    /// Age of the oldest unprocessed row, in seconds (the processing lag).
+    pub oldest_unprocessed_age_secs: Option<f64>,
+}
+
+const OUTBOX_SQL: &str = "\
+SELECT topic, \
+       count(*) FILTER (WHERE published_at IS NULL AND parked_at IS NULL) AS unpublished, \
+       count(*) FILTER (WHERE published_at IS NULL AND parked_at IS NULL \
+                          AND next_attempt_at IS NOT NULL) AS retrying, \
+       count(*) FILTER (WHERE parked_at IS NOT NULL) AS parked, \
+       extract(epoch FROM now() - min(created_at) \
+           FILTER (WHERE published_at IS NULL AND parked_at IS NULL))::float8 AS age, \
+       count(*) FILTER (WHERE published_at >= now() - interval '1 minute') AS published \
+FROM outbox_event \
+WHERE published_at IS NULL OR published_at >= now() - interval '1 minute' \
+GROUP BY topic ORDER BY topic";
+
+const INBOX_SQL: &str = "\
+SELECT topic, \
+       count(*) FILTER (WHERE dead_at IS NULL) AS unprocessed, \
+       count(*) FILTER (WHERE dead_at IS NULL AND next_attempt_at IS NOT NULL) AS retrying, \
+       count(*) FILTER (WHERE dead_at IS NOT NULL) AS dead, \
+       extract(epoch FROM now() - min(received_at) FILTER (WHERE dead_at IS NULL))::float8 AS age \
+FROM inbox_event WHERE NOT processed \
+GROUP BY topic ORDER BY topic";
+
+/// The backlog figures, from the database alone. The outbox part reads only unpublished rows
+/// and those of the last minute (through the partial indexes), so it stays cheap on a large
+/// table; `processed_event_rows` counts that table.
+pub async fn status(pool: &PgPool) -> Result<Status> {
+    let mut conn = pool.acquire().await?;
+    let outbox = sqlx::query(OUTBOX_SQL)
+        .fetch_all(&mut *conn)
+        .await?
+        .into_iter()
+        .map(|r| {
+            Ok(TopicStatus {
+                topic: r.try_get("topic")?,
+                unpublished: r.try_get("unpublished")?,
+                retrying: r.try_get("retrying")?,
+                parked: r.try_get("parked")?,
+                oldest_unpublished_age_secs: r.try_get("age")?,
+                published_last_minute: r.try_get("published")?,
+            })
+        })
+        .collect::<Result<_>>()?;
+    let inbox = sqlx::query(INBOX_SQL)
+        .fetch_all(&mut *conn)
+        .await?
+        .into_iter()
+        .map(|r| {
+            Ok(InboxTopicStatus {
+                topic: r.try_get("topic")?,
+                unprocessed: r.try_get("unprocessed")?,
+                retrying: r.try_get("retrying")?,
+                dead: r.try_get("dead")?,
+                oldest_unprocessed_age_secs: r.try_get("age")?,
+            })
+        })
+        .collect::<Result<_>>()?;
+    let processed_event_rows: i64 = sqlx::query_scalar("SELECT count(*) FROM processed_event")
+        .fetch_one(&mut *conn)
+        .await?;
+    let relay_instances = relay_members(&mut conn).await?;
+    Ok(Status {
+        outbox,
+        inbox,
+        processed_event_rows,
+        relay_instances,
+    })
+}
+
+/// The advisory lock namespace of relay instances (first key of the two-key form; the second is
+/// the instance's member slot). Here rather than in the relay, so that the status works without
+/// the `kafka` feature.
+pub(crate) const RELAY_MEMBER_LOCK: i32 = 0x6f62_7872; // "obxr"
+
+/// Live relay instances on this database: the member locks held.
+pub(crate) async fn relay_members(conn: &mut PgConnection) -> Result<i64> {
+    let n: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
+         AND classid = $1::int8::oid AND objsubid = 2 \
+         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+    )
+    .bind(RELAY_MEMBER_LOCK)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(n)
+}
