@@ -6,6 +6,7 @@ mod dev_broker;
 mod parse;
 mod ui;
 
+use std::io::IsTerminal;
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -246,9 +247,16 @@ enum DeadAction {
 
 fn main() -> ExitCode {
     let cli = Cli::parse();
+    // The long-running commands log what they do; the others print their results and log
+    // only problems.
+    let level = match cli.command {
+        Command::Relay { .. } | Command::DevBroker { .. } => tracing::Level::INFO,
+        _ => tracing::Level::WARN,
+    };
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
-        .with_max_level(tracing::Level::INFO)
+        .with_max_level(level)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_target(false)
         .init();
     let runtime = match tokio::runtime::Builder::new_multi_thread()
