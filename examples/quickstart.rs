@@ -1,33 +1,92 @@
-//! Quickstart: commands that change the database and emit events atomically, and the relay
-//! that publishes them to Kafka.
+//! Quickstart: an orders service and a payments service that talk through Kafka, each with its
+//! own database and its own outbox, in one process.
 //!
 //! ```sh
-//! cargo run --example quickstart
+//! cargo run --example quickstart                           # serve on 127.0.0.1:3000, until Ctrl-C
+//! cargo run --example quickstart -- --listen 127.0.0.1:0  # on a free port (printed)
+//! cargo run --example quickstart -- --demo 200            # post 200 orders, wait until paid, exit
 //! ```
 //!
-//! Without configuration it uses the local PostgreSQL (`DATABASE_URL`, default
-//! `postgres://postgres@127.0.0.1:5432/postgres`; it creates its own database
-//! `outbox_quickstart`) and an embedded Kafka (librdkafka's mock cluster); set `KAFKA_BROKERS`
-//! to use a real broker. It places a few orders (each an `orders` row and an `OrderCreated`
-//! outbox row in one transaction), tries an invalid one (nothing is written), runs the relay
-//! as a background task, reads the events back from Kafka, and shuts the relay down gracefully.
+//! It prints the address it listens on and `curl` commands to try.
+//!
+//! What happens to an order:
+//!
+//! ```text
+//!  POST /orders ─► orders database: `orders` row + `OrderCreated` outbox row, one transaction
+//!                   │ orders relay
+//!                   ▼
+//!  Kafka `order.events` ─► payments consumer (dedup mode) ─► payments database:
+//!                            `payments` row + `PaymentSucceeded` outbox row, one transaction
+//!                   ┌───────────────────────────────────────────┘ payments relay
+//!                   ▼
+//!  Kafka `payment.events` ─► orders consumer (inbox mode) ─► orders.payment_status = 'paid'
+//!
+//!  GET /orders/{id} ─► the order, `"payment_status": "pending"`, a moment later `"paid"`
+//! ```
+//!
+//! No request handler talks to Kafka: a handler only writes rows, and the relays publish the
+//! committed outbox rows. A consumer runs its handler in a database transaction together with
+//! its deduplication (or inbox) row, so a redelivered event has no second effect.
+//!
+//! Configuration (all optional):
+//!
+//! - `DATABASE_URL`: the orders database, default
+//!   `postgres://postgres@127.0.0.1:5432/outbox_quickstart`. The payments service uses the
+//!   database of the same name plus `_payments` on the same server. Both are created if they do
+//!   not exist, and both get the outbox migrations and their own tables.
+//! - `KAFKA_BROKERS`: a Kafka to use; by default an embedded one (librdkafka's mock cluster,
+//!   inside this process, gone when it exits).
+//!
+//! Ctrl-C shuts down gracefully: the HTTP server finishes the requests in flight, then the
+//! relays and consumers finish their batch in hand and stop.
 
 use std::error::Error;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
+use axum::extract::rejection::JsonRejection;
+use axum::extract::{Path, State};
+use axum::http::{header, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Bytes;
+use hyper_util::rt::TokioIo;
+use outbox_runtime::inbox::{Consumer, HandlerError, Mode};
 use outbox_runtime::relay::Relay;
-use outbox_runtime::{OutboxEvent, Uow};
-use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::message::{Headers, Message};
-use rdkafka::mocking::MockCluster;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
-use sqlx::postgres::PgConnectOptions;
-use sqlx::{ConnectOptions, PgPool};
+use outbox_runtime::{inbox_handler, OutboxEvent, Uow};
+use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
+use rdkafka::client::DefaultClientContext;
+use rdkafka::producer::{BaseProducer, Producer as _};
+use rdkafka::types::RDKafkaErrorCode;
+use rdkafka::ClientConfig;
+use serde::{Deserialize, Serialize};
+use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
+use sqlx::{ConnectOptions, PgConnection, PgPool};
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
-#[derive(serde::Serialize, OutboxEvent)]
+type BoxError = Box<dyn Error + Send + Sync>;
+type Result<T, E = BoxError> = std::result::Result<T, E>;
+
+const DEFAULT_DATABASE_URL: &str = "postgres://postgres@127.0.0.1:5432/outbox_quickstart";
+/// Partitions of each topic the quickstart creates.
+const PARTITIONS: i32 = 4;
+/// How long `--demo` waits for every order to be paid.
+const DEMO_TIMEOUT: Duration = Duration::from_secs(60);
+/// Keep-alive connections `--demo` posts its orders over, concurrently.
+const DEMO_CONNECTIONS: usize = 4;
+
+// ---------------------------------------------------------------------------------------------
+// The events. Each names its Kafka topic; the key (the partition key) keeps one order's events
+// in order.
+
+/// Emitted by the orders service when an order is placed; the key is the order id.
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
 #[outbox(
     topic = "order.events",
     aggregate_type = "Order",
@@ -36,146 +95,782 @@ use uuid::Uuid;
 struct OrderCreated {
     #[outbox(aggregate_id)]
     order_id: Uuid,
-    customer_id: Uuid,
+    customer_id: String,
+    product_id: String,
     amount: i64,
 }
 
-/// The command handler: the domain row and its event commit together, or neither does.
-async fn place_order(
-    pool: &PgPool,
-    customer_id: Uuid,
+/// Emitted by the payments service when it charged an order; keyed by the order id too.
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(
+    topic = "payment.events",
+    aggregate_type = "Payment",
+    event_type = "PaymentSucceeded"
+)]
+struct PaymentSucceeded {
+    #[outbox(aggregate_id)]
+    payment_id: Uuid,
+    #[outbox(key)]
+    order_id: Uuid,
     amount: i64,
-) -> outbox_runtime::Result<Uuid> {
+}
+
+// ---------------------------------------------------------------------------------------------
+// The orders service: an HTTP API on the orders database.
+
+/// `POST /orders` body.
+#[derive(Debug, Deserialize)]
+struct NewOrder {
+    customer_id: String,
+    product_id: String,
+    /// In cents; must be positive.
+    amount: i64,
+}
+
+/// `GET /orders/{id}` answer.
+#[derive(Debug, Serialize)]
+struct OrderView {
+    order_id: Uuid,
+    customer_id: String,
+    product_id: String,
+    amount: i64,
+    /// `pending` until the payment arrived, then `paid`.
+    payment_status: String,
+}
+
+fn orders_api(orders_db: PgPool) -> Router {
+    Router::new()
+        .route("/orders", post(create_order))
+        .route("/orders/{id}", get(get_order))
+        .fallback(|| async {
+            ApiError::new(
+                StatusCode::NOT_FOUND,
+                "no such route: try POST /orders or GET /orders/{id}",
+            )
+        })
+        .with_state(orders_db)
+}
+
+/// `POST /orders`: 201 `{"order_id": ...}`.
+async fn create_order(
+    State(db): State<PgPool>,
+    body: Result<Json<NewOrder>, JsonRejection>,
+) -> Result<impl IntoResponse, ApiError> {
+    // Bad JSON is a 400, JSON of the wrong shape a 422 (axum's rejection knows which).
+    let Json(order) = body?;
+    if order.amount <= 0 {
+        let message = format!("amount must be positive, not {}", order.amount);
+        return Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, message));
+    }
+    if order.customer_id.trim().is_empty() || order.product_id.trim().is_empty() {
+        let message = "customer_id and product_id must not be empty";
+        return Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, message));
+    }
+    let order_id = place_order(&db, order).await?;
+    let location = format!("/orders/{order_id}");
+    let body = Json(serde_json::json!({ "order_id": order_id }));
+    Ok((StatusCode::CREATED, [(header::LOCATION, location)], body))
+}
+
+/// The command: the order row and its `OrderCreated` event commit together, or neither does.
+async fn place_order(db: &PgPool, order: NewOrder) -> outbox_runtime::Result<Uuid> {
     let order_id = Uuid::now_v7();
-    let mut uow = Uow::begin(pool).await?;
-    sqlx::query("INSERT INTO orders (id, customer_id, amount) VALUES ($1, $2, $3)")
+    let mut uow = Uow::begin(db).await?;
+    sqlx::query("INSERT INTO orders (id, customer_id, product_id, amount) VALUES ($1, $2, $3, $4)")
         .bind(order_id)
-        .bind(customer_id)
-        .bind(amount)
+        .bind(&order.customer_id)
+        .bind(&order.product_id)
+        .bind(order.amount)
         .execute(uow.tx())
         .await?;
     uow.emit(&OrderCreated {
         order_id,
-        customer_id,
-        amount,
+        customer_id: order.customer_id,
+        product_id: order.product_id,
+        amount: order.amount,
     })
     .await?;
     uow.commit().await?;
     Ok(order_id)
 }
 
-/// Connects to `url`'s server and creates `database` there if it does not exist yet.
-async fn connect_creating(url: &str, database: &str) -> Result<PgPool, Box<dyn Error>> {
-    let server = PgConnectOptions::from_str(url)?;
-    let mut admin = server.connect().await.map_err(|e| {
-        format!("cannot reach PostgreSQL at {url}: {e} (set DATABASE_URL to a running server)")
+/// `GET /orders/{id}`: the order and its payment status.
+async fn get_order(
+    State(db): State<PgPool>,
+    Path(id): Path<String>,
+) -> Result<Json<OrderView>, ApiError> {
+    let order_id = Uuid::parse_str(&id).map_err(|_| {
+        let message = format!("`{id}` is not an order id (a UUID)");
+        ApiError::new(StatusCode::BAD_REQUEST, message)
     })?;
-    let exists: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM pg_database WHERE datname = $1)")
-            .bind(database)
-            .fetch_one(&mut admin)
-            .await?;
-    if !exists {
-        // `database` is a fixed identifier of this example, never user input.
-        sqlx::query(&format!("CREATE DATABASE {database}"))
-            .execute(&mut admin)
-            .await?;
-        println!("created database {database}");
-    }
-    Ok(PgPool::connect_with(server.database(database)).await?)
+    let row: Option<(String, String, i64, String)> = sqlx::query_as(
+        "SELECT customer_id, product_id, amount, payment_status FROM orders WHERE id = $1",
+    )
+    .bind(order_id)
+    .fetch_optional(&db)
+    .await?;
+    let (customer_id, product_id, amount, payment_status) =
+        row.ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("no order {order_id}")))?;
+    Ok(Json(OrderView {
+        order_id,
+        customer_id,
+        product_id,
+        amount,
+        payment_status,
+    }))
 }
 
-#[tokio::main]
-async fn main() -> Result<(), Box<dyn Error>> {
-    let url = std::env::var("DATABASE_URL")
-        .unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".to_owned());
-    let pool = connect_creating(&url, "outbox_quickstart").await?;
-    outbox_runtime::migrate(&pool).await?;
-    sqlx::query(
-        "CREATE TABLE IF NOT EXISTS orders (id uuid PRIMARY KEY, customer_id uuid NOT NULL, \
-         amount bigint NOT NULL CHECK (amount > 0))",
-    )
-    .execute(&pool)
-    .await?;
-
-    // Kafka: KAFKA_BROKERS, or an embedded mock cluster that lives as long as this program.
-    let mock;
-    let brokers = match std::env::var("KAFKA_BROKERS") {
-        Ok(brokers) => brokers,
-        Err(_) => {
-            mock = MockCluster::new(1)?;
-            mock.create_topic("order.events", 3, 1)?;
-            println!(
-                "embedded Kafka (mock cluster) at {}",
-                mock.bootstrap_servers()
-            );
-            mock.bootstrap_servers()
-        }
-    };
-
-    // The relay runs beside the application and stops with it.
-    let relay = Relay::builder(pool.clone()).brokers(&brokers).build()?;
-    let cancel = CancellationToken::new();
-    let relay_task = relay.spawn(cancel.clone());
-
-    // A reader of the topic from its beginning, standing in for another service.
-    let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &brokers)
-        .set("group.id", "outbox-quickstart")
-        .set("enable.auto.commit", "false")
-        .create()?;
-    let partitions = consumer
-        .fetch_metadata(Some("order.events"), Duration::from_secs(10))?
-        .topics()
-        .first()
-        .map_or(1, |t| t.partitions().len() as i32);
-    let mut assignment = TopicPartitionList::new();
-    for partition in 0..partitions {
-        assignment.add_partition_offset("order.events", partition, Offset::Beginning)?;
+/// The orders service learns of payments: runs in the orders consumer's transaction (inbox mode:
+/// the event was stored in `inbox_event` first, and a processor runs this once).
+#[inbox_handler]
+async fn mark_order_paid(
+    event: PaymentSucceeded,
+    tx: &mut PgConnection,
+) -> Result<(), HandlerError> {
+    let updated = sqlx::query("UPDATE orders SET payment_status = 'paid' WHERE id = $1")
+        .bind(event.order_id)
+        .execute(tx)
+        .await?;
+    if updated.rows_affected() == 0 {
+        // Retrying cannot help: the row is kept as dead in `inbox_event` for an operator.
+        let message = format!("payment for unknown order {}", event.order_id);
+        return Err(HandlerError::permanent(message));
     }
-    consumer.assign(&assignment)?;
-
-    let customer = Uuid::now_v7();
-    let mut placed = Vec::new();
-    for amount in [1_500, 2_750, 990] {
-        let order_id = place_order(&pool, customer, amount).await?;
-        println!("placed order {order_id} ({amount}): order row + OrderCreated event committed");
-        placed.push(order_id);
-    }
-    match place_order(&pool, customer, 0).await {
-        Ok(id) => return Err(format!("order {id} with amount 0 should have been refused").into()),
-        Err(e) => println!("refused an order of amount 0, nothing written: {e}"),
-    }
-
-    // Read the events back: the relay publishes them within milliseconds of the commit.
-    let mut seen = 0;
-    while seen < placed.len() {
-        let message = tokio::time::timeout(Duration::from_secs(30), consumer.recv())
-            .await
-            .map_err(|_| "no event arrived from Kafka within 30 s")??;
-        let event_id = message
-            .headers()
-            .and_then(|h| h.iter().find(|h| h.key == "event_id"))
-            .and_then(|h| h.value)
-            .map(String::from_utf8_lossy)
-            .unwrap_or_default();
-        let payload = String::from_utf8_lossy(message.payload().unwrap_or_default());
-        let key = String::from_utf8_lossy(message.key().unwrap_or_default());
-        if placed.iter().any(|id| id.to_string() == key) {
-            seen += 1;
-            println!(
-                "kafka: {} key={key} event_id={event_id} {payload}",
-                message.topic()
-            );
-        }
-    }
-
-    let status = relay.status().await?;
-    println!(
-        "outbox: {} unpublished, {} parked; shutting the relay down",
-        status.unpublished, status.parked
-    );
-    cancel.cancel();
-    relay_task.await??;
     Ok(())
+}
+
+/// An error answer: a status and `{"error": "..."}`.
+#[derive(Debug)]
+struct ApiError {
+    status: StatusCode,
+    message: String,
+}
+
+impl ApiError {
+    fn new(status: StatusCode, message: impl Into<String>) -> Self {
+        ApiError {
+            status,
+            message: message.into(),
+        }
+    }
+
+    /// The details go to the log, not to the client.
+    fn internal(error: impl fmt::Display) -> Self {
+        eprintln!("internal error: {error}");
+        ApiError::new(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            "internal error; see the server's log",
+        )
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let body = Json(serde_json::json!({ "error": self.message }));
+        (self.status, body).into_response()
+    }
+}
+
+impl From<JsonRejection> for ApiError {
+    fn from(rejection: JsonRejection) -> Self {
+        ApiError::new(rejection.status(), rejection.body_text())
+    }
+}
+
+impl From<sqlx::Error> for ApiError {
+    fn from(error: sqlx::Error) -> Self {
+        ApiError::internal(error)
+    }
+}
+
+impl From<outbox_runtime::Error> for ApiError {
+    fn from(error: outbox_runtime::Error) -> Self {
+        ApiError::internal(error)
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// The payments service: no API, only a consumer of `OrderCreated`, on its own database.
+
+/// Charges an order. Runs in the payments consumer's transaction, which also holds the
+/// deduplication row (`processed_event`): a redelivered `OrderCreated` is skipped, and the
+/// payment row and its `PaymentSucceeded` event commit together, or neither does.
+#[inbox_handler]
+async fn charge_order(event: OrderCreated, tx: &mut PgConnection) -> Result<(), HandlerError> {
+    let payment_id = Uuid::now_v7();
+    sqlx::query("INSERT INTO payments (id, order_id, amount) VALUES ($1, $2, $3)")
+        .bind(payment_id)
+        .bind(event.order_id)
+        .bind(event.amount)
+        .execute(&mut *tx)
+        .await?;
+    // The payments service's own outbox, in the same transaction; its relay publishes it.
+    let succeeded = PaymentSucceeded {
+        payment_id,
+        order_id: event.order_id,
+        amount: event.amount,
+    };
+    outbox_runtime::emit(tx, &succeeded).await?;
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------------------------
+// Wiring: databases, Kafka, background workers, the server, and the shutdown.
+
+#[tokio::main]
+async fn main() -> Result<(), Report> {
+    let Some(args) = Args::parse(std::env::args().skip(1)).map_err(Report::usage)? else {
+        println!("{USAGE}");
+        return Ok(());
+    };
+    run(args).await.map_err(Report)
+}
+
+async fn run(args: Args) -> Result<()> {
+    let (orders_db, payments_db) = databases().await?;
+
+    // Kafka, with the topics and their dead-letter topics.
+    let topics = [
+        OrderCreated::TOPIC,
+        "order.events.dlq",
+        PaymentSucceeded::TOPIC,
+        "payment.events.dlq",
+    ];
+    let kafka = Kafka::start(&topics).await?;
+    let brokers = kafka.bootstrap();
+
+    // Background workers: one relay per outbox, one consumer per service.
+    let orders_relay = Relay::builder(orders_db.clone())
+        .brokers(&brokers)
+        .build()?;
+    let payments_relay = Relay::builder(payments_db.clone())
+        .brokers(&brokers)
+        .build()?;
+    let payments_consumer = Consumer::builder(payments_db.clone())
+        .brokers(&brokers)
+        .group_id("quickstart-payments")
+        .handler(charge_order) // Mode::Dedup, the default
+        .build()?;
+    let orders_consumer = Consumer::builder(orders_db.clone())
+        .brokers(&brokers)
+        .group_id("quickstart-orders")
+        .handler(mark_order_paid)
+        .mode(Mode::Inbox)
+        .processors(2)
+        .build()?;
+
+    // `shutdown` stops the server (on Ctrl-C, at the end of `--demo`, or when a worker failed);
+    // `stop` then stops the workers.
+    let shutdown = CancellationToken::new();
+    let stop = CancellationToken::new();
+    let workers = [
+        ("orders relay", orders_relay.spawn(stop.clone())),
+        ("payments relay", payments_relay.spawn(stop.clone())),
+        ("payments consumer", payments_consumer.spawn(stop.clone())),
+        ("orders consumer", orders_consumer.spawn(stop.clone())),
+    ]
+    .map(|(name, task)| Worker::spawn(name, task, &shutdown));
+    tokio::spawn(shutdown_on_ctrl_c(shutdown.clone()));
+
+    // The HTTP server.
+    let listener = tokio::net::TcpListener::bind(args.listen)
+        .await
+        .map_err(|e| format!("cannot listen on {}: {e}", args.listen))?;
+    let addr = reachable(listener.local_addr()?);
+    let server = {
+        let app = orders_api(orders_db.clone());
+        let stopped = shutdown.clone().cancelled_owned();
+        tokio::spawn(async move {
+            axum::serve(listener, app)
+                .with_graceful_shutdown(stopped)
+                .await
+        })
+    };
+    println!("orders API listening on http://{addr}");
+
+    // Serve until Ctrl-C, or run the demo and stop.
+    let mut problems = Vec::new();
+    match args.demo {
+        None => {
+            print_try_it(addr);
+            shutdown.cancelled().await;
+        }
+        Some(n) => {
+            tokio::select! {
+                result = demo(addr, &orders_db, n) => {
+                    if let Err(e) = result {
+                        problems.push(format!("demo: {e}"));
+                    }
+                }
+                () = shutdown.cancelled() => problems.push("demo: interrupted".to_owned()),
+            }
+        }
+    }
+
+    // Graceful shutdown: the server first (requests in flight finish), then the workers.
+    println!("shutting down");
+    shutdown.cancel();
+    match server.await {
+        Ok(Ok(())) => {}
+        Ok(Err(e)) => problems.push(format!("HTTP server: {e}")),
+        Err(e) => problems.push(format!("HTTP server: {e}")),
+    }
+    stop.cancel();
+    for worker in workers {
+        if let Err(e) = worker.stop().await {
+            problems.push(e);
+        }
+    }
+    drop(kafka); // the embedded mock cluster, if any, goes last
+    if problems.is_empty() {
+        println!("stopped");
+        Ok(())
+    } else {
+        Err(problems.join("; ").into())
+    }
+}
+
+fn print_try_it(addr: SocketAddr) {
+    let post = format!("curl -si http://{addr}/orders -H 'content-type: application/json' -d");
+    let order = r#"{"customer_id": "c-1", "product_id": "book-42", "amount": 1500}"#;
+    println!();
+    println!("try:");
+    println!("  {post} '{order}'");
+    println!("  curl -s http://{addr}/orders/ORDER_ID   # payment_status: pending, then paid");
+    println!("  {post} '{}'   # 422", order.replace("1500", "0"));
+    println!();
+    println!("Ctrl-C stops it.");
+}
+
+/// Fires `shutdown` on Ctrl-C (SIGINT).
+async fn shutdown_on_ctrl_c(shutdown: CancellationToken) {
+    tokio::select! {
+        signal = tokio::signal::ctrl_c() => match signal {
+            Ok(()) => {
+                println!("Ctrl-C received");
+                shutdown.cancel();
+            }
+            Err(e) => eprintln!("cannot listen for Ctrl-C: {e}"),
+        },
+        () = shutdown.cancelled() => {}
+    }
+}
+
+/// A background task (relay or consumer). They run until told to stop; one that stops by
+/// itself has failed, and then the whole application shuts down.
+struct Worker {
+    name: &'static str,
+    task: JoinHandle<Result<(), String>>,
+}
+
+impl Worker {
+    fn spawn(
+        name: &'static str,
+        task: JoinHandle<outbox_runtime::Result<()>>,
+        shutdown: &CancellationToken,
+    ) -> Worker {
+        let shutdown = shutdown.clone();
+        let task = tokio::spawn(async move {
+            let result = match task.await {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(format!("{name} failed: {e}")),
+                Err(e) => Err(format!("{name} panicked: {e}")),
+            };
+            if let Err(e) = &result {
+                eprintln!("{e}; shutting down");
+            }
+            shutdown.cancel();
+            result
+        });
+        Worker { name, task }
+    }
+
+    /// Waits for the worker to finish (after its token was cancelled).
+    async fn stop(self) -> Result<(), String> {
+        match tokio::time::timeout(Duration::from_secs(30), self.task).await {
+            Ok(Ok(result)) => result,
+            Ok(Err(e)) => Err(format!("{} panicked: {e}", self.name)),
+            Err(_) => Err(format!("{} did not stop within 30 s", self.name)),
+        }
+    }
+}
+
+/// The orders service's database (`DATABASE_URL`) and the payments service's (same name +
+/// `_payments`), created if need be, with the outbox migrations and their tables.
+async fn databases() -> Result<(PgPool, PgPool)> {
+    let url = std::env::var("DATABASE_URL")
+        .ok()
+        .filter(|url| !url.is_empty())
+        .unwrap_or_else(|| DEFAULT_DATABASE_URL.to_owned());
+    let orders_options = PgConnectOptions::from_str(&url)
+        .map_err(|e| format!("DATABASE_URL `{url}` is not a PostgreSQL URL: {e}"))?
+        .disable_statement_logging();
+    let orders_name = orders_options
+        .get_database()
+        .ok_or("DATABASE_URL must name a database, as in postgres://host/outbox_quickstart")?
+        .to_owned();
+    let payments_options = orders_options
+        .clone()
+        .database(&format!("{orders_name}_payments"));
+    let orders_db = connect_creating(&orders_options).await?;
+    let payments_db = connect_creating(&payments_options).await?;
+    outbox_runtime::migrate(&orders_db).await?;
+    outbox_runtime::migrate(&payments_db).await?;
+    create_tables(&orders_db, &orders_name, &payments_db).await?;
+    Ok((orders_db, payments_db))
+}
+
+/// The orders service's `orders` table and the payments service's `payments` table.
+async fn create_tables(orders_db: &PgPool, orders_name: &str, payments_db: &PgPool) -> Result<()> {
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS orders (
+            id uuid PRIMARY KEY,
+            customer_id text NOT NULL,
+            product_id text NOT NULL,
+            amount bigint NOT NULL CHECK (amount > 0),
+            payment_status text NOT NULL DEFAULT 'pending',
+            created_at timestamptz NOT NULL DEFAULT now()
+        )",
+    )
+    .execute(orders_db)
+    .await?;
+    // An `orders` table of another shape (an older quickstart's, say) would fail every insert.
+    let columns: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM information_schema.columns
+         WHERE table_schema = current_schema() AND table_name = 'orders'
+           AND (column_name, data_type) IN (('customer_id', 'text'), ('product_id', 'text'),
+                                            ('amount', 'bigint'), ('payment_status', 'text'))",
+    )
+    .fetch_one(orders_db)
+    .await?;
+    if columns != 4 {
+        let message = format!(
+            "database {orders_name} already has an `orders` table of another shape (from an \
+             older quickstart?): drop it, or set DATABASE_URL to another database"
+        );
+        return Err(message.into());
+    }
+    sqlx::query(
+        "CREATE TABLE IF NOT EXISTS payments (
+            id uuid PRIMARY KEY,
+            order_id uuid NOT NULL UNIQUE,
+            amount bigint NOT NULL,
+            created_at timestamptz NOT NULL DEFAULT now()
+        )",
+    )
+    .execute(payments_db)
+    .await?;
+    Ok(())
+}
+
+/// Connects to the database `options` names, creating it first if it does not exist.
+async fn connect_creating(options: &PgConnectOptions) -> Result<PgPool> {
+    let name = options.get_database().unwrap_or_default().to_owned();
+    let server = format!("{}:{}", options.get_host(), options.get_port());
+    let cannot_reach = |e: sqlx::Error| {
+        format!("cannot reach PostgreSQL at {server}: {e} (start it, or set DATABASE_URL)")
+    };
+    // One connection first: it tells whether the database exists, and fails fast and clearly.
+    match options.connect().await {
+        Ok(_) => {}
+        // 3D000: invalid_catalog_name, the database does not exist.
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("3D000") => {
+            if name.len() > 63 {
+                let message =
+                    format!("database name `{name}` is longer than PostgreSQL's 63 bytes");
+                return Err(message.into());
+            }
+            let mut admin = options
+                .clone()
+                .database("postgres")
+                .connect()
+                .await
+                .map_err(cannot_reach)?;
+            let quoted = format!("\"{}\"", name.replace('"', "\"\""));
+            match sqlx::query(&format!("CREATE DATABASE {quoted}"))
+                .execute(&mut admin)
+                .await
+            {
+                Ok(_) => println!("created database {name}"),
+                // 42P04: duplicate_database, created meanwhile by someone else.
+                Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42P04") => {}
+                Err(e) => return Err(format!("cannot create database {name}: {e}").into()),
+            }
+        }
+        Err(e) => return Err(cannot_reach(e).into()),
+    }
+    let pool = PgPoolOptions::new()
+        .max_connections(10)
+        .connect_with(options.clone())
+        .await
+        .map_err(cannot_reach)?;
+    Ok(pool)
+}
+
+/// The Kafka the services talk through.
+enum Kafka {
+    /// librdkafka's mock cluster, inside this process; it lives as long as this client.
+    Mock(BaseProducer),
+    /// `KAFKA_BROKERS`.
+    External(String),
+}
+
+impl Kafka {
+    /// `KAFKA_BROKERS` or a new mock cluster, with `topics` created.
+    async fn start(topics: &[&str]) -> Result<Kafka> {
+        let kafka = match std::env::var("KAFKA_BROKERS") {
+            Ok(brokers) if !brokers.is_empty() => {
+                create_topics(&brokers, topics).await?;
+                Kafka::External(brokers)
+            }
+            _ => Kafka::mock(topics)?,
+        };
+        println!("Kafka at {}", kafka.bootstrap());
+        Ok(kafka)
+    }
+
+    /// A mock cluster of one broker, with `topics`.
+    fn mock(topics: &[&str]) -> Result<Kafka> {
+        let owner: BaseProducer = ClientConfig::new()
+            .set("test.mock.num.brokers", "1")
+            .create()?;
+        form_groups_at_once(&owner);
+        let cluster = owner
+            .client()
+            .mock_cluster()
+            .ok_or("librdkafka did not start a mock cluster")?;
+        for topic in topics {
+            cluster.create_topic(topic, PARTITIONS, 1)?;
+        }
+        drop(cluster);
+        Ok(Kafka::Mock(owner))
+    }
+
+    fn bootstrap(&self) -> String {
+        match self {
+            Kafka::Mock(owner) => owner
+                .client()
+                .mock_cluster()
+                .map(|cluster| cluster.bootstrap_servers())
+                .unwrap_or_default(),
+            Kafka::External(brokers) => brokers.clone(),
+        }
+    }
+}
+
+/// The mock cluster waits 3 s before it forms a consumer group (as Kafka's
+/// `group.initial.rebalance.delay.ms` does); the quickstart's consumers need not wait.
+fn form_groups_at_once(owner: &BaseProducer) {
+    // SAFETY: the pointers are `owner`'s live client and its mock cluster; `owner` outlives
+    // this call.
+    unsafe {
+        let cluster = rdkafka_sys::rd_kafka_handle_mock_cluster(owner.client().native_ptr());
+        if !cluster.is_null() {
+            rdkafka_sys::rd_kafka_mock_group_initial_rebalance_delay_ms(cluster, 0);
+        }
+    }
+}
+
+/// Creates `topics` on a real Kafka; topics that exist already are fine.
+async fn create_topics(brokers: &str, topics: &[&str]) -> Result<()> {
+    let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+        .set("bootstrap.servers", brokers)
+        .create()?;
+    let new: Vec<NewTopic<'_>> = topics
+        .iter()
+        .map(|topic| NewTopic::new(topic, PARTITIONS, TopicReplication::Fixed(1)))
+        .collect();
+    let options = AdminOptions::new().operation_timeout(Some(Duration::from_secs(10)));
+    let results =
+        tokio::time::timeout(Duration::from_secs(30), admin.create_topics(&new, &options))
+            .await
+            .map_err(|_| format!("Kafka at {brokers} did not answer within 30 s"))?
+            .map_err(|e| format!("cannot create topics on Kafka at {brokers}: {e}"))?;
+    for result in results {
+        match result {
+            Ok(_) | Err((_, RDKafkaErrorCode::TopicAlreadyExists)) => {}
+            Err((topic, code)) => return Err(format!("cannot create topic {topic}: {code}").into()),
+        }
+    }
+    Ok(())
+}
+
+/// A listening address as a client can reach it: 0.0.0.0 and [::] become the loopback.
+fn reachable(addr: SocketAddr) -> SocketAddr {
+    match addr.ip() {
+        IpAddr::V4(ip) if ip.is_unspecified() => (Ipv4Addr::LOCALHOST, addr.port()).into(),
+        IpAddr::V6(ip) if ip.is_unspecified() => (Ipv6Addr::LOCALHOST, addr.port()).into(),
+        _ => addr,
+    }
+}
+
+// ---------------------------------------------------------------------------------------------
+// `--demo N`: a client of the API, over real HTTP.
+
+/// Posts `n` orders to the API at `addr`, then waits until all are paid.
+async fn demo(addr: SocketAddr, orders_db: &PgPool, n: usize) -> Result<()> {
+    let started = Instant::now();
+    let connections = DEMO_CONNECTIONS.min(n);
+    let mut clients = Vec::with_capacity(connections);
+    for c in 0..connections {
+        // Connection `c` posts orders c, c + connections, c + 2 * connections, ...
+        let orders: Vec<usize> = (c..n).step_by(connections).collect();
+        clients.push(tokio::spawn(post_orders(addr, orders)));
+    }
+    let mut ids = Vec::with_capacity(n);
+    for client in clients {
+        ids.extend(client.await??);
+    }
+    println!(
+        "demo: posted {n} orders over {connections} connections in {:.2} s; waiting for payments",
+        started.elapsed().as_secs_f64()
+    );
+
+    let deadline = started + DEMO_TIMEOUT;
+    loop {
+        let paid: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM orders WHERE id = ANY($1) AND payment_status = 'paid'",
+        )
+        .bind(&ids)
+        .fetch_one(orders_db)
+        .await?;
+        let elapsed = started.elapsed().as_secs_f64();
+        if paid as usize == n {
+            println!("demo: {paid}/{n} orders paid in {elapsed:.2} s");
+            return Ok(());
+        }
+        if Instant::now() >= deadline {
+            println!("demo: {paid}/{n} orders paid in {elapsed:.2} s (timed out)");
+            return Err(
+                format!("only {paid} of {n} orders were paid within {DEMO_TIMEOUT:?}").into(),
+            );
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// Posts one order per entry of `orders` on one keep-alive connection; returns their ids.
+async fn post_orders(addr: SocketAddr, orders: Vec<usize>) -> Result<Vec<Uuid>> {
+    let stream = tokio::net::TcpStream::connect(addr).await?;
+    let (mut sender, connection) =
+        hyper::client::conn::http1::handshake(TokioIo::new(stream)).await?;
+    // Drives the connection; it ends when `sender` is dropped.
+    tokio::spawn(connection);
+
+    #[derive(Deserialize)]
+    struct Created {
+        order_id: Uuid,
+    }
+    let mut ids = Vec::with_capacity(orders.len());
+    for i in orders {
+        let body = serde_json::json!({
+            "customer_id": format!("customer-{}", i % 10),
+            "product_id": format!("product-{}", i % 7),
+            "amount": 100 + i,
+        });
+        let request = hyper::Request::post("/orders")
+            .header(header::HOST, addr.to_string())
+            .header(header::CONTENT_TYPE, "application/json")
+            .body(Full::new(Bytes::from(body.to_string())))?;
+        sender.ready().await?;
+        let response = sender.send_request(request).await?;
+        let status = response.status();
+        let body = response.into_body().collect().await?.to_bytes();
+        if status != StatusCode::CREATED {
+            let body = String::from_utf8_lossy(&body);
+            return Err(format!("POST /orders answered {status}: {body}").into());
+        }
+        ids.push(serde_json::from_slice::<Created>(&body)?.order_id);
+    }
+    Ok(ids)
+}
+
+// ---------------------------------------------------------------------------------------------
+// Command line.
+
+const USAGE: &str = "\
+usage: cargo run --example quickstart -- [--listen ADDR] [--demo N]
+
+  --listen ADDR   serve the orders API on ADDR (default 127.0.0.1:3000; port 0: a free port)
+  --demo N        post N orders to the API, wait until all are paid, print the time, stop
+  --help          this text
+
+environment:
+  DATABASE_URL    orders database (default postgres://postgres@127.0.0.1:5432/outbox_quickstart);
+                  the payments service uses the same name + `_payments`; both are created
+  KAFKA_BROKERS   a Kafka to use (default: an embedded mock cluster)";
+
+#[derive(Debug)]
+struct Args {
+    listen: SocketAddr,
+    demo: Option<usize>,
+}
+
+impl Args {
+    /// The arguments, or `None` for `--help`.
+    fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
+        let mut parsed = Args {
+            listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 3000)),
+            demo: None,
+        };
+        while let Some(arg) = args.next() {
+            let (flag, inline) = match arg.split_once('=') {
+                Some((flag, value)) => (flag.to_owned(), Some(value.to_owned())),
+                None => (arg.clone(), None),
+            };
+            let mut value = || {
+                inline
+                    .clone()
+                    .or_else(|| args.next())
+                    .ok_or_else(|| format!("`{flag}` needs a value"))
+            };
+            match flag.as_str() {
+                "--listen" => {
+                    let value = value()?;
+                    parsed.listen = value.parse().map_err(|_| {
+                        format!("`--listen {value}`: not an address such as 127.0.0.1:3000")
+                    })?;
+                }
+                "--demo" => {
+                    let value = value()?;
+                    match value.parse::<usize>() {
+                        Ok(n) if n > 0 => parsed.demo = Some(n),
+                        _ => {
+                            return Err(format!(
+                                "`--demo {value}`: not a number of orders (1 or more)"
+                            ))
+                        }
+                    }
+                }
+                "-h" | "--help" => return Ok(None),
+                _ => return Err(format!("unknown argument `{arg}`")),
+            }
+        }
+        Ok(Some(parsed))
+    }
+}
+
+/// What a failed `main` returns. Rust prints it with `{:?}` after `Error: `, so its `Debug` is
+/// the message (and causes the message does not already include), not a data structure.
+struct Report(BoxError);
+
+impl Report {
+    fn usage(problem: String) -> Report {
+        Report(format!("{problem}\n\n{USAGE}").into())
+    }
+}
+
+impl fmt::Debug for Report {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut message = self.0.to_string();
+        let mut source = self.0.source();
+        while let Some(cause) = source {
+            let cause_text = cause.to_string();
+            if !message.contains(&cause_text) {
+                message = format!("{message}: {cause_text}");
+            }
+            source = cause.source();
+        }
+        f.write_str(&message)
+    }
 }

@@ -9,6 +9,8 @@ mod ast;
 mod attr;
 mod ctxt;
 mod expand;
+#[cfg(test)]
+mod expanded_example;
 mod handler;
 mod valid;
 

@@ -1,0 +1,347 @@
+//! The examples as a user runs them: the built example binaries, started as processes, against
+//! a fresh database each (and the quickstart's embedded Kafka).
+//!
+//! `cargo test` builds the examples before it runs these tests; `cargo test --test quickstart`
+//! alone does not, so build them first with `cargo build -p outbox-examples --examples`.
+
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
+use std::process::{Command, ExitStatus, Stdio};
+use std::sync::mpsc;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use outbox_tests::{database_url, url_with_database, ChildGuard, TestDb};
+use serde_json::Value;
+use sqlx::PgPool;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use uuid::Uuid;
+
+/// A built example: `<target>/debug/examples/<name>`, next to this test's `deps` directory.
+fn example(name: &str) -> PathBuf {
+    let exe = std::env::current_exe().expect("the test binary's path");
+    exe.ancestors()
+        .map(|dir| dir.join("examples").join(name))
+        .find(|path| path.is_file())
+        .unwrap_or_else(|| {
+            panic!(
+                "no built example `{name}` in the `examples` directory next to any parent of {}: \
+                 run `cargo build -p outbox-examples --examples` (or the whole `cargo test`)",
+                exe.display()
+            )
+        })
+}
+
+/// The database the quickstart creates for its payments service beside `db`, dropped (if it
+/// was created) when the returned value drops, also when the test panics.
+fn payments_db(db: &TestDb) -> TestDb {
+    let name = format!("{}_payments", db.name);
+    let url = url_with_database(&database_url(), &name);
+    // Connects on first use only: the quickstart creates the database.
+    let pool = PgPool::connect_lazy(&url).expect("valid database URL");
+    TestDb { pool, name, url }
+}
+
+/// An example process with its output collected. Killed when dropped.
+struct Running {
+    child: ChildGuard,
+    /// Stdout lines as they come.
+    lines: mpsc::Receiver<String>,
+    /// Everything it printed so far, stderr lines marked, for failure messages.
+    transcript: Arc<Mutex<String>>,
+    readers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl Running {
+    fn start(name: &str, database_url: Option<&str>, args: &[&str]) -> Running {
+        let mut command = Command::new(example(name));
+        command
+            .args(args)
+            .env_remove("KAFKA_BROKERS")
+            .stdin(Stdio::null())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        if let Some(url) = database_url {
+            command.env("DATABASE_URL", url);
+        }
+        let mut child = ChildGuard(command.spawn().expect("start the example"));
+        let transcript = Arc::new(Mutex::new(String::new()));
+        let (send, lines) = mpsc::channel();
+        let stdout = child.0.stdout.take().expect("piped stdout");
+        let stderr = child.0.stderr.take().expect("piped stderr");
+        let readers = vec![
+            Self::read(stdout, "", Some(send), transcript.clone()),
+            Self::read(stderr, "stderr: ", None, transcript.clone()),
+        ];
+        Running {
+            child,
+            lines,
+            transcript,
+            readers,
+        }
+    }
+
+    fn read(
+        pipe: impl Read + Send + 'static,
+        mark: &'static str,
+        lines: Option<mpsc::Sender<String>>,
+        transcript: Arc<Mutex<String>>,
+    ) -> std::thread::JoinHandle<()> {
+        std::thread::spawn(move || {
+            for line in BufReader::new(pipe).lines() {
+                let Ok(line) = line else { break };
+                let mut all = transcript.lock().unwrap();
+                all.push_str(mark);
+                all.push_str(&line);
+                all.push('\n');
+                if let Some(lines) = &lines {
+                    let _ = lines.send(line);
+                }
+            }
+        })
+    }
+
+    fn transcript(&self) -> String {
+        self.transcript.lock().unwrap().clone()
+    }
+
+    /// The rest of the first stdout line that starts with `prefix`.
+    fn wait_for_line(&self, prefix: &str, timeout: Duration) -> String {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match self.lines.recv_timeout(left) {
+                Ok(line) => {
+                    if let Some(rest) = line.strip_prefix(prefix) {
+                        return rest.to_owned();
+                    }
+                }
+                Err(_) => panic!(
+                    "no line `{prefix}...` within {timeout:?}; output:\n{}",
+                    self.transcript()
+                ),
+            }
+        }
+    }
+
+    /// Waits for the process to exit and for its output to be read.
+    fn wait(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        let status = loop {
+            if let Some(status) = self.child.0.try_wait().expect("wait for the example") {
+                break status;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the example did not exit within {timeout:?}; output:\n{}",
+                self.transcript()
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        for reader in self.readers.drain(..) {
+            let _ = reader.join();
+        }
+        status
+    }
+
+    /// Sends SIGINT, as Ctrl-C in a terminal does.
+    fn interrupt(&self) {
+        let status = Command::new("kill")
+            .args(["-INT", &self.child.0.id().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -INT failed");
+    }
+}
+
+async fn count(pool: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql)
+        .fetch_one(pool)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_pays_every_order_then_exits() {
+    let db = TestDb::empty().await;
+    let payments = payments_db(&db);
+    let started = Instant::now();
+    let mut quickstart = Running::start(
+        "quickstart",
+        Some(&db.url),
+        &["--demo", "200", "--listen", "127.0.0.1:0"],
+    );
+    let status = quickstart.wait(Duration::from_secs(120));
+    let output = quickstart.transcript();
+    assert!(
+        status.success(),
+        "quickstart failed: {status}; output:\n{output}"
+    );
+    assert!(
+        output.contains("demo: 200/200 orders paid in "),
+        "no demo result line; output:\n{output}"
+    );
+    eprintln!(
+        "quickstart --demo 200 ran {:.1?}:\n{output}",
+        started.elapsed()
+    );
+
+    // Orders side: every order paid, every OrderCreated published, every payment received.
+    let orders = &db.pool;
+    assert_eq!(count(orders, "SELECT count(*) FROM orders").await, 200);
+    let paid = "SELECT count(*) FROM orders WHERE payment_status = 'paid'";
+    assert_eq!(count(orders, paid).await, 200);
+    let published = "SELECT count(*) FROM outbox_event \
+                     WHERE event_type = 'OrderCreated' AND published_at IS NOT NULL";
+    assert_eq!(count(orders, published).await, 200);
+    let received = "SELECT count(*) FROM inbox_event WHERE processed";
+    assert_eq!(count(orders, received).await, 200);
+
+    // Payments side, its own database: one payment per order, each PaymentSucceeded published.
+    let payments_pool = &payments.pool;
+    assert_eq!(
+        count(payments_pool, "SELECT count(*) FROM payments").await,
+        200
+    );
+    let distinct = "SELECT count(DISTINCT order_id) FROM payments";
+    assert_eq!(count(payments_pool, distinct).await, 200);
+    let published = "SELECT count(*) FROM outbox_event \
+                     WHERE event_type = 'PaymentSucceeded' AND published_at IS NOT NULL";
+    assert_eq!(count(payments_pool, published).await, 200);
+    payments_pool.close().await;
+}
+
+/// One HTTP/1.1 request on a connection of its own; returns the status and the JSON body.
+async fn http(addr: &str, method: &str, path: &str, body: Option<&str>) -> (u16, Value) {
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
+    let body = body.unwrap_or("");
+    let request = format!(
+        "{method} {path} HTTP/1.1\r\nhost: {addr}\r\ncontent-type: application/json\r\n\
+         content-length: {}\r\nconnection: close\r\n\r\n{body}",
+        body.len()
+    );
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.expect("read");
+    let (head, body) = response
+        .split_once("\r\n\r\n")
+        .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"));
+    let status: u16 = head
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("no status in {head:?}"));
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: application/json"),
+        "{method} {path}: not a JSON answer:\n{head}"
+    );
+    let json = serde_json::from_str(body)
+        .unwrap_or_else(|e| panic!("{method} {path}: body is not JSON ({e}): {body:?}"));
+    (status, json)
+}
+
+/// Asserts an error answer: `status` and `{"error": "<non-empty>"}`.
+async fn expect_error(addr: &str, method: &str, path: &str, body: Option<&str>, status: u16) {
+    let (got, json) = http(addr, method, path, body).await;
+    assert_eq!(
+        got, status,
+        "{method} {path} {body:?} answered {got}: {json}"
+    );
+    let message = json["error"].as_str().unwrap_or_default();
+    assert!(
+        !message.is_empty(),
+        "{method} {path}: no error message in {json}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http_api_answers_errors_as_json_and_ctrl_c_stops_it() {
+    let db = TestDb::empty().await;
+    let _payments = payments_db(&db);
+    let mut quickstart = Running::start("quickstart", Some(&db.url), &["--listen", "127.0.0.1:0"]);
+    let addr = quickstart.wait_for_line("orders API listening on http://", Duration::from_secs(60));
+
+    let order = |amount: &str| {
+        format!(r#"{{"customer_id": "c-1", "product_id": "book-42", "amount": {amount}}}"#)
+    };
+    expect_error(&addr, "POST", "/orders", Some(r#"{"customer_id": "#), 400).await;
+    expect_error(&addr, "POST", "/orders", Some(&order("0")), 422).await;
+    expect_error(&addr, "POST", "/orders", Some(&order("-5")), 422).await;
+    expect_error(&addr, "POST", "/orders", Some(&order(r#""ten""#)), 422).await;
+    expect_error(&addr, "POST", "/orders", Some(r#"{"amount": 10}"#), 422).await;
+    expect_error(&addr, "GET", "/orders/not-a-uuid", None, 400).await;
+    let unknown = format!("/orders/{}", Uuid::now_v7());
+    expect_error(&addr, "GET", &unknown, None, 404).await;
+    expect_error(&addr, "GET", "/nothing-here", None, 404).await;
+
+    let (status, created) = http(&addr, "POST", "/orders", Some(&order("1500"))).await;
+    assert_eq!(status, 201, "valid order answered {status}: {created}");
+    let id = created["order_id"]
+        .as_str()
+        .expect("order_id in the answer");
+    let path = format!("/orders/{id}");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let (status, order) = http(&addr, "GET", &path, None).await;
+        assert_eq!(status, 200, "GET {path} answered {status}: {order}");
+        assert_eq!(order["amount"], 1500);
+        match order["payment_status"].as_str() {
+            Some("paid") => break,
+            Some("pending") => {}
+            other => panic!("unexpected payment_status {other:?} in {order}"),
+        }
+        assert!(
+            Instant::now() < deadline,
+            "order not paid within 30 s; output:\n{}",
+            quickstart.transcript()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+
+    let stopping = Instant::now();
+    quickstart.interrupt();
+    let status = quickstart.wait(Duration::from_secs(30));
+    let output = quickstart.transcript();
+    assert!(
+        status.success(),
+        "quickstart exited with {status} after Ctrl-C; output:\n{output}"
+    );
+    assert!(
+        output.contains("stopped"),
+        "no clean stop; output:\n{output}"
+    );
+    eprintln!("quickstart stopped {:.1?} after SIGINT", stopping.elapsed());
+}
+
+#[test]
+fn expanded_prints_what_the_written_out_impl_returns() {
+    let mut expanded = Running::start("expanded", None, &[]);
+    let status = expanded.wait(Duration::from_secs(30));
+    let output = expanded.transcript();
+    assert!(
+        status.success(),
+        "expanded failed: {status}; output:\n{output}"
+    );
+    for expected in [
+        "TOPIC            order.events",
+        "AGGREGATE_TYPE   Order",
+        "EVENT_TYPE       OrderCreated",
+        "aggregate_id()   0190a1b2-c3d4-7e5f-8a6b-1c2d3e4f5a6b",
+        "partition_key()  customer-42",
+        "event_id()       Some(0190a1b2-c3d4-7000-8000-000000000001)",
+        concat!(
+            r#"payload_json()   {"order_id":"0190a1b2-c3d4-7e5f-8a6b-1c2d3e4f5a6b","#,
+            r#""customer_id":"customer-42","event_id":"0190a1b2-c3d4-7000-8000-000000000001","#,
+            r#""amount":1500}"#
+        ),
+        "outbox row: event_id=0190a1b2-c3d4-7000-8000-000000000001 topic=order.events",
+    ] {
+        assert!(
+            output.lines().any(|line| line.starts_with(expected)),
+            "no line `{expected}`; output:\n{output}"
+        );
+    }
+}
