@@ -5,7 +5,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use chrono::{DateTime, Utc};
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::FutureProducer;
-use sqlx::PgPool;
+use sqlx::{PgPool, Row};
 
 use crate::error::{Error, Result};
 use crate::relay::publish::{self, Outcome};
@@ -65,9 +65,9 @@ impl ReplayFilter {
     }
 }
 
-/// `$1..$5` of the filter; `$6` is the id to start after.
+/// `$1..$5` of the filter, without the published condition (see [`Replay::run`]).
 const WHERE_SQL: &str = "\
-o.topic = $1 AND o.published_at IS NOT NULL \
+o.topic = $1 \
 AND ($2::timestamptz IS NULL OR o.created_at >= $2) \
 AND ($3::timestamptz IS NULL OR o.created_at < $3) \
 AND ($4::text IS NULL OR o.aggregate_type = $4) \
@@ -148,7 +148,9 @@ impl Replay {
 
     /// How many events the filter selects (what a dry run reports).
     pub async fn count(&self, filter: &ReplayFilter) -> Result<u64> {
-        let sql = format!("SELECT count(*) FROM outbox_event o WHERE {WHERE_SQL}");
+        let sql = format!(
+            "SELECT count(*) FROM outbox_event o WHERE {WHERE_SQL} AND o.published_at IS NOT NULL"
+        );
         let n: i64 = bind_filter!(sqlx::query_scalar(&sql), filter)
             .fetch_one(&self.pool)
             .await?;
@@ -167,8 +169,13 @@ impl Replay {
         to_topic: Option<&str>,
         mut progress: impl FnMut(u64),
     ) -> Result<u64> {
+        // Pages by `id` (`$6`: the last id seen). Unpublished rows are skipped here rather than
+        // in SQL: with `published_at IS NOT NULL` in the query, stale statistics (a backlog
+        // just drained) make the planner read the whole retention index and sort it, for every
+        // page; without it, each page is a short walk of the primary key.
         let sql = format!(
-            "SELECT {} FROM outbox_event o WHERE {WHERE_SQL} AND o.id > $6 ORDER BY o.id LIMIT $7",
+            "SELECT {}, o.published_at IS NOT NULL AS published FROM outbox_event o \
+             WHERE {WHERE_SQL} AND o.id > $6 ORDER BY o.id LIMIT $7",
             claimed_columns!()
         );
         let mut after = 0i64;
@@ -185,10 +192,13 @@ impl Replay {
             let now_ms = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as i64);
-            let mut batch = rows
-                .iter()
-                .map(Claimed::from_row)
-                .collect::<Result<Vec<_>>>()?;
+            after = Claimed::from_row(&rows[rows.len() - 1])?.id;
+            let mut batch = Vec::with_capacity(rows.len());
+            for row in &rows {
+                if row.try_get::<bool, _>("published")? {
+                    batch.push(Claimed::from_row(row)?);
+                }
+            }
             for row in &mut batch {
                 row.created_at_ms = now_ms;
                 if let Some(topic) = to_topic {
@@ -209,7 +219,6 @@ impl Replay {
                     Outcome::Skipped => {}
                 }
             }
-            after = batch.last().map_or(after, |r| r.id);
             progress(sent);
         }
     }
