@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 
 use crate::parse::human;
 use crate::ui::{self, Progress};
-use crate::{Brokers, Command, Db, DeadAction, InboxAction, ParkedAction, Selection};
+use crate::{Act, Brokers, Command, Db, DeadAction, InboxAction, List, ParkedAction, Selection};
 
 type Result<T = ()> = std::result::Result<T, String>;
 
@@ -538,8 +538,8 @@ fn when(t: chrono::DateTime<chrono::Utc>) -> String {
 }
 
 async fn parked(action: ParkedAction) -> Result {
-    match action {
-        ParkedAction::List { db, select, json } => {
+    let (act, retry) = match action {
+        ParkedAction::List(List { db, select, json }) => {
             let pool = connect_migrated(&db, 2).await?;
             let filter = filter_of(&select, true, Some(DEFAULT_LIST_LIMIT))?;
             let rows = admin::list_parked(&pool, &filter)
@@ -582,67 +582,41 @@ async fn parked(action: ParkedAction) -> Result {
                 &table,
             );
             print_shown(rows.len(), select.limit);
-            Ok(())
+            return Ok(());
         }
-        ParkedAction::Retry {
-            db,
-            select,
-            all,
-            yes,
-        } => {
-            require_selection(&select, all)?;
-            let pool = connect_migrated(&db, 2).await?;
-            let rows = admin::list_parked(&pool, &filter_of(&select, true, None)?)
-                .await
-                .map_err(|e| e.to_string())?;
-            if rows.is_empty() {
-                println!("no parked events match; nothing changed");
-                return Ok(());
-            }
-            ui::confirm(
-                &format!(
-                    "retry {} parked events (the relay publishes them again, after their keys' later events)",
-                    rows.len()
-                ),
-                yes,
-            )?;
-            let exact = rows.iter().fold(PoisonFilter::all(), |f, r| f.id(r.id));
-            let n = admin::retry_parked(&pool, &exact)
-                .await
-                .map_err(|e| e.to_string())?;
-            println!("un-parked {n} events; running relays publish them now");
-            Ok(())
-        }
-        ParkedAction::Drop {
-            db,
-            select,
-            all,
-            yes,
-        } => {
-            require_selection(&select, all)?;
-            let pool = connect_migrated(&db, 2).await?;
-            let rows = admin::list_parked(&pool, &filter_of(&select, true, None)?)
-                .await
-                .map_err(|e| e.to_string())?;
-            if rows.is_empty() {
-                println!("no parked events match; nothing changed");
-                return Ok(());
-            }
-            ui::confirm(
-                &format!(
-                    "delete {} parked events for good (they will never be published)",
-                    rows.len()
-                ),
-                yes,
-            )?;
-            let exact = rows.iter().fold(PoisonFilter::all(), |f, r| f.id(r.id));
-            let n = admin::drop_parked(&pool, &exact)
-                .await
-                .map_err(|e| e.to_string())?;
-            println!("dropped {n} parked events");
-            Ok(())
-        }
+        ParkedAction::Retry(act) => (act, true),
+        ParkedAction::Drop(act) => (act, false),
+    };
+    require_selection(&act.select, act.all)?;
+    let pool = connect_migrated(&act.db, 2).await?;
+    let rows = admin::list_parked(&pool, &filter_of(&act.select, true, None)?)
+        .await
+        .map_err(|e| e.to_string())?;
+    if rows.is_empty() {
+        println!("no parked events match; nothing changed");
+        return Ok(());
     }
+    let n = rows.len();
+    let question = if retry {
+        format!("retry {n} parked events (the relay publishes them again, after their keys' later events)")
+    } else {
+        format!("delete {n} parked events for good (they will never be published)")
+    };
+    ui::confirm(&question, act.yes)?;
+    // Exactly the rows listed to the user, even if more were parked meanwhile.
+    let exact = rows.iter().fold(PoisonFilter::all(), |f, r| f.id(r.id));
+    if retry {
+        let n = admin::retry_parked(&pool, &exact)
+            .await
+            .map_err(|e| e.to_string())?;
+        println!("un-parked {n} events; running relays publish them now");
+    } else {
+        let n = admin::drop_parked(&pool, &exact)
+            .await
+            .map_err(|e| e.to_string())?;
+        println!("dropped {n} parked events");
+    }
+    Ok(())
 }
 
 fn print_shown(shown: usize, limit: Option<u32>) {
@@ -656,7 +630,7 @@ fn print_shown(shown: usize, limit: Option<u32>) {
 
 async fn dead(action: DeadAction) -> Result {
     match action {
-        DeadAction::List { db, select, json } => {
+        DeadAction::List(List { db, select, json }) => {
             let pool = connect_migrated(&db, 2).await?;
             let filter = filter_of(&select, false, Some(DEFAULT_LIST_LIMIT))?;
             let rows = admin::list_dead(&pool, &filter)
@@ -697,12 +671,12 @@ async fn dead(action: DeadAction) -> Result {
             print_shown(rows.len(), select.limit);
             Ok(())
         }
-        DeadAction::Retry {
+        DeadAction::Retry(Act {
             db,
             select,
             all,
             yes,
-        } => {
+        }) => {
             require_selection(&select, all)?;
             let pool = connect_migrated(&db, 2).await?;
             let rows = admin::list_dead(&pool, &filter_of(&select, false, None)?)

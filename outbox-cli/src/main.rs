@@ -169,44 +169,41 @@ struct Selection {
     limit: Option<u32>,
 }
 
+/// `list`: which rows, and how to print them.
+#[derive(Debug, Args)]
+struct List {
+    #[command(flatten)]
+    db: Db,
+    #[command(flatten)]
+    select: Selection,
+    /// Print JSON (with payloads)
+    #[arg(long)]
+    json: bool,
+}
+
+/// `retry` / `drop`: which rows, and the confirmation.
+#[derive(Debug, Args)]
+struct Act {
+    #[command(flatten)]
+    db: Db,
+    #[command(flatten)]
+    select: Selection,
+    /// Every row (when no filter is given)
+    #[arg(long)]
+    all: bool,
+    /// Do not ask for confirmation
+    #[arg(long, short = 'y')]
+    yes: bool,
+}
+
 #[derive(Debug, Subcommand)]
 enum ParkedAction {
     /// List parked events (the oldest first; 100 unless --limit)
-    List {
-        #[command(flatten)]
-        db: Db,
-        #[command(flatten)]
-        select: Selection,
-        /// Print JSON (with payloads)
-        #[arg(long)]
-        json: bool,
-    },
+    List(List),
     /// Un-park events: the relay publishes them again, attempts reset
-    Retry {
-        #[command(flatten)]
-        db: Db,
-        #[command(flatten)]
-        select: Selection,
-        /// Every parked event (when no filter is given)
-        #[arg(long)]
-        all: bool,
-        /// Do not ask for confirmation
-        #[arg(long, short = 'y')]
-        yes: bool,
-    },
+    Retry(Act),
     /// Delete parked events for good
-    Drop {
-        #[command(flatten)]
-        db: Db,
-        #[command(flatten)]
-        select: Selection,
-        /// Every parked event (when no filter is given)
-        #[arg(long)]
-        all: bool,
-        /// Do not ask for confirmation
-        #[arg(long, short = 'y')]
-        yes: bool,
-    },
+    Drop(Act),
 }
 
 #[derive(Debug, Subcommand)]
@@ -221,28 +218,9 @@ enum InboxAction {
 #[derive(Debug, Subcommand)]
 enum DeadAction {
     /// List dead inbox rows (the oldest first; 100 unless --limit)
-    List {
-        #[command(flatten)]
-        db: Db,
-        #[command(flatten)]
-        select: Selection,
-        /// Print JSON (with payloads)
-        #[arg(long)]
-        json: bool,
-    },
+    List(List),
     /// Revive dead rows: the inbox processors handle them again, attempts reset
-    Retry {
-        #[command(flatten)]
-        db: Db,
-        #[command(flatten)]
-        select: Selection,
-        /// Every dead row (when no filter is given)
-        #[arg(long)]
-        all: bool,
-        /// Do not ask for confirmation
-        #[arg(long, short = 'y')]
-        yes: bool,
-    },
+    Retry(Act),
 }
 
 fn main() -> ExitCode {
