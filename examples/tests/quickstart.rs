@@ -54,10 +54,22 @@ struct Running {
 
 impl Running {
     fn start(name: &str, database_url: Option<&str>, args: &[&str]) -> Running {
+        Self::start_on(name, database_url, None, args)
+    }
+
+    /// [`start`](Self::start) with `KAFKA_BROKERS` = `brokers` (the embedded Kafka if `None`).
+    fn start_on(
+        name: &str,
+        database_url: Option<&str>,
+        brokers: Option<&str>,
+        args: &[&str],
+    ) -> Running {
         let mut command = Command::new(example(name));
+        command.args(args).env_remove("KAFKA_BROKERS");
+        if let Some(brokers) = brokers {
+            command.env("KAFKA_BROKERS", brokers);
+        }
         command
-            .args(args)
-            .env_remove("KAFKA_BROKERS")
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(Stdio::piped());
@@ -163,13 +175,28 @@ async fn count(pool: &PgPool, sql: &str) -> i64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_pays_every_order_then_exits() {
+    demo(200, None).await;
+}
+
+/// The same on a Kafka-protocol broker process (tansu) given as `KAFKA_BROKERS`: topics created
+/// through the admin API, real network round trips.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_runs_on_a_broker_process_too() {
+    let kafka = outbox_tests::kafka::Kafka::tansu().await;
+    demo(30, Some(&kafka.bootstrap())).await;
+}
+
+/// `--demo n`: exits successfully with every order paid, and the databases agree.
+async fn demo(n: i64, brokers: Option<&str>) {
     let db = TestDb::empty().await;
     let payments = payments_db(&db);
     let started = Instant::now();
-    let mut quickstart = Running::start(
+    let demo = n.to_string();
+    let mut quickstart = Running::start_on(
         "quickstart",
         Some(&db.url),
-        &["--demo", "200", "--listen", "127.0.0.1:0"],
+        brokers,
+        &["--demo", &demo, "--listen", "127.0.0.1:0"],
     );
     let status = quickstart.wait(Duration::from_secs(120));
     let output = quickstart.transcript();
@@ -178,36 +205,36 @@ async fn demo_pays_every_order_then_exits() {
         "quickstart failed: {status}; output:\n{output}"
     );
     assert!(
-        output.contains("demo: 200/200 orders paid in "),
+        output.contains(&format!("demo: {n}/{n} orders paid in ")),
         "no demo result line; output:\n{output}"
     );
     eprintln!(
-        "quickstart --demo 200 ran {:.1?}:\n{output}",
+        "quickstart --demo {n} ran {:.1?}:\n{output}",
         started.elapsed()
     );
 
     // Orders side: every order paid, every OrderCreated published, every payment received.
     let orders = &db.pool;
-    assert_eq!(count(orders, "SELECT count(*) FROM orders").await, 200);
+    assert_eq!(count(orders, "SELECT count(*) FROM orders").await, n);
     let paid = "SELECT count(*) FROM orders WHERE payment_status = 'paid'";
-    assert_eq!(count(orders, paid).await, 200);
+    assert_eq!(count(orders, paid).await, n);
     let published = "SELECT count(*) FROM outbox_event \
                      WHERE event_type = 'OrderCreated' AND published_at IS NOT NULL";
-    assert_eq!(count(orders, published).await, 200);
+    assert_eq!(count(orders, published).await, n);
     let received = "SELECT count(*) FROM inbox_event WHERE processed";
-    assert_eq!(count(orders, received).await, 200);
+    assert_eq!(count(orders, received).await, n);
 
     // Payments side, its own database: one payment per order, each PaymentSucceeded published.
     let payments_pool = &payments.pool;
     assert_eq!(
         count(payments_pool, "SELECT count(*) FROM payments").await,
-        200
+        n
     );
     let distinct = "SELECT count(DISTINCT order_id) FROM payments";
-    assert_eq!(count(payments_pool, distinct).await, 200);
+    assert_eq!(count(payments_pool, distinct).await, n);
     let published = "SELECT count(*) FROM outbox_event \
                      WHERE event_type = 'PaymentSucceeded' AND published_at IS NOT NULL";
-    assert_eq!(count(payments_pool, published).await, 200);
+    assert_eq!(count(payments_pool, published).await, n);
     payments_pool.close().await;
 }
 

@@ -257,8 +257,16 @@ async fn migrate_then_status_matches_a_hand_count() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_delivers_every_event_with_its_original_id() {
+    replay_case(Kafka::mock()).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_delivers_every_event_on_a_broker_process_too() {
+    replay_case(Kafka::tansu().await).await;
+}
+
+async fn replay_case(kafka: Kafka) {
     let db = TestDb::new().await;
-    let kafka = Kafka::mock();
     kafka.create_topic(TOPIC, 4).await;
     kafka.create_topic("ledger.rebuild", 4).await;
     emit_posted(&db.pool, 50, 20).await;
