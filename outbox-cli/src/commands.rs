@@ -82,11 +82,23 @@ pub async fn run(command: Command) -> Result {
         Command::Cleanup {
             db,
             older_than,
+            dedup_older_than,
             batch,
             tables,
             dry_run,
             yes,
-        } => cleanup(&db, older_than, batch, tables, dry_run, yes).await,
+        } => {
+            cleanup(
+                &db,
+                older_than,
+                dedup_older_than,
+                batch,
+                tables,
+                dry_run,
+                yes,
+            )
+            .await
+        }
         Command::Parked { action } => parked(action).await,
         Command::Inbox {
             action: InboxAction::Dead { action },
@@ -110,8 +122,10 @@ fn describe(options: &PgConnectOptions) -> String {
 }
 
 async fn connect(db: &Db, max_connections: u32) -> Result<PgPool> {
+    // No slow-statement warnings: a count on a large table is not a problem worth a log line.
     let options = PgConnectOptions::from_str(&db.database_url)
-        .map_err(|e| format!("invalid database URL: {e}"))?;
+        .map_err(|e| format!("invalid database URL: {e}"))?
+        .disable_statement_logging();
     let target = describe(&options);
     // One connection first: the pool would report a refused connection as a timeout.
     let first = tokio::time::timeout(Duration::from_secs(10), options.connect()).await;
@@ -391,32 +405,63 @@ async fn replay(
     let replay = Replay::with_producer_config(pool, config)
         .map_err(|e| e.to_string())?
         .batch_size(batch_size);
-    let total = replay.count(filter).await.map_err(|e| e.to_string())?;
+    let counts = replay.count(filter).await.map_err(|e| e.to_string())?;
+    let total = counts.published;
     if dry_run {
-        println!("dry run: would replay {total} events from `{topic}` to `{target}`");
+        println!(
+            "dry run: would replay {total} events from `{topic}` to `{target}`{}",
+            unpublished_note(counts.unpublished)
+        );
         return Ok(());
     }
-    if total == 0 {
+    let done = if total == 0 {
         println!("no published events of `{topic}` match; nothing replayed");
-        return Ok(());
+        counts
+    } else {
+        let mut progress = Progress::new(format!("replaying to {target}"), Some(total));
+        let result = replay
+            .run(filter, to_topic, |sent| progress.update(sent))
+            .await;
+        progress.finish();
+        let done = result.map_err(|e| e.to_string())?;
+        let secs = progress.elapsed().as_secs_f64();
+        println!(
+            "replayed {} events from `{topic}` to `{target}` in {secs:.2} s ({:.0}/s), with their original event ids",
+            done.published,
+            done.published as f64 / secs.max(1e-3)
+        );
+        done
+    };
+    match (done.unpublished, to_topic) {
+        (0, _) => Ok(()),
+        (n, None) => {
+            println!(
+                "{n} events of the range are not published yet: the relay sends them to `{topic}`"
+            );
+            Ok(())
+        }
+        (n, Some(_)) => Err(format!(
+            "{n} events of the range were not published yet (waiting for the relay, or parked) \
+             and were not sent to `{target}`: check `outbox status`, then replay them with --since"
+        )),
     }
-    let mut progress = Progress::new(format!("replaying to {target}"), Some(total));
-    let result = replay
-        .run(filter, to_topic, |sent| progress.update(sent))
-        .await;
-    progress.finish();
-    let sent = result.map_err(|e| e.to_string())?;
-    let secs = progress.elapsed().as_secs_f64();
-    println!(
-        "replayed {sent} events from `{topic}` to `{target}` in {secs:.2} s ({:.0}/s), with their original event ids",
-        sent as f64 / secs.max(1e-3)
-    );
-    Ok(())
+}
+
+/// `; N more are not published yet (skipped)`, or nothing.
+fn unpublished_note(n: u64) -> String {
+    if n == 0 {
+        String::new()
+    } else {
+        format!(
+            "; {n} more are not published yet (waiting for the relay, or parked) and are skipped"
+        )
+    }
 }
 
 async fn cleanup(
     db: &Db,
     older_than: Duration,
+    dedup_older_than: Option<Duration>,
     batch: u32,
     mut tables: Vec<CleanupTable>,
     dry_run: bool,
@@ -432,36 +477,38 @@ async fn cleanup(
         new
     });
     let pool = connect_migrated(db, 2).await?;
-    let cleanup = Cleanup::new(pool, older_than).batch_size(batch);
-    let cutoff = cleanup.cutoff().await.map_err(|e| e.to_string())?;
-    let cut = cutoff.to_rfc3339_opts(chrono::SecondsFormat::Secs, true);
-    let mut counts = Vec::new();
+    let outbox = Cleanup::new(pool.clone(), older_than).batch_size(batch);
+    let dedup = Cleanup::new(pool, dedup_older_than.unwrap_or(older_than)).batch_size(batch);
+    let outbox_cut = outbox.cutoff().await.map_err(|e| e.to_string())?;
+    let dedup_cut = dedup.cutoff().await.map_err(|e| e.to_string())?;
+    let mut plan = Vec::new();
     for &table in &tables {
+        let (cleanup, cutoff) = match table {
+            CleanupTable::Outbox => (&outbox, outbox_cut),
+            _ => (&dedup, dedup_cut),
+        };
         let n = cleanup
             .count(table, cutoff)
             .await
             .map_err(|e| e.to_string())?;
-        counts.push((table, n));
+        plan.push((table, cleanup, cutoff, n));
     }
-    let total: u64 = counts.iter().map(|(_, n)| n).sum();
-    let summary = counts
+    let total: u64 = plan.iter().map(|p| p.3).sum();
+    let summary = plan
         .iter()
-        .map(|(t, n)| format!("{n} from {}", t.table_name()))
+        .map(|(t, _, cutoff, n)| format!("{n} from {} (before {})", t.table_name(), when(*cutoff)))
         .collect::<Vec<_>>()
         .join(", ");
     if dry_run {
-        println!("dry run: would delete {total} rows older than {cut}: {summary}");
+        println!("dry run: would delete {total} rows: {summary}");
         return Ok(());
     }
     if total == 0 {
-        println!("nothing older than {cut}; nothing deleted");
+        println!("nothing past the retention; nothing deleted");
         return Ok(());
     }
-    ui::confirm(
-        &format!("delete {total} rows older than {cut} ({summary})"),
-        yes,
-    )?;
-    for (table, expected) in counts {
+    ui::confirm(&format!("delete {total} rows: {summary}"), yes)?;
+    for (table, cleanup, cutoff, expected) in plan {
         if expected == 0 {
             println!("{}: nothing to delete", table.table_name());
             continue;
@@ -474,8 +521,9 @@ async fn cleanup(
         progress.finish();
         let deleted = result.map_err(|e| e.to_string())?;
         println!(
-            "{}: deleted {deleted} rows older than {cut} in {:.2} s",
+            "{}: deleted {deleted} rows older than {} in {:.2} s",
             table.table_name(),
+            when(cutoff),
             progress.elapsed().as_secs_f64()
         );
     }
@@ -546,6 +594,7 @@ async fn parked(action: ParkedAction) -> Result {
                 .await
                 .map_err(|e| e.to_string())?;
             if json {
+                note_if_cut(rows.len(), select.limit);
                 return print_json(&rows);
             }
             if rows.is_empty() {
@@ -596,6 +645,10 @@ async fn parked(action: ParkedAction) -> Result {
         println!("no parked events match; nothing changed");
         return Ok(());
     }
+    print_breakdown(
+        rows.iter()
+            .map(|r| (r.topic.as_str(), r.event_type.as_str())),
+    );
     let n = rows.len();
     let question = if retry {
         format!("retry {n} parked events (the relay publishes them again, after their keys' later events)")
@@ -619,6 +672,32 @@ async fn parked(action: ParkedAction) -> Result {
     Ok(())
 }
 
+/// The rows an action is about to change, counted by topic and event type.
+fn print_breakdown<'a>(rows: impl Iterator<Item = (&'a str, &'a str)>) {
+    let mut counts: std::collections::BTreeMap<(&str, &str), usize> = Default::default();
+    for row in rows {
+        *counts.entry(row).or_default() += 1;
+    }
+    let table: Vec<Vec<String>> = counts
+        .into_iter()
+        .map(|((topic, event_type), n)| {
+            vec![topic.to_owned(), event_type.to_owned(), n.to_string()]
+        })
+        .collect();
+    ui::table(
+        &["TOPIC", "EVENT_TYPE", "ROWS"],
+        &[false, false, true],
+        &table,
+    );
+}
+
+/// For `--json`: stdout stays one JSON document; the note that rows were cut goes to stderr.
+fn note_if_cut(shown: usize, limit: Option<u32>) {
+    if shown >= limit.unwrap_or(DEFAULT_LIST_LIMIT) as usize {
+        eprintln!("note: {shown} rows shown, the oldest first; there may be more: raise --limit");
+    }
+}
+
 fn print_shown(shown: usize, limit: Option<u32>) {
     let limit = limit.unwrap_or(DEFAULT_LIST_LIMIT) as usize;
     if shown >= limit {
@@ -637,6 +716,7 @@ async fn dead(action: DeadAction) -> Result {
                 .await
                 .map_err(|e| e.to_string())?;
             if json {
+                note_if_cut(rows.len(), select.limit);
                 return print_json(&rows);
             }
             if rows.is_empty() {
@@ -686,6 +766,10 @@ async fn dead(action: DeadAction) -> Result {
                 println!("no dead inbox rows match; nothing changed");
                 return Ok(());
             }
+            print_breakdown(
+                rows.iter()
+                    .map(|r| (r.topic.as_str(), r.event_type.as_str())),
+            );
             ui::confirm(
                 &format!(
                     "retry {} dead inbox rows (their handlers run again)",

@@ -58,7 +58,9 @@ pub async fn run(port: u16, partitions: i32, topics: &[String]) -> Result<(), St
             let (mut client, _) = match listener.accept().await {
                 Ok(c) => c,
                 Err(e) => {
+                    // Out of file descriptors, say: wait a little instead of spinning.
                     tracing::warn!(error = %e, "dev broker: accept failed");
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
                     continue;
                 }
             };

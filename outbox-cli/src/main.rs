@@ -103,7 +103,7 @@ enum Command {
         #[arg(long)]
         dry_run: bool,
         /// Records sent before waiting for their acknowledgements
-        #[arg(long, default_value_t = 1_000)]
+        #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=50_000))]
         batch_size: u32,
     },
     /// Retention: delete published outbox rows, processed inbox rows and processed_event rows
@@ -114,6 +114,11 @@ enum Command {
         /// The retention, e.g. 30d, 12h, 1w
         #[arg(long, value_parser = parse::duration, value_name = "DURATION")]
         older_than: Duration,
+        /// A longer retention for the dedup records (processed inbox rows, processed_event):
+        /// a message delivered again after its record is gone is handled again. Default: the
+        /// same as --older-than (a replay can resend anything still in the outbox)
+        #[arg(long, value_parser = parse::duration, value_name = "DURATION")]
+        dedup_older_than: Option<Duration>,
         /// Rows deleted per transaction
         #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
         batch: u32,

@@ -279,42 +279,61 @@ async fn replay_case(kafka: Kafka) {
         .unwrap();
     }
     uow.commit().await.unwrap();
-    // Published earlier (the replay reads published rows only); one row is not published yet.
-    sqlx::query("UPDATE outbox_event SET published_at = now() WHERE event_type = 'Posted'")
-        .execute(&db.pool)
-        .await
-        .unwrap();
+    // Posted events were published earlier (the first half 3 hours ago, the rest 30 minutes
+    // ago); the 10 Closed events are not published yet.
+    sqlx::query(
+        "UPDATE outbox_event SET published_at = now(), created_at = now() - CASE \
+             WHEN id <= (SELECT min(id) + 499 FROM outbox_event) THEN interval '3 hours' \
+             ELSE interval '30 minutes' END \
+         WHERE event_type = 'Posted'",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
     let bootstrap = kafka.bootstrap();
-    let brokers = ["--brokers", bootstrap.as_str()];
-
-    let dry = run(
-        &db.url,
-        &[&["replay", "--topic", TOPIC, "--dry-run"][..], &brokers].concat(),
+    let replay = |args: &[&str]| {
+        let mut all = vec!["replay", "--topic", TOPIC, "--brokers", bootstrap.as_str()];
+        all.extend_from_slice(args);
+        let url = db.url.clone();
+        let all: Vec<String> = all.into_iter().map(str::to_owned).collect();
+        async move {
+            let args: Vec<&str> = all.iter().map(String::as_str).collect();
+            run(&url, &args).await
+        }
+    };
+    let dry_run = |args: &'static [&'static str], expected: &'static str| {
+        let out = replay(&[args, &["--dry-run"]].concat());
+        async move {
+            let out = out.await;
+            assert_ok(&out);
+            assert!(
+                stdout(&out).contains(expected),
+                "{args:?}: {}",
+                stdout(&out)
+            );
+        }
+    };
+    dry_run(&[], "would replay 1000 events").await;
+    dry_run(&[], "10 more are not published yet").await;
+    dry_run(&["--since", "2h"], "would replay 500 events").await;
+    dry_run(&["--until", "1h"], "would replay 500 events").await;
+    dry_run(
+        &["--since", "4h", "--until", "2h"],
+        "would replay 500 events",
     )
     .await;
-    assert_ok(&dry);
-    assert!(
-        stdout(&dry).contains("would replay 1000 events"),
-        "{}",
-        stdout(&dry)
-    );
+    dry_run(&["--since", "1h", "--until", "2h"], "would replay 0 events").await;
+    dry_run(&["--event-type", "Posted"], "would replay 1000 events").await;
+    dry_run(&["--aggregate-type", "Invoice"], "would replay 0 events").await;
 
-    let out = run(
-        &db.url,
-        &[
-            &[
-                "replay",
-                "--topic",
-                TOPIC,
-                "--to-topic",
-                "ledger.rebuild",
-                "--batch-size",
-                "300",
-            ][..],
-            &brokers,
-        ]
-        .concat(),
-    )
+    let out = replay(&[
+        "--event-type",
+        "Posted",
+        "--to-topic",
+        "ledger.rebuild",
+        "--batch-size",
+        "300",
+    ])
     .await;
     assert_ok(&out);
     assert!(
@@ -353,34 +372,38 @@ async fn replay_case(kafka: Kafka) {
         assert!(prev.is_none_or(|p| p < id), "key {key} out of order");
     }
 
-    // Filters narrow it; a filter that matches nothing is not an error.
-    let posted_none = run(
-        &db.url,
-        &[
-            &[
-                "replay",
-                "--topic",
-                TOPIC,
-                "--since",
-                "2h",
-                "--until",
-                "1h",
-                "--dry-run",
-            ][..],
-            &brokers,
-        ]
-        .concat(),
-    )
-    .await;
-    assert_ok(&posted_none);
+    // To another topic, events not published yet would be missing there: an error that says so
+    // (after sending the published ones).
+    let partial = replay(&["--to-topic", "ledger.rebuild"]).await;
+    assert_error(&partial, "10 events of the range were not published yet");
     assert!(
-        stdout(&posted_none).contains("would replay 0 events"),
+        stdout(&partial).contains("replayed 1000 events"),
         "{}",
-        stdout(&posted_none)
+        stdout(&partial)
     );
+    // To their own topic, the relay sends them: a note, not an error.
+    let own = replay(&["--event-type", "Closed"]).await;
+    assert_ok(&own);
+    assert!(
+        stdout(&own).contains("nothing replayed"),
+        "{}",
+        stdout(&own)
+    );
+    assert!(
+        stdout(&own).contains("10 events of the range are not published yet"),
+        "{}",
+        stdout(&own)
+    );
+
     let unknown = run(
         &db.url,
-        &[&["replay", "--topic", "nope.events"][..], &brokers].concat(),
+        &[
+            "replay",
+            "--topic",
+            "nope.events",
+            "--brokers",
+            bootstrap.as_str(),
+        ],
     )
     .await;
     assert_error(&unknown, "unknown topic `nope.events`");
@@ -428,13 +451,39 @@ async fn cleanup_removes_exactly_the_rows_past_the_cutoff_while_a_relay_publishe
 
     let dry = run(&db.url, &["cleanup", "--older-than", "30d", "--dry-run"]).await;
     assert_ok(&dry);
-    assert!(
-        stdout(&dry).contains("would delete 570 rows")
-            && stdout(&dry)
-                .contains("500 from outbox_event, 30 from inbox_event, 40 from processed_event"),
-        "{}",
-        stdout(&dry)
-    );
+    let text = stdout(&dry);
+    for expected in [
+        "would delete 570 rows",
+        "500 from outbox_event (before ",
+        "30 from inbox_event (before ",
+        "40 from processed_event (before ",
+    ] {
+        assert!(text.contains(expected), "{expected}: {text}");
+    }
+    // A longer retention for the dedup records: 35 days keeps the 31-day-old processed_event
+    // rows, not the 40-day-old inbox rows.
+    let dedup = run(
+        &db.url,
+        &[
+            "cleanup",
+            "--older-than",
+            "30d",
+            "--dedup-older-than",
+            "35d",
+            "--dry-run",
+        ],
+    )
+    .await;
+    assert_ok(&dedup);
+    let text = stdout(&dedup);
+    for expected in [
+        "would delete 530 rows",
+        "500 from outbox_event",
+        "30 from inbox_event",
+        "0 from processed_event",
+    ] {
+        assert!(text.contains(expected), "{expected}: {text}");
+    }
     let refused = run(&db.url, &["cleanup", "--older-than", "30d"]).await;
     assert_error(&refused, "pass --yes");
     assert_eq!(
@@ -832,11 +881,6 @@ async fn dev_broker_serves_kafka_on_a_fixed_port() {
         .build()
         .unwrap();
     assert_eq!(relay.publish_pending().await.unwrap(), 12);
-    let received = consume(&bootstrap, "demo.events", 3, Duration::from_secs(30), |r| {
-        r.len() >= 12
-    })
-    .await;
-    assert_eq!(received.len(), 0, "nothing was sent to demo.events");
     let received = consume(&bootstrap, TOPIC, 4, Duration::from_secs(30), |r| {
         r.len() >= 12
     })
@@ -952,4 +996,51 @@ async fn bad_arguments_give_clear_errors() {
         .await,
         "cannot reach Kafka at 127.0.0.1:9",
     );
+}
+
+/// An operator drops parked rows while another retries one of them: the drop waits for the
+/// retry's row lock, then must see that the row is no longer parked, and leave it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drop_never_deletes_a_row_retried_meanwhile() {
+    use outbox_runtime::admin::{drop_parked, PoisonFilter};
+
+    let db = TestDb::new().await;
+    let ids = insert_rows(&db.pool, TOPIC, 2, "1 hour", None, true).await;
+    let mut retry = db.pool.begin().await.unwrap();
+    sqlx::query("UPDATE outbox_event SET parked_at = NULL, attempts = 0 WHERE id = $1")
+        .bind(ids[0])
+        .execute(&mut *retry)
+        .await
+        .unwrap();
+    let dropper = {
+        let pool = db.pool.clone();
+        tokio::spawn(async move { drop_parked(&pool, &PoisonFilter::all()).await })
+    };
+    // Wait until the drop is blocked on the retried row's lock.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while count(
+        &db.pool,
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() \
+         AND wait_event_type = 'Lock' AND query LIKE 'DELETE FROM outbox_event%'",
+    )
+    .await
+        == 0
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the drop never waited"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    retry.commit().await.unwrap();
+    assert_eq!(
+        dropper.await.unwrap().unwrap(),
+        1,
+        "only the row still parked"
+    );
+    let left: Vec<i64> = sqlx::query_scalar("SELECT id FROM outbox_event")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(left, vec![ids[0]]);
 }

@@ -79,6 +79,10 @@ pub enum Error {
     #[error("publishing to Kafka failed, will retry: {0}")]
     Publish(String),
 
+    /// A replay stopped: a record was not acknowledged. The message says how far it got.
+    #[error("replay stopped: {0}")]
+    Replay(String),
+
     /// A Kafka client error.
     #[cfg(feature = "kafka")]
     #[error("kafka error: {0}")]

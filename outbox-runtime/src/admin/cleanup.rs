@@ -16,7 +16,8 @@ pub enum CleanupTable {
     /// and parked rows are never deleted.
     Outbox,
     /// `inbox_event`: processed rows whose `processed_at` is before the cut-off. Unprocessed
-    /// and dead rows are never deleted.
+    /// and dead rows are never deleted. These rows are inbox mode's dedup records: a message
+    /// delivered again after its row is gone is handled again (as for `processed_event`).
     Inbox,
     /// `processed_event`: rows whose `processed_at` is before the cut-off. A message delivered
     /// again after its row is gone is handled again: keep these longer than any redelivery

@@ -19,5 +19,5 @@ pub use poison::{
     PoisonFilter,
 };
 #[cfg(feature = "kafka")]
-pub use replay::{Replay, ReplayFilter};
+pub use replay::{Replay, ReplayCounts, ReplayFilter};
 pub use status::{status, InboxTopicStatus, Status, TopicStatus};

@@ -78,7 +78,9 @@ impl PoisonFilter {
     }
 }
 
-/// The parked rows a filter selects, as a subquery of ids.
+/// The parked rows a filter selects, as a subquery of ids. Statements that change rows repeat
+/// its conditions outside it: a row a concurrent transaction changed (an operator retrying it,
+/// say) is checked again only against the outer `WHERE`, once that transaction commits.
 const OUTBOX_SELECT: &str = "\
 SELECT id FROM outbox_event \
 WHERE parked_at IS NOT NULL \
@@ -163,7 +165,7 @@ pub async fn list_parked(pool: &PgPool, filter: &PoisonFilter) -> Result<Vec<Par
 pub async fn retry_parked(pool: &PgPool, filter: &PoisonFilter) -> Result<u64> {
     let sql = format!(
         "UPDATE outbox_event SET parked_at = NULL, attempts = 0, next_attempt_at = NULL \
-         WHERE id IN ({OUTBOX_SELECT})"
+         WHERE parked_at IS NOT NULL AND id IN ({OUTBOX_SELECT})"
     );
     let mut tx = pool.begin().await?;
     let retried = filter
@@ -182,7 +184,10 @@ pub async fn retry_parked(pool: &PgPool, filter: &PoisonFilter) -> Result<u64> {
 
 /// Deletes the parked rows the filter selects, for good. Returns how many it deleted.
 pub async fn drop_parked(pool: &PgPool, filter: &PoisonFilter) -> Result<u64> {
-    let sql = format!("DELETE FROM outbox_event WHERE id IN ({OUTBOX_SELECT})");
+    let sql = format!(
+        "DELETE FROM outbox_event \
+         WHERE parked_at IS NOT NULL AND published_at IS NULL AND id IN ({OUTBOX_SELECT})"
+    );
     let done = filter.bind(sqlx::query(&sql)).execute(pool).await?;
     Ok(done.rows_affected())
 }
@@ -218,7 +223,7 @@ pub async fn list_dead(pool: &PgPool, filter: &PoisonFilter) -> Result<Vec<DeadI
 pub async fn retry_dead(pool: &PgPool, filter: &PoisonFilter) -> Result<u64> {
     let sql = format!(
         "UPDATE inbox_event SET dead_at = NULL, attempts = 0, next_attempt_at = NULL \
-         WHERE event_id IN ({INBOX_SELECT})"
+         WHERE dead_at IS NOT NULL AND event_id IN ({INBOX_SELECT})"
     );
     let done = filter.bind(sqlx::query(&sql)).execute(pool).await?;
     Ok(done.rows_affected())

@@ -65,6 +65,19 @@ impl ReplayFilter {
     }
 }
 
+/// How many events of a replay's range are published (what it sends) and not (what it skips:
+/// rows waiting for the relay, or parked).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct ReplayCounts {
+    /// From [`Replay::count`]: published events the filter selects; from [`Replay::run`]: the
+    /// events it sent.
+    pub published: u64,
+    /// Events the filter selects that are not published (yet): never sent by a replay. With a
+    /// `to_topic` they do not reach it; the relay sends them to their own topic.
+    pub unpublished: u64,
+}
+
 /// `$1..$5` of the filter, without the published condition (see [`Replay::run`]).
 const WHERE_SQL: &str = "\
 o.topic = $1 \
@@ -96,8 +109,9 @@ macro_rules! bind_filter {
 ///
 /// let replay = Replay::new(pool, "127.0.0.1:9092")?;
 /// let filter = ReplayFilter::topic("order.events").event_type("OrderCreated");
-/// let total = replay.count(&filter).await?;
-/// let sent = replay.run(&filter, None, |sent| eprintln!("{sent}/{total}")).await?;
+/// let total = replay.count(&filter).await?.published;
+/// let done = replay.run(&filter, None, |sent| eprintln!("{sent}/{total}")).await?;
+/// println!("sent {}, skipped {} not yet published", done.published, done.unpublished);
 /// # Ok(()) }
 /// ```
 pub struct Replay {
@@ -146,19 +160,26 @@ impl Replay {
         self
     }
 
-    /// How many events the filter selects (what a dry run reports).
-    pub async fn count(&self, filter: &ReplayFilter) -> Result<u64> {
+    /// How many events the filter selects, published and not (what a dry run reports).
+    pub async fn count(&self, filter: &ReplayFilter) -> Result<ReplayCounts> {
         let sql = format!(
-            "SELECT count(*) FROM outbox_event o WHERE {WHERE_SQL} AND o.published_at IS NOT NULL"
+            "SELECT count(*) FILTER (WHERE o.published_at IS NOT NULL), \
+                    count(*) FILTER (WHERE o.published_at IS NULL) \
+             FROM outbox_event o WHERE {WHERE_SQL}"
         );
-        let n: i64 = bind_filter!(sqlx::query_scalar(&sql), filter)
+        let (published, unpublished): (i64, i64) = bind_filter!(sqlx::query_as(&sql), filter)
             .fetch_one(&self.pool)
             .await?;
-        Ok(n.max(0) as u64)
+        Ok(ReplayCounts {
+            published: published.max(0) as u64,
+            unpublished: unpublished.max(0) as u64,
+        })
     }
 
-    /// Publishes the events the filter selects to their topic, or to `to_topic`, calling
-    /// `progress` with the number sent so far after each batch. Returns how many it sent.
+    /// Publishes the published events the filter selects, up to the newest row when it starts,
+    /// to their topic or to `to_topic`, calling `progress` with the number sent so far after
+    /// each batch. Returns how many it sent, and how many of the range it skipped because they
+    /// were not published (see [`ReplayCounts::unpublished`]).
     ///
     /// Stops at the first record the broker does not acknowledge, with an error that says how
     /// far it got (events up to there were delivered; running the replay again sends them again,
@@ -168,26 +189,35 @@ impl Replay {
         filter: &ReplayFilter,
         to_topic: Option<&str>,
         mut progress: impl FnMut(u64),
-    ) -> Result<u64> {
+    ) -> Result<ReplayCounts> {
         // Pages by `id` (`$6`: the last id seen). Unpublished rows are skipped here rather than
         // in SQL: with `published_at IS NOT NULL` in the query, stale statistics (a backlog
         // just drained) make the planner read the whole retention index and sort it, for every
         // page; without it, each page is a short walk of the primary key.
         let sql = format!(
             "SELECT {}, o.published_at IS NOT NULL AS published FROM outbox_event o \
-             WHERE {WHERE_SQL} AND o.id > $6 ORDER BY o.id LIMIT $7",
+             WHERE {WHERE_SQL} AND o.id > $6 AND o.id <= $8 ORDER BY o.id LIMIT $7",
             claimed_columns!()
         );
+        // The range ends at the newest row now: writes that go on do not extend it.
+        let last: i64 = sqlx::query_scalar("SELECT coalesce(max(id), 0) FROM outbox_event")
+            .fetch_one(&self.pool)
+            .await?;
         let mut after = 0i64;
         let mut sent = 0u64;
+        let mut unpublished = 0u64;
         loop {
             let rows = bind_filter!(sqlx::query(&sql), filter)
                 .bind(after)
                 .bind(self.batch_size)
+                .bind(last)
                 .fetch_all(&self.pool)
                 .await?;
             if rows.is_empty() {
-                return Ok(sent);
+                return Ok(ReplayCounts {
+                    published: sent,
+                    unpublished,
+                });
             }
             let now_ms = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
@@ -197,6 +227,8 @@ impl Replay {
             for row in &rows {
                 if row.try_get::<bool, _>("published")? {
                     batch.push(Claimed::from_row(row)?);
+                } else {
+                    unpublished += 1;
                 }
             }
             for row in &mut batch {
@@ -210,9 +242,9 @@ impl Replay {
                 match outcome {
                     Outcome::Published => sent += 1,
                     Outcome::Rejected(reason) | Outcome::Deferred(reason) => {
-                        return Err(Error::Publish(format!(
-                            "replay stopped at outbox row {} (event {}) after {sent} records: \
-                             {reason}",
+                        return Err(Error::Replay(format!(
+                            "outbox row {} (event {}) was not acknowledged, after {sent} \
+                             records: {reason}",
                             row.id, row.event_id
                         )))
                     }

@@ -166,7 +166,7 @@ pub(crate) fn create_producer(
         Some("true") => {}
         Some(other) => {
             return config_err(format!(
-                "the relay's producer must be idempotent (R-DIST-IDEM-X2): \
+                "the outbox's producer (relay, replay) must be idempotent (R-DIST-IDEM-X2): \
                  enable.idempotence={other} is not allowed"
             ))
         }
@@ -181,7 +181,7 @@ pub(crate) fn create_producer(
         Some("all" | "-1") => {}
         Some(other) => {
             return config_err(format!(
-                "the relay's producer must wait for all in-sync replicas: acks={other} \
+                "the outbox's producer (relay, replay) must wait for all in-sync replicas: acks={other} \
                  is not allowed (use acks=all)"
             ))
         }
