@@ -25,7 +25,7 @@ const DEFAULT_LIST_LIMIT: u32 = 100;
 pub async fn run(command: Command) -> Result {
     match command {
         Command::Migrate { db } => migrate(&db).await,
-        Command::Status { db, json } => status(&db, json).await,
+        Command::Status { db, json, max_age } => status(&db, json, max_age).await,
         Command::Relay {
             db,
             brokers,
@@ -212,16 +212,40 @@ async fn migrate(db: &Db) -> Result {
     Ok(())
 }
 
-async fn status(db: &Db, json: bool) -> Result {
+async fn status(db: &Db, json: bool, max_age: Option<Duration>) -> Result {
     let pool = connect_migrated(db, 2).await?;
     let status = admin::status(&pool).await.map_err(|e| e.to_string())?;
     if json {
-        let text = serde_json::to_string_pretty(&status).map_err(|e| e.to_string())?;
-        println!("{text}");
+        print_json(&status)?;
     } else {
         print_status(&status);
     }
-    Ok(())
+    let Some(max_age) = max_age else {
+        return Ok(());
+    };
+    let outbox = status.outbox.iter().filter_map(|t| {
+        Some((
+            t.oldest_unpublished_age_secs?,
+            "unpublished outbox",
+            &t.topic,
+        ))
+    });
+    let inbox = status.inbox.iter().filter_map(|t| {
+        Some((
+            t.oldest_unprocessed_age_secs?,
+            "unprocessed inbox",
+            &t.topic,
+        ))
+    });
+    let oldest = outbox.chain(inbox).max_by(|a, b| a.0.total_cmp(&b.0));
+    match oldest {
+        Some((age, what, topic)) if age > max_age.as_secs_f64() => Err(format!(
+            "the oldest {what} row of `{topic}` is {} old, more than {}",
+            human(Duration::from_secs_f64(age)),
+            human(max_age)
+        )),
+        _ => Ok(()),
+    }
 }
 
 fn age(secs: Option<f64>) -> String {

@@ -55,6 +55,10 @@ enum Command {
         /// Print JSON instead of tables
         #[arg(long)]
         json: bool,
+        /// Exit with an error (code 1) when an unpublished outbox row or an unprocessed inbox
+        /// row is older than this, e.g. 2m: a health check for cron or a probe
+        #[arg(long, value_parser = parse::duration, value_name = "DURATION")]
+        max_age: Option<Duration>,
     },
     /// Run relays as a standalone process until Ctrl-C or SIGTERM
     Relay {
@@ -62,7 +66,8 @@ enum Command {
         db: Db,
         #[command(flatten)]
         brokers: Brokers,
-        /// Relay instances in this process (they share the shards with every other relay)
+        /// Relay instances in this process (they share the shards with every other relay);
+        /// each holds two database connections
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
         instances: u16,
         /// Rows claimed per batch

@@ -253,6 +253,18 @@ async fn migrate_then_status_matches_a_hand_count() {
     assert!(cells[4].starts_with("1h00m"), "{text}");
     assert_eq!(cells[5], "2", "{text}");
     assert!(text.contains("processed_event rows: 9"), "{text}");
+
+    // As a health check: the oldest waiting row is an hour old.
+    let unhealthy = run(&db.url, &["status", "--max-age", "30m"]).await;
+    assert_error(
+        &unhealthy,
+        "the oldest unpublished outbox row of `a.events` is 1h00m old, more than 30m00s",
+    );
+    assert!(
+        stdout(&unhealthy).contains("a.events"),
+        "the figures are printed too"
+    );
+    assert_ok(&run(&db.url, &["status", "--max-age", "2h", "--json"]).await);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
