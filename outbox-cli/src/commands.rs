@@ -617,17 +617,22 @@ async fn parked(action: ParkedAction) -> Result {
             let rows = admin::list_parked(&pool, &filter)
                 .await
                 .map_err(|e| e.to_string())?;
-            if json {
-                note_if_cut(rows.len(), select.limit);
-                return print_json(&rows);
-            }
-            if rows.is_empty() {
-                println!("no parked events");
-                return Ok(());
-            }
-            let table: Vec<Vec<String>> = rows
-                .iter()
-                .map(|r| {
+            return print_list(
+                &rows,
+                json,
+                select.limit,
+                "no parked events",
+                &[
+                    ("ID", true),
+                    ("EVENT_ID", false),
+                    ("TOPIC", false),
+                    ("KEY", false),
+                    ("EVENT_TYPE", false),
+                    ("ATTEMPTS", true),
+                    ("PARKED_AT", false),
+                    ("LAST_ERROR", false),
+                ],
+                |r| {
                     vec![
                         r.id.to_string(),
                         r.event_id.to_string(),
@@ -638,24 +643,8 @@ async fn parked(action: ParkedAction) -> Result {
                         when(r.parked_at),
                         ui::short(r.last_error.as_deref().unwrap_or(""), 60),
                     ]
-                })
-                .collect();
-            ui::table(
-                &[
-                    "ID",
-                    "EVENT_ID",
-                    "TOPIC",
-                    "KEY",
-                    "EVENT_TYPE",
-                    "ATTEMPTS",
-                    "PARKED_AT",
-                    "LAST_ERROR",
-                ],
-                &[true, false, false, false, false, true, false, false],
-                &table,
+                },
             );
-            print_shown(rows.len(), select.limit);
-            return Ok(());
         }
         ParkedAction::Retry(act) => (act, true),
         ParkedAction::Drop(act) => (act, false),
@@ -715,20 +704,41 @@ fn print_breakdown<'a>(rows: impl Iterator<Item = (&'a str, &'a str)>) {
     );
 }
 
-/// For `--json`: stdout stays one JSON document; the note that rows were cut goes to stderr.
-fn note_if_cut(shown: usize, limit: Option<u32>) {
-    if shown >= limit.unwrap_or(DEFAULT_LIST_LIMIT) as usize {
-        eprintln!("note: {shown} rows shown, the oldest first; there may be more: raise --limit");
+/// What `list` prints: the rows as JSON, or as a table of `columns` (name, aligned right)
+/// with `cells` per row, then whether `--limit` (or its default) may have cut them. With JSON,
+/// stdout stays one document and that note goes to stderr.
+fn print_list<T: serde::Serialize>(
+    rows: &[T],
+    json: bool,
+    limit: Option<u32>,
+    empty: &str,
+    columns: &[(&str, bool)],
+    cells: impl Fn(&T) -> Vec<String>,
+) -> Result {
+    let cut = rows.len() >= limit.unwrap_or(DEFAULT_LIST_LIMIT) as usize;
+    let shown = rows.len();
+    if json {
+        if cut {
+            eprintln!(
+                "note: {shown} rows shown, the oldest first; there may be more: raise --limit"
+            );
+        }
+        return print_json(&rows);
     }
-}
-
-fn print_shown(shown: usize, limit: Option<u32>) {
-    let limit = limit.unwrap_or(DEFAULT_LIST_LIMIT) as usize;
-    if shown >= limit {
+    if rows.is_empty() {
+        println!("{empty}");
+        return Ok(());
+    }
+    let header: Vec<&str> = columns.iter().map(|c| c.0).collect();
+    let right: Vec<bool> = columns.iter().map(|c| c.1).collect();
+    let table: Vec<Vec<String>> = rows.iter().map(cells).collect();
+    ui::table(&header, &right, &table);
+    if cut {
         println!("({shown} shown, the oldest first; there may be more: raise --limit)");
     } else {
         println!("({shown} rows)");
     }
+    Ok(())
 }
 
 async fn dead(action: DeadAction) -> Result {
@@ -739,17 +749,20 @@ async fn dead(action: DeadAction) -> Result {
             let rows = admin::list_dead(&pool, &filter)
                 .await
                 .map_err(|e| e.to_string())?;
-            if json {
-                note_if_cut(rows.len(), select.limit);
-                return print_json(&rows);
-            }
-            if rows.is_empty() {
-                println!("no dead inbox rows");
-                return Ok(());
-            }
-            let table: Vec<Vec<String>> = rows
-                .iter()
-                .map(|r| {
+            print_list(
+                &rows,
+                json,
+                select.limit,
+                "no dead inbox rows",
+                &[
+                    ("EVENT_ID", false),
+                    ("TOPIC", false),
+                    ("EVENT_TYPE", false),
+                    ("ATTEMPTS", true),
+                    ("DEAD_AT", false),
+                    ("LAST_ERROR", false),
+                ],
+                |r| {
                     vec![
                         r.event_id.to_string(),
                         r.topic.clone(),
@@ -758,22 +771,8 @@ async fn dead(action: DeadAction) -> Result {
                         when(r.dead_at),
                         ui::short(r.last_error.as_deref().unwrap_or(""), 60),
                     ]
-                })
-                .collect();
-            ui::table(
-                &[
-                    "EVENT_ID",
-                    "TOPIC",
-                    "EVENT_TYPE",
-                    "ATTEMPTS",
-                    "DEAD_AT",
-                    "LAST_ERROR",
-                ],
-                &[false, false, false, true, false, false],
-                &table,
-            );
-            print_shown(rows.len(), select.limit);
-            Ok(())
+                },
+            )
         }
         DeadAction::Retry(Act {
             db,
