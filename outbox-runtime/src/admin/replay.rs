@@ -222,7 +222,7 @@ impl Replay {
             let now_ms = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as i64);
-            after = Claimed::from_row(&rows[rows.len() - 1])?.id;
+            after = rows[rows.len() - 1].try_get("id")?;
             let mut batch = Vec::with_capacity(rows.len());
             for row in &rows {
                 if row.try_get::<bool, _>("published")? {
