@@ -10,24 +10,12 @@
 
 use std::time::{Duration, Instant};
 
-use outbox_runtime::{OutboxEvent, Uow};
+use outbox_runtime::Uow;
 use outbox_tests::bench::{env, median, percentile};
+use outbox_tests::fixtures::OrderCreated;
 use outbox_tests::TestDb;
 use sqlx::PgPool;
 use uuid::Uuid;
-
-#[derive(serde::Serialize, OutboxEvent)]
-#[outbox(
-    topic = "order.events",
-    aggregate_type = "Order",
-    event_type = "OrderCreated"
-)]
-struct OrderCreated {
-    #[outbox(aggregate_id)]
-    order_id: Uuid,
-    customer_id: Uuid,
-    amount: i64,
-}
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Variant {

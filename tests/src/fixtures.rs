@@ -36,6 +36,20 @@ pub struct PaymentRefunded {
     pub order_id: Uuid,
 }
 
+/// The order event of the emit tests and benchmark.
+#[derive(Debug, Clone, Serialize, OutboxEvent)]
+#[outbox(
+    topic = "order.events",
+    aggregate_type = "Order",
+    event_type = "OrderCreated"
+)]
+pub struct OrderCreated {
+    #[outbox(aggregate_id)]
+    pub order_id: Uuid,
+    pub customer_id: Uuid,
+    pub amount: i64,
+}
+
 /// The domain table: `paid` counts how often a payment was applied, so a duplicate shows.
 pub async fn create_orders(pool: &PgPool) {
     sqlx::query(

@@ -4,24 +4,12 @@
 use std::collections::{BTreeMap, HashSet};
 
 use outbox_runtime::{Error, IntoRecord, OutboxEvent, OutboxRecord, Uow};
+use outbox_tests::fixtures::OrderCreated;
 use outbox_tests::proxy::Proxy;
 use outbox_tests::TestDb;
 use serde::Serialize;
 use sqlx::{PgPool, Row};
 use uuid::Uuid;
-
-#[derive(Serialize, OutboxEvent)]
-#[outbox(
-    topic = "order.events",
-    aggregate_type = "Order",
-    event_type = "OrderCreated"
-)]
-struct OrderCreated {
-    #[outbox(aggregate_id)]
-    order_id: Uuid,
-    customer_id: Uuid,
-    amount: i64,
-}
 
 #[derive(Serialize, OutboxEvent)]
 #[outbox(topic = "order.events", aggregate_type = "Order")]
