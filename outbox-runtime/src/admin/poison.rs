@@ -59,11 +59,6 @@ impl PoisonFilter {
         self
     }
 
-    /// Whether the filter names rows by id.
-    pub fn has_ids(&self) -> bool {
-        !self.ids.is_empty() || !self.event_ids.is_empty()
-    }
-
     /// Binds `$1..$5` of [`OUTBOX_SELECT`] / [`INBOX_SELECT`].
     fn bind<'q>(
         &'q self,
