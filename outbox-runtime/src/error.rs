@@ -1,5 +1,14 @@
 use std::borrow::Cow;
 
+/// " (it emitted `A`, `B`)", or nothing when no event was pending.
+fn emitted(event_types: &str) -> String {
+    if event_types.is_empty() {
+        String::new()
+    } else {
+        format!(" (it emitted `{event_types}`)")
+    }
+}
+
 /// `Result` with this crate's [`Error`].
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -33,10 +42,35 @@ pub enum Error {
         source: sqlx::Error,
     },
 
-    /// The commit that writes the pending outbox rows failed; nothing of the unit of work was
-    /// written.
-    #[error("unit of work not committed (it emitted `{event_types}`): {source}")]
+    /// The database refused the pending outbox rows or the commit (a constraint checked at
+    /// commit, a serialization failure, ...): nothing of the unit of work was written.
+    #[error("unit of work not committed{}: {source}", emitted(.event_types))]
     Commit {
+        event_types: Cow<'static, str>,
+        #[source]
+        source: sqlx::Error,
+    },
+
+    /// A statement of the unit of work failed and PostgreSQL aborted its transaction, but the
+    /// error did not stop the unit of work (it was caught and ignored): it was rolled back,
+    /// nothing was written. A statement whose failure the application handles must run in a
+    /// savepoint (`conn.begin()`), or avoid the error (`ON CONFLICT`).
+    #[error(
+        "unit of work rolled back, not committed{}: a statement in it failed and aborted the \
+         transaction, but its error was not propagated; run a statement whose failure you \
+         handle in a savepoint (`conn.begin()`) or avoid the error (`ON CONFLICT`)",
+        emitted(.event_types)
+    )]
+    Aborted { event_types: Cow<'static, str> },
+
+    /// The connection failed after `COMMIT` was sent: the unit of work may or may not have
+    /// committed. Check (by a key the unit of work wrote) before doing it again.
+    #[error(
+        "the connection failed during commit: the unit of work may have committed or not{}; \
+         check before retrying: {source}",
+        emitted(.event_types)
+    )]
+    CommitOutcomeUnknown {
         event_types: Cow<'static, str>,
         #[source]
         source: sqlx::Error,
@@ -91,4 +125,44 @@ pub enum Error {
     /// Any other database error (its message says so).
     #[error(transparent)]
     Database(#[from] sqlx::Error),
+}
+
+impl Error {
+    /// Whether doing the same work again may succeed: a deadlock or serialization failure, a
+    /// lost or refused connection, the server shutting down, a broker that did not answer.
+    /// False for [`Error::CommitOutcomeUnknown`]: that work may be done already.
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Emit { source, .. } | Error::Commit { source, .. } | Error::Database(source) => {
+                is_transient_sqlx(source)
+            }
+            Error::Publish(_) => true,
+            _ => false,
+        }
+    }
+
+    /// Whether this is [`Error::CommitOutcomeUnknown`]: the commit may or may not have happened.
+    pub fn is_outcome_unknown(&self) -> bool {
+        matches!(self, Error::CommitOutcomeUnknown { .. })
+    }
+}
+
+/// Errors that say nothing about the work itself: the same statements may succeed again.
+pub(crate) fn is_transient_sqlx(error: &sqlx::Error) -> bool {
+    match error {
+        sqlx::Error::Database(e) => e.code().is_some_and(|code| {
+            // 40001 serialization_failure, 40P01 deadlock_detected, 08*** connection
+            // exceptions, 53300 too_many_connections, 57P01..57P03 shutdown or starting up,
+            // 55P03 lock_not_available.
+            matches!(
+                code.as_ref(),
+                "40001" | "40P01" | "53300" | "57P01" | "57P02" | "57P03" | "55P03"
+            ) || code.starts_with("08")
+        }),
+        sqlx::Error::Io(_)
+        | sqlx::Error::PoolTimedOut
+        | sqlx::Error::PoolClosed
+        | sqlx::Error::WorkerCrashed => true,
+        _ => false,
+    }
 }

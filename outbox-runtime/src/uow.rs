@@ -8,8 +8,7 @@ use std::future::Future;
 use std::ops::{Deref, DerefMut};
 use std::pin::Pin;
 
-use sqlx::pool::PoolConnection;
-use sqlx::{Executor, PgConnection, PgPool, Postgres, Transaction};
+use sqlx::{Database, Executor, PgConnection, PgPool, Postgres, Transaction, TransactionManager};
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
@@ -45,11 +44,20 @@ const FLUSH_AT_BYTES: usize = 8 << 20;
 /// # Ok(()) }
 /// ```
 ///
+/// # A real sqlx transaction
+///
+/// The unit of work is an [`sqlx::Transaction`]: code that takes the connection
+/// ([`tx`](Self::tx)) and opens a transaction of its own (`conn.begin()`) gets a savepoint, whose
+/// `commit` releases it into the unit of work and whose rollback undoes only its own work. Code
+/// that needs the transaction itself gets it from
+/// [`as_transaction_mut`](Self::as_transaction_mut), or, with the events written into it, from
+/// [`into_inner`](Self::into_inner).
+///
 /// # When the rows are written
 ///
 /// `emit` validates the event, serializes its payload and keeps the row; it does no I/O.
-/// [`commit`](Self::commit) writes the kept rows and commits in **one round trip** (a unit of
-/// work begun with [`Uow::begin`]), so an emit costs the transaction no extra round trip.
+/// [`commit`](Self::commit) of an outermost transaction writes the kept rows and commits in
+/// **one round trip**, so an emit costs the transaction no extra round trip.
 /// [`flush`](Self::flush) writes them earlier, with one statement, for an application that
 /// wants to read them back in the transaction or see a database error before commit. A very
 /// large unit of work flushes on its own every 10,000 events or 8 MiB of payload.
@@ -59,10 +67,25 @@ const FLUSH_AT_BYTES: usize = 8 << 20;
 /// An invalid event, a payload that does not serialize, or a database error names the event
 /// type. After any failed emit or flush the unit of work is spoiled: later emits and
 /// [`commit`](Self::commit) fail with [`Error::EmitFailedEarlier`] and it rolls back, so a domain
-/// change is never committed without its event.
+/// change is never committed without its event. A transaction that PostgreSQL aborted because a
+/// statement failed (an error the application caught and went on from) is never reported as
+/// committed: `commit` fails with [`Error::Aborted`]. If the connection fails after `COMMIT` was
+/// sent, nobody can know whether it committed: [`Error::CommitOutcomeUnknown`].
+///
+/// # Deadlocks
+///
+/// Writing a key's event takes a transaction-scoped lock on that key, so that one key's events
+/// commit in the order of their outbox ids. A unit of work that writes all its events at
+/// `commit` takes all its keys' locks at once, in a fixed order: such units of work never
+/// deadlock on them. One that writes events in several statements ([`flush`](Self::flush), the
+/// automatic flush of a very large unit of work, or several [`emit`](crate::emit) calls on an
+/// application-managed transaction) takes them in several steps, and two of those with common
+/// keys in opposite orders can deadlock: PostgreSQL then aborts one of them with
+/// `deadlock_detected`, an error for which [`Error::is_transient`] is true. Retry it.
 #[must_use = "a unit of work rolls back when dropped; call `commit`"]
 pub struct Uow<'c> {
-    conn: Conn<'c>,
+    /// `None` once `commit`, `rollback` or `into_inner` took it.
+    tx: Option<Transaction<'c, Postgres>>,
     /// Emitted rows not written yet, in emission order.
     pending: Vec<OutboxRecord>,
     pending_bytes: usize,
@@ -70,34 +93,29 @@ pub struct Uow<'c> {
     failed: Option<String>,
 }
 
-enum Conn<'c> {
-    /// A pooled connection in a transaction this unit of work began and ends itself, so that
-    /// `commit` can send the pending rows and `COMMIT` in one simple query. `None` once the
-    /// transaction has ended.
-    Owned(Option<PoolConnection<Postgres>>),
-    /// A transaction or savepoint the application began.
-    Borrowed(Transaction<'c, Postgres>),
-}
-
 impl Uow<'static> {
     /// Begins a transaction on a connection from the pool.
     pub async fn begin(pool: &PgPool) -> Result<Self> {
-        let mut conn = pool.acquire().await?;
-        conn.execute("BEGIN").await?;
-        Ok(Self::new(Conn::Owned(Some(conn))))
+        Ok(Self::from_transaction(pool.begin().await?))
+    }
+
+    /// Begins a transaction with a `BEGIN` statement of the application's choice, e.g.
+    /// `"BEGIN ISOLATION LEVEL SERIALIZABLE"`.
+    pub async fn begin_with(
+        pool: &PgPool,
+        statement: impl Into<Cow<'static, str>>,
+    ) -> Result<Self> {
+        Ok(Self::from_transaction(pool.begin_with(statement).await?))
     }
 }
 
 impl<'c> Uow<'c> {
-    /// Wraps a transaction (or savepoint) the application already began. Its commit writes the
-    /// pending rows with one statement, then commits the transaction as sqlx does.
+    /// Wraps a transaction (or savepoint) the application already began. The commit of an
+    /// outermost transaction writes the pending rows and commits in one round trip; a savepoint
+    /// writes them with one statement and is released into its transaction.
     pub fn from_transaction(tx: Transaction<'c, Postgres>) -> Self {
-        Self::new(Conn::Borrowed(tx))
-    }
-
-    fn new(conn: Conn<'c>) -> Self {
         Uow {
-            conn,
+            tx: Some(tx),
             pending: Vec::new(),
             pending_bytes: 0,
             emitted: 0,
@@ -107,7 +125,22 @@ impl<'c> Uow<'c> {
 
     /// The transaction's connection, for the domain statements: `query.execute(uow.tx())`.
     pub fn tx(&mut self) -> &mut PgConnection {
-        self.conn.get()
+        self.as_transaction_mut()
+    }
+
+    /// The transaction, for code that takes `&mut Transaction<'_, Postgres>`. Events emitted
+    /// and not flushed yet are not in it: see [`flush`](Self::flush).
+    pub fn as_transaction_mut(&mut self) -> &mut Transaction<'c, Postgres> {
+        // Only `commit`, `rollback` and `into_inner` take the transaction, and they consume the
+        // unit of work: no method can see it gone.
+        self.tx.as_mut().expect("the unit of work has ended")
+    }
+
+    /// Writes the pending rows and returns the transaction, for an application that commits it
+    /// itself. Fails (and rolls back) if an emit failed earlier.
+    pub async fn into_inner(mut self) -> Result<Transaction<'c, Postgres>> {
+        self.flush().await?;
+        Ok(self.tx.take().expect("the unit of work has ended"))
     }
 
     /// Adds the event to this transaction's outbox rows and returns its event id.
@@ -136,7 +169,8 @@ impl<'c> Uow<'c> {
         if self.pending.is_empty() {
             return Ok(());
         }
-        let result = insert(self.conn.get(), &self.pending).await;
+        let tx = self.tx.as_mut().expect("the unit of work has ended");
+        let result = insert(tx, &self.pending).await;
         self.pending.clear();
         self.pending_bytes = 0;
         self.record_failure(result).map(drop)
@@ -179,93 +213,69 @@ impl<'c> Uow<'c> {
 
     /// Writes the pending rows and commits them with the domain rows.
     ///
-    /// If an emit failed earlier, rolls back instead and returns [`Error::EmitFailedEarlier`].
-    /// If the commit fails, nothing of the unit of work is written.
+    /// Fails, and writes nothing, if an emit failed earlier ([`Error::EmitFailedEarlier`]), if
+    /// a statement failed and left the transaction aborted ([`Error::Aborted`]), or if the
+    /// database refused the rows or the commit ([`Error::Commit`]). If the connection fails
+    /// after `COMMIT` was sent, the transaction may or may not have committed:
+    /// [`Error::CommitOutcomeUnknown`].
     pub async fn commit(mut self) -> Result<()> {
         if let Some(first_error) = self.failed.take() {
-            self.end("ROLLBACK").await?;
+            self.rollback_now().await?;
             return Err(Error::EmitFailedEarlier { first_error });
         }
-        if let Conn::Borrowed(_) = self.conn {
+        let event_types = event_types(&self.pending);
+        let tx = self.as_transaction_mut();
+        if <Postgres as Database>::TransactionManager::get_transaction_depth(tx) != 1 {
+            // A savepoint: release it into the transaction that holds it.
             self.flush().await?;
-            let Conn::Borrowed(tx) = self.take_conn() else {
-                unreachable!()
-            };
-            tx.commit().await?;
-            return Ok(());
+            let tx = self.tx.take().expect("the unit of work has ended");
+            return tx.commit().await.map_err(|e| commit_error(e, event_types));
         }
-        if self.pending.is_empty() {
-            return self.end("COMMIT").await;
-        }
-        // One simple query: the rows, then COMMIT. On an error the server skips the rest and
-        // nothing commits; the transaction is then rolled back like any dropped one.
-        let mut sql = literal_emit(&self.pending)?;
-        sql.push_str("; COMMIT");
+        // One simple query: the rows, COMMIT, and BEGIN of an empty transaction that the
+        // dropped `Transaction` then rolls back (pipelined with the connection's next use), so
+        // that sqlx's transaction depth and the server agree again without a round trip.
+        // Without rows, `SELECT` stands in for them: in an aborted transaction it fails, where
+        // a bare COMMIT would "succeed" with a rollback. On an error the server skips the rest
+        // of the query, and the dropped transaction rolls back.
+        let mut sql = if self.pending.is_empty() {
+            String::from("SELECT")
+        } else {
+            literal_emit(&self.pending)?
+        };
+        sql.push_str("; COMMIT; BEGIN");
         let result = self.tx().execute(sql.as_str()).await;
-        match result {
-            Ok(_) => {
-                self.take_conn();
-                Ok(())
-            }
-            Err(source) => Err(Error::Commit {
-                event_types: event_types(&self.pending),
-                source,
-            }),
-        }
+        drop(self.tx.take());
+        result.map(drop).map_err(|e| commit_error(e, event_types))
     }
 
     /// Rolls back everything done in this unit of work.
     pub async fn rollback(mut self) -> Result<()> {
-        self.end("ROLLBACK").await
+        self.rollback_now().await
     }
 
-    /// Ends the transaction with `COMMIT` or `ROLLBACK`.
-    async fn end(&mut self, statement: &'static str) -> Result<()> {
-        match self.take_conn() {
-            Conn::Owned(Some(mut conn)) => {
-                conn.execute(statement).await?;
-            }
-            Conn::Owned(None) => {}
-            Conn::Borrowed(tx) if statement == "COMMIT" => tx.commit().await?,
-            Conn::Borrowed(tx) => tx.rollback().await?,
+    async fn rollback_now(&mut self) -> Result<()> {
+        if let Some(tx) = self.tx.take() {
+            tx.rollback().await?;
         }
         Ok(())
     }
-
-    /// Takes the connection out, leaving the unit of work ended (its drop then does nothing).
-    fn take_conn(&mut self) -> Conn<'c> {
-        std::mem::replace(&mut self.conn, Conn::Owned(None))
-    }
 }
 
-impl Conn<'_> {
-    fn get(&mut self) -> &mut PgConnection {
-        match self {
-            // Only `commit`, `rollback` and `drop` end the transaction, and they consume the
-            // unit of work: no method can see it ended.
-            Conn::Owned(conn) => conn.as_mut().expect("the unit of work has ended"),
-            Conn::Borrowed(tx) => tx,
+/// What a failed commit means: refused (nothing written), aborted earlier, or unknown.
+fn commit_error(source: sqlx::Error, event_types: Cow<'static, str>) -> Error {
+    match &source {
+        sqlx::Error::Database(e) if e.code().as_deref() == Some("25P02") => {
+            Error::Aborted { event_types }
         }
-    }
-}
-
-impl Drop for Uow<'_> {
-    /// Rolls back a transaction that was neither committed nor rolled back: a `Borrowed` one as
-    /// sqlx does; an `Owned` one on a task that then returns the connection to the pool, or, with
-    /// no runtime to run it, by closing the connection (the server rolls back).
-    fn drop(&mut self) {
-        if let Conn::Owned(Some(mut conn)) = self.take_conn() {
-            match tokio::runtime::Handle::try_current() {
-                Ok(runtime) => {
-                    runtime.spawn(async move {
-                        if conn.execute("ROLLBACK").await.is_err() {
-                            conn.close_on_drop();
-                        }
-                    });
-                }
-                Err(_) => conn.close_on_drop(),
-            }
-        }
+        sqlx::Error::Database(_) => Error::Commit {
+            event_types,
+            source,
+        },
+        // The server may have received COMMIT and committed before the connection failed.
+        _ => Error::CommitOutcomeUnknown {
+            event_types,
+            source,
+        },
     }
 }
 
@@ -273,10 +283,7 @@ impl Deref for Uow<'_> {
     type Target = PgConnection;
 
     fn deref(&self) -> &PgConnection {
-        match &self.conn {
-            Conn::Owned(conn) => conn.as_ref().expect("the unit of work has ended"),
-            Conn::Borrowed(tx) => tx,
-        }
+        self.tx.as_ref().expect("the unit of work has ended")
     }
 }
 
@@ -332,6 +339,9 @@ where
 
 /// The event type(s) of a batch, for error messages.
 fn event_types(records: &[OutboxRecord]) -> Cow<'static, str> {
+    if records.is_empty() {
+        return Cow::Borrowed("");
+    }
     let mut types: Vec<&str> = records.iter().map(|r| r.event_type()).collect();
     types.sort_unstable();
     types.dedup();

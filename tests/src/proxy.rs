@@ -151,11 +151,15 @@ async fn relay(client: TcpStream, server: TcpStream, counts: Arc<Counts>, mode: 
             if server_write.write_all(&frame).await.is_err() {
                 break;
             }
-            let is_commit =
-                kind == Some(b'Q') && String::from_utf8_lossy(&body).contains("COMMIT");
+            let is_commit = kind == Some(b'Q') && String::from_utf8_lossy(&body).contains("COMMIT");
             if is_commit
                 && up_mode
-                    .compare_exchange(CUT_AFTER_COMMIT, FORWARD, Ordering::SeqCst, Ordering::SeqCst)
+                    .compare_exchange(
+                        CUT_AFTER_COMMIT,
+                        FORWARD,
+                        Ordering::SeqCst,
+                        Ordering::SeqCst,
+                    )
                     .is_ok()
             {
                 // The server has the statement; the client never learns what became of it.
