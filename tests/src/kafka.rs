@@ -86,6 +86,31 @@ impl Kafka {
         }
     }
 
+    /// The mock cluster answers the next produce requests with these errors, one per request
+    /// (then normally again).
+    pub fn fail_produce_requests(&self, errors: &[rdkafka::types::RDKafkaRespErr]) {
+        match self {
+            Kafka::Mock(m) => {
+                Self::cluster(m).request_errors(rdkafka::types::RDKafkaApiKey::Produce, errors)
+            }
+            Kafka::Tansu(_) => panic!("only the mock cluster injects errors"),
+        }
+    }
+
+    /// Every mock broker answers `delay` later (a slow network or broker; zero to undo).
+    pub fn set_latency(&self, delay: Duration) {
+        match self {
+            Kafka::Mock(m) => {
+                for id in 1..=MOCK_BROKERS {
+                    Self::cluster(m)
+                        .broker_round_trip_time(id, delay)
+                        .expect("mock broker latency");
+                }
+            }
+            Kafka::Tansu(_) => panic!("only the mock cluster injects latency"),
+        }
+    }
+
     /// Makes the broker unreachable: every mock broker down, or the tansu process killed.
     pub fn stop(&mut self) {
         match self {

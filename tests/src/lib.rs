@@ -1,6 +1,7 @@
 //! Test support: a fresh PostgreSQL database per test, and a proxy that counts round trips.
 
 pub mod bench;
+pub mod deposits;
 pub mod fixtures;
 pub mod kafka;
 pub mod proxy;
@@ -77,6 +78,28 @@ impl TestDb {
     /// Another pool on this database.
     pub async fn pool(&self, max_connections: u32) -> PgPool {
         Self::pool_for(&self.url, max_connections).await
+    }
+
+    /// A pool whose connections work in `schema` (created if missing; its `search_path`), with
+    /// the outbox migrations applied there: a second installation in the same database.
+    pub async fn pool_in_schema(&self, schema: &str, max_connections: u32) -> PgPool {
+        sqlx::query(&format!("CREATE SCHEMA IF NOT EXISTS {schema}"))
+            .execute(&self.pool)
+            .await
+            .expect("create schema");
+        let options = PgConnectOptions::from_str(&self.url)
+            .expect("valid DATABASE_URL")
+            .options([("search_path", schema)])
+            .disable_statement_logging();
+        let pool = PgPoolOptions::new()
+            .max_connections(max_connections)
+            .connect_with(options)
+            .await
+            .expect("connect to the test database");
+        outbox_runtime::migrate(&pool)
+            .await
+            .expect("migrations apply to a fresh schema");
+        pool
     }
 
     async fn pool_for(url: &str, max_connections: u32) -> PgPool {

@@ -605,3 +605,22 @@ impl<'r> Instance<'r> {
         })
     }
 }
+
+/// Test shim: the old claim, explained.
+#[doc(hidden)]
+pub async fn explain_claim(pool: &PgPool, _cursor: i64, limit: i64) -> Result<serde_json::Value> {
+    let mut conn = pool.acquire().await?;
+    conn.execute("BEGIN").await?;
+    let shards: Vec<i32> = (0..64).collect();
+    let sql = format!(
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {}",
+        store::CLAIM_SQL
+    );
+    let plan: serde_json::Value = sqlx::query_scalar(&sql)
+        .bind(&shards)
+        .bind(limit)
+        .fetch_one(&mut *conn)
+        .await?;
+    conn.execute("ROLLBACK").await?;
+    Ok(plan)
+}

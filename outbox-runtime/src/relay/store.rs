@@ -155,7 +155,7 @@ impl Claimed {
     }
 }
 
-const CLAIM_SQL: &str = concat!(
+pub(crate) const CLAIM_SQL: &str = concat!(
     "SELECT ",
     claimed_columns!(),
     " \

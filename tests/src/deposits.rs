@@ -1,0 +1,123 @@
+//! The account events of the relay tests, and what checks their delivery: every event once at
+//! least, each key's events in outbox `id` order.
+
+use std::collections::{HashMap, HashSet};
+use std::time::Duration;
+
+use outbox_runtime::{OutboxEvent, Uow};
+use serde::Serialize;
+use sqlx::PgPool;
+
+use crate::kafka::{consume, Kafka, Received};
+
+pub const TOPIC: &str = "account.events";
+pub const PARTITIONS: i32 = 6;
+
+#[derive(Serialize, OutboxEvent)]
+#[outbox(
+    topic = "account.events",
+    aggregate_type = "Account",
+    event_type = "Deposited"
+)]
+pub struct Deposited {
+    #[outbox(aggregate_id)]
+    pub account: String,
+    /// Position of this event among its account's events.
+    pub seq: u64,
+    pub amount: i64,
+    pub note: String,
+}
+
+pub fn deposit(account: usize, seq: u64) -> Deposited {
+    Deposited {
+        account: format!("acct-{account}"),
+        seq,
+        amount: seq as i64 * 10,
+        note: "x".repeat(40),
+    }
+}
+
+/// Emits `per_key` events for each of `keys` keys, `batch` events per transaction, keys
+/// interleaved; returns how many.
+pub async fn emit_events(pool: &PgPool, keys: usize, per_key: u64, batch: usize) -> usize {
+    let events: Vec<Deposited> = (0..per_key)
+        .flat_map(|seq| (0..keys).map(move |k| deposit(k, seq)))
+        .collect();
+    for chunk in events.chunks(batch) {
+        let mut uow = Uow::begin(pool).await.unwrap();
+        uow.emit_all(chunk).await.unwrap();
+        uow.commit().await.unwrap();
+    }
+    events.len()
+}
+
+pub async fn consume_all(kafka: &Kafka, expected: usize, timeout: Duration) -> Vec<Received> {
+    let mut seen = HashSet::new();
+    consume(&kafka.bootstrap(), TOPIC, PARTITIONS, timeout, |r| {
+        if let Some(last) = r.last() {
+            seen.insert(last.header("event_id").to_owned());
+        }
+        seen.len() >= expected
+    })
+    .await
+}
+
+/// Checks every record against its outbox row and that each key's events arrived in `id`
+/// order (first deliveries; a duplicate may come later). Returns the number of duplicates.
+pub async fn check_delivery(pool: &PgPool, received: &[Received], expected: usize) -> usize {
+    let rows: Vec<(i64, uuid::Uuid, String, String, serde_json::Value, i64)> = sqlx::query_as(
+        "SELECT id, event_id, partition_key, aggregate_id, payload, \
+                (extract(epoch FROM created_at) * 1000)::int8 FROM outbox_event",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), expected);
+    let by_id: HashMap<i64, _> = rows.iter().map(|r| (r.0, r)).collect();
+    let mut first_seen: HashSet<i64> = HashSet::new();
+    let mut last_id_of_key: HashMap<&str, i64> = HashMap::new();
+    let mut duplicates = 0;
+    for r in received {
+        let id = r.outbox_id();
+        let row = by_id
+            .get(&id)
+            .unwrap_or_else(|| panic!("record of unknown outbox id {id}"));
+        assert_eq!(r.header("event_id"), row.1.to_string());
+        assert_eq!(r.key, row.2);
+        assert_eq!(r.header("aggregate_id"), row.3);
+        assert_eq!(r.header("aggregate_type"), "Account");
+        assert_eq!(r.header("event_type"), "Deposited");
+        assert_eq!(r.header("content-type"), "application/json");
+        assert_eq!(r.payload, row.4);
+        assert_eq!(r.timestamp_ms, Some(row.5));
+        if !first_seen.insert(id) {
+            duplicates += 1;
+            continue;
+        }
+        let last = last_id_of_key.entry(row.2.as_str()).or_insert(0);
+        assert!(
+            id > *last,
+            "key {} went out of order: outbox id {id} after {}",
+            row.2,
+            *last
+        );
+        *last = id;
+    }
+    assert_eq!(first_seen.len(), expected, "every event arrived");
+    duplicates
+}
+
+pub async fn wait_until_published(pool: &PgPool, timeout: Duration) {
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let status = outbox_runtime::relay::status(pool).await.unwrap();
+        if status.unpublished == 0 {
+            return;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still unpublished after {timeout:?}: {status:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
