@@ -271,6 +271,7 @@ fn print_status(status: &Status) {
                     t.topic.clone(),
                     t.unpublished.to_string(),
                     t.retrying.to_string(),
+                    t.held.to_string(),
                     t.parked.to_string(),
                     age(t.oldest_unpublished_age_secs),
                     t.published_last_minute.to_string(),
@@ -282,11 +283,12 @@ fn print_status(status: &Status) {
                 "TOPIC",
                 "UNPUBLISHED",
                 "RETRYING",
+                "HELD",
                 "PARKED",
                 "OLDEST",
                 "PUBLISHED/1M",
             ],
-            &[false, true, true, true, true, true],
+            &[false, true, true, true, true, true, true],
             &rows,
         );
     }

@@ -8,7 +8,6 @@ mod error;
 mod event;
 pub mod inbox;
 pub mod migrate;
-#[cfg(feature = "kafka")]
 pub mod relay;
 mod uow;
 

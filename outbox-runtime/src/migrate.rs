@@ -41,6 +41,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(20261130000004, "relay"),
     migration!(20261130000005, "inbox_processing"),
     migration!(20261130000006, "retention"),
+    migration!(20261130000007, "relay_horizon"),
 ];
 
 /// Key of the transaction-scoped advisory lock that serializes concurrent `migrate` calls.

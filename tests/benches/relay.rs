@@ -141,6 +141,26 @@ async fn raw_producer(bootstrap: &str, n: u64) -> Duration {
     start.elapsed()
 }
 
+/// (0) PostgreSQL's own marking rate: the same rows marked by plain `UPDATE`s of the relay's
+/// batch size, one transaction each; no claim, no Kafka. The relay's ceiling.
+async fn bare_mark(pool: &PgPool, batch: usize) -> u64 {
+    let ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM outbox_event ORDER BY id")
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    let mut conn = pool.acquire().await.unwrap();
+    for chunk in ids.chunks(batch) {
+        let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+        sqlx::query("UPDATE outbox_event SET published_at = now() WHERE id = ANY($1)")
+            .bind(chunk)
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+        tx.commit().await.unwrap();
+    }
+    ids.len() as u64
+}
+
 async fn wait_drained(pool: &PgPool) {
     loop {
         let left: bool = sqlx::query_scalar(
@@ -232,9 +252,14 @@ async fn main() {
         .unwrap();
     println!("relay benchmark: N = {n} events, {rounds} rounds, broker = {kafka:?}, 1000 keys");
 
-    let mut results: [Vec<f64>; 4] = Default::default();
+    let mut results: [Vec<f64>; 5] = Default::default();
     for round in 0..rounds {
         let raw = rate(n, raw_producer(&bootstrap, n).await);
+
+        write_events(&db.pool, n).await;
+        let t = Instant::now();
+        assert_eq!(bare_mark(&db.pool, 500).await, n);
+        let bare = rate(n, t.elapsed());
 
         write_events(&db.pool, n).await;
         let t = Instant::now();
@@ -261,26 +286,29 @@ async fn main() {
             h.await.unwrap().unwrap();
         }
         println!(
-            "round {round}: raw producer {raw:.0}/s, claim+mark only {db_only:.0}/s, \
+            "round {round}: bare mark {bare:.0}/s, raw producer {raw:.0}/s, claim+mark only {db_only:.0}/s, \
              1 relay {one:.0}/s, 4 relays {four:.0}/s"
         );
-        for (i, r) in [raw, db_only, one, four].into_iter().enumerate() {
+        for (i, r) in [bare, raw, db_only, one, four].into_iter().enumerate() {
             results[i].push(r);
         }
     }
-    let [raw, db_only, one, four] = results.map(median);
+    let [bare, raw, db_only, one, four] = results.map(median);
     let limit = raw.min(db_only);
     println!();
     println!("medians over {rounds} rounds (events/s):");
+    println!("  (0) bare mark (UPDATE in batches of 500) {bare:>9.0}");
     println!("  (1) raw rdkafka producer, no database   {raw:>9.0}");
     println!("  (2) claim + mark only, no Kafka         {db_only:>9.0}");
     println!(
-        "  (3) publish_pending, 1 relay            {one:>9.0}   {:.0}% of min(1, 2)",
-        one / limit * 100.0
+        "  (3) publish_pending, 1 relay            {one:>9.0}   {:.0}% of min(1, 2), {:.2} x bare mark",
+        one / limit * 100.0,
+        one / bare
     );
     println!(
-        "      4 relays                            {four:>9.0}   {:.0}% of min(1, 2)",
-        four / limit * 100.0
+        "      4 relays                            {four:>9.0}   {:.0}% of min(1, 2), {:.2} x bare mark",
+        four / limit * 100.0,
+        four / bare
     );
 
     let secs: u64 = env("LATENCY_SECS", 5);

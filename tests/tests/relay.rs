@@ -1,57 +1,18 @@
 //! The relay against real PostgreSQL and both brokers: end to end, several relays with per-key
 //! order, broker outages, poison records, shutdown, configuration errors.
 
-use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use outbox_runtime::relay::{status as relay_status, Relay, RelayBuilder};
-use outbox_runtime::{Error, OutboxEvent, Uow};
-use outbox_tests::kafka::{consume, Kafka, Received};
+use outbox_runtime::{Error, Uow};
+use outbox_tests::deposits::{
+    check_delivery, consume_all, deposit, emit_events, wait_until_published, Deposited, PARTITIONS,
+    TOPIC,
+};
+use outbox_tests::kafka::{consume, Kafka};
 use outbox_tests::{ChildGuard, TestDb};
-use serde::Serialize;
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
-
-const TOPIC: &str = "account.events";
-const PARTITIONS: i32 = 6;
-
-#[derive(Serialize, OutboxEvent)]
-#[outbox(
-    topic = "account.events",
-    aggregate_type = "Account",
-    event_type = "Deposited"
-)]
-struct Deposited {
-    #[outbox(aggregate_id)]
-    account: String,
-    /// Position of this event among its account's events.
-    seq: u64,
-    amount: i64,
-    note: String,
-}
-
-fn deposit(account: usize, seq: u64) -> Deposited {
-    Deposited {
-        account: format!("acct-{account}"),
-        seq,
-        amount: seq as i64 * 10,
-        note: "x".repeat(40),
-    }
-}
-
-/// Emits `per_key` events for each of `keys` keys, `batch` events per transaction, keys
-/// interleaved; returns how many.
-async fn emit_events(pool: &PgPool, keys: usize, per_key: u64, batch: usize) -> usize {
-    let events: Vec<Deposited> = (0..per_key)
-        .flat_map(|seq| (0..keys).map(move |k| deposit(k, seq)))
-        .collect();
-    for chunk in events.chunks(batch) {
-        let mut uow = Uow::begin(pool).await.unwrap();
-        uow.emit_all(chunk).await.unwrap();
-        uow.commit().await.unwrap();
-    }
-    events.len()
-}
 
 fn relay(db: &TestDb, kafka: &Kafka) -> RelayBuilder {
     Relay::builder(db.pool.clone())
@@ -59,77 +20,6 @@ fn relay(db: &TestDb, kafka: &Kafka) -> RelayBuilder {
         .poll_interval(Duration::from_millis(200))
         .publish_timeout(Duration::from_secs(5))
         .retry_backoff(Duration::from_millis(100), Duration::from_secs(1))
-}
-
-async fn consume_all(kafka: &Kafka, expected: usize, timeout: Duration) -> Vec<Received> {
-    let mut seen = HashSet::new();
-    consume(&kafka.bootstrap(), TOPIC, PARTITIONS, timeout, |r| {
-        if let Some(last) = r.last() {
-            seen.insert(last.header("event_id").to_owned());
-        }
-        seen.len() >= expected
-    })
-    .await
-}
-
-/// Checks every record against its outbox row and that each key's events arrived in `id`
-/// order (first deliveries; a duplicate may come later). Returns the number of duplicates.
-async fn check_delivery(pool: &PgPool, received: &[Received], expected: usize) -> usize {
-    let rows: Vec<(i64, uuid::Uuid, String, String, serde_json::Value, i64)> = sqlx::query_as(
-        "SELECT id, event_id, partition_key, aggregate_id, payload, \
-                (extract(epoch FROM created_at) * 1000)::int8 FROM outbox_event",
-    )
-    .fetch_all(pool)
-    .await
-    .unwrap();
-    assert_eq!(rows.len(), expected);
-    let by_id: HashMap<i64, _> = rows.iter().map(|r| (r.0, r)).collect();
-    let mut first_seen: HashSet<i64> = HashSet::new();
-    let mut last_id_of_key: HashMap<&str, i64> = HashMap::new();
-    let mut duplicates = 0;
-    for r in received {
-        let id = r.outbox_id();
-        let row = by_id
-            .get(&id)
-            .unwrap_or_else(|| panic!("record of unknown outbox id {id}"));
-        assert_eq!(r.header("event_id"), row.1.to_string());
-        assert_eq!(r.key, row.2);
-        assert_eq!(r.header("aggregate_id"), row.3);
-        assert_eq!(r.header("aggregate_type"), "Account");
-        assert_eq!(r.header("event_type"), "Deposited");
-        assert_eq!(r.header("content-type"), "application/json");
-        assert_eq!(r.payload, row.4);
-        assert_eq!(r.timestamp_ms, Some(row.5));
-        if !first_seen.insert(id) {
-            duplicates += 1;
-            continue;
-        }
-        let last = last_id_of_key.entry(row.2.as_str()).or_insert(0);
-        assert!(
-            id > *last,
-            "key {} went out of order: outbox id {id} after {}",
-            row.2,
-            *last
-        );
-        *last = id;
-    }
-    assert_eq!(first_seen.len(), expected, "every event arrived");
-    duplicates
-}
-
-async fn wait_until_published(pool: &PgPool, timeout: Duration) {
-    let deadline = tokio::time::Instant::now() + timeout;
-    loop {
-        let status = outbox_runtime::relay::status(pool).await.unwrap();
-        if status.unpublished == 0 {
-            return;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "still unpublished after {timeout:?}: {status:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 async fn end_to_end(kafka: Kafka) {
@@ -186,7 +76,7 @@ async fn four_relays_keep_per_key_order_while_writes_continue() {
     // The four really shared the work: each owns a fair share (16) of the 64 shards.
     let shares: Vec<i64> = sqlx::query_scalar(
         "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
-         AND classid = 1868724339 \
+         AND classid = 'outbox_event'::regclass AND objid::int8 >= 1392508928 \
          AND database = (SELECT oid FROM pg_database WHERE datname = current_database()) \
          GROUP BY pid ORDER BY 1",
     )
@@ -328,6 +218,7 @@ async fn a_committed_event_wakes_the_relay_without_polling() {
     // Polling alone would take an hour: only the notification can wake it in time.
     let relay = relay(&db, &kafka)
         .poll_interval(Duration::from_secs(3600))
+        .failover_timeout(Duration::from_secs(7200))
         .build()
         .unwrap();
     let cancel = CancellationToken::new();

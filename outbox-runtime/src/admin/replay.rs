@@ -147,7 +147,7 @@ impl Replay {
         let publish_timeout = Duration::from_secs(30);
         Ok(Replay {
             pool,
-            producer: crate::relay::create_producer(config, publish_timeout)?,
+            producer: crate::relay::create_producer(config)?,
             batch_size: 1_000,
             publish_timeout,
         })
@@ -226,7 +226,7 @@ impl Replay {
             let mut batch = Vec::with_capacity(rows.len());
             for row in &rows {
                 if row.try_get::<bool, _>("published")? {
-                    batch.push(Claimed::from_row(row)?);
+                    batch.push(Claimed::from_row(row, 0)?);
                 } else {
                     unpublished += 1;
                 }
@@ -241,7 +241,9 @@ impl Replay {
             for (row, outcome) in batch.iter().zip(outcomes) {
                 match outcome {
                     Outcome::Published => sent += 1,
-                    Outcome::Rejected(reason) | Outcome::Deferred(reason) => {
+                    Outcome::Rejected(reason)
+                    | Outcome::Held(reason)
+                    | Outcome::Deferred(reason) => {
                         return Err(Error::Replay(format!(
                             "outbox row {} (event {}) was not acknowledged, after {sent} \
                              records: {reason}",

@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use serde::Serialize;
-use sqlx::{PgConnection, PgPool, Row};
+use sqlx::{PgPool, Row};
 
 use crate::error::Result;
 
@@ -29,8 +29,11 @@ pub struct TopicStatus {
     pub topic: String,
     /// Rows waiting to be published (not parked).
     pub unpublished: i64,
-    /// Of those, rows the broker refused that wait for a retry.
+    /// Of those, rows the broker refused that wait for a retry (held ones included).
     pub retrying: i64,
+    /// Of those, rows held back by an operator's problem: the topic does not exist, or the
+    /// relay may not write to it. Their keys wait until it is fixed.
+    pub held: i64,
     /// Parked rows (refused too often; skipped until an operator acts).
     pub parked: i64,
     /// Age of the oldest row waiting to be published, in seconds: what to alert on.
@@ -67,6 +70,8 @@ SELECT topic, \
        count(*) FILTER (WHERE published_at IS NULL AND parked_at IS NULL) AS unpublished, \
        count(*) FILTER (WHERE published_at IS NULL AND parked_at IS NULL \
                           AND next_attempt_at IS NOT NULL) AS retrying, \
+       count(*) FILTER (WHERE published_at IS NULL AND parked_at IS NULL \
+                          AND held_at IS NOT NULL) AS held, \
        count(*) FILTER (WHERE parked_at IS NOT NULL) AS parked, \
        extract(epoch FROM now() - min(created_at) \
            FILTER (WHERE published_at IS NULL AND parked_at IS NULL))::float8 AS age, \
@@ -98,6 +103,7 @@ pub async fn status(pool: &PgPool) -> Result<Status> {
                 topic: r.try_get("topic")?,
                 unpublished: r.try_get("unpublished")?,
                 retrying: r.try_get("retrying")?,
+                held: r.try_get("held")?,
                 parked: r.try_get("parked")?,
                 oldest_unpublished_age_secs: r.try_get("age")?,
                 published_last_minute: r.try_get("published")?,
@@ -121,29 +127,11 @@ pub async fn status(pool: &PgPool) -> Result<Status> {
     let processed_event_rows: i64 = sqlx::query_scalar("SELECT count(*) FROM processed_event")
         .fetch_one(&mut *conn)
         .await?;
-    let relay_instances = relay_members(&mut conn).await?;
+    let relay_instances = crate::relay::store::members(&mut conn).await?;
     Ok(Status {
         outbox,
         inbox,
         processed_event_rows,
         relay_instances,
     })
-}
-
-/// The advisory lock namespace of relay instances (first key of the two-key form; the second is
-/// the instance's member slot). Here rather than in the relay, so that the status works without
-/// the `kafka` feature.
-pub(crate) const RELAY_MEMBER_LOCK: i32 = 0x6f62_7872; // "obxr"
-
-/// Live relay instances on this database: the member locks held.
-pub(crate) async fn relay_members(conn: &mut PgConnection) -> Result<i64> {
-    let n: i64 = sqlx::query_scalar(
-        "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND granted \
-         AND classid = $1::int8::oid AND objsubid = 2 \
-         AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
-    )
-    .bind(RELAY_MEMBER_LOCK)
-    .fetch_one(&mut *conn)
-    .await?;
-    Ok(n)
 }

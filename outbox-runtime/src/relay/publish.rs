@@ -1,135 +1,302 @@
-//! Turning claimed rows into Kafka records and waiting for the broker's acknowledgements.
+//! Turning claimed rows into Kafka records, sending them so that no key overtakes itself, and
+//! waiting for the broker's acknowledgements.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 
 use super::store::Claimed;
 
 /// What became of one record.
-#[derive(Debug)]
+#[derive(Debug, PartialEq, Eq)]
 pub(crate) enum Outcome {
-    /// The broker acknowledged it.
+    /// The broker acknowledged it, and every earlier record of its key in the batch.
     Published,
-    /// Refused for good (too large, invalid topic, ...): counts as an attempt.
+    /// Refused: counts as an attempt (the record is parked after `max_attempts`). Errors known
+    /// to be permanent (too large, invalid, policy), and errors nobody classified, which must
+    /// not be retried forever either.
     Rejected(String),
-    /// Not sent or not acknowledged for a passing reason (broker down, timeout, queue full):
-    /// stays as it is, for the next batch.
+    /// Refused for an operator's reason (unknown topic, not authorized): the key waits until
+    /// it is fixed; not an attempt, never parked (unless the relay is told to).
+    Held(String),
+    /// Not sent, or not acknowledged, for a passing reason (broker down, publish timeout, a
+    /// producer that failed for good): stays unpublished, for a later batch.
     Deferred(String),
-    /// Not sent because an earlier record of its key failed in this batch: stays as it is.
+    /// Not sent, or sent and not counted, because an earlier record of its key did not go
+    /// through: stays unpublished, behind it.
     Skipped,
 }
 
-/// Errors for which another try of the same record would fail the same way.
-pub(crate) fn is_permanent(error: &KafkaError) -> bool {
-    use RDKafkaErrorCode::*;
-    matches!(
-        error.rdkafka_error_code(),
-        Some(
-            InvalidMessage
-                | InvalidMessageSize
-                | MessageSizeTooLarge
-                | MessageBatchTooLarge
-                | InvalidTopic
-                | TopicAuthorizationFailed
-                | UnsupportedForMessageFormat
-                | PolicyViolation
-                | InvalidRecord
-                | BadMessage
-                | UnknownTopic
-                | UnknownTopicOrPartition
-                | InvalidArgument
-        )
-    )
+/// How the relay treats a Kafka error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Class {
+    /// Broker down or slow, leadership moving, queue full: try again, nothing counted.
+    Transient,
+    /// The topic does not exist or the relay may not write to it: hold the key.
+    Operator,
+    /// The producer is unusable (a fatal idempotence error): recreate it, try again.
+    Fatal,
+    /// Anything else, known to be permanent or not known at all: an attempt.
+    Refused,
 }
 
-fn outcome_of_error(error: &KafkaError) -> Outcome {
-    if is_permanent(error) {
-        Outcome::Rejected(error.to_string())
-    } else {
-        Outcome::Deferred(error.to_string())
+/// Sorts a produce error into a [`Class`].
+pub(crate) fn classify(error: &KafkaError) -> Class {
+    use RDKafkaErrorCode::*;
+    let Some(code) = error.rdkafka_error_code() else {
+        return match error {
+            // The delivery future's producer is gone.
+            KafkaError::Canceled => Class::Transient,
+            _ => Class::Refused,
+        };
+    };
+    match code {
+        Fatal
+        | GaplessGuarantee
+        | Fenced
+        | OutOfOrderSequenceNumber
+        | InvalidProducerEpoch
+        | ProducerFenced
+        | UnknownProducerId
+        | InvalidProducerIdMapping => Class::Fatal,
+        UnknownTopic
+        | UnknownTopicOrPartition
+        | UnknownPartition
+        | UnknownTopicId
+        | TopicAuthorizationFailed
+        | ClusterAuthorizationFailed
+        | TransactionalIdAuthorizationFailed
+        | Authentication
+        | SaslAuthenticationFailed
+        | UnsupportedSASLMechanism
+        | IllegalSASLState
+        | SSL => Class::Operator,
+        BrokerTransportFailure
+        | AllBrokersDown
+        | MessageTimedOut
+        | OperationTimedOut
+        | TimedOutQueue
+        | QueueFull
+        | Resolve
+        | PurgeQueue
+        | PurgeInflight
+        | BrokerDestroy
+        | DestroyBroker
+        | Retry
+        | InProgress
+        | Interrupted
+        | WaitCache
+        | NodeUpdate
+        | UnknownBroker
+        | ISRInsufficient
+        | LeaderNotAvailable
+        | NotLeaderForPartition
+        | RequestTimedOut
+        | BrokerNotAvailable
+        | ReplicaNotAvailable
+        | NetworkException
+        | NotEnoughReplicas
+        | NotEnoughReplicasAfterAppend
+        | KafkaStorageError
+        | ThrottlingQuotaExceeded
+        | FencedLeaderEpoch
+        | UnknownLeaderEpoch
+        | PreferredLeaderNotAvailable
+        | EligibleLeadersNotAvailable
+        | ReassignmentInProgress
+        | CoordinatorLoadInProgress
+        | CoordinatorNotAvailable
+        | NotCoordinator
+        | ConcurrentTransactions
+        | RebootstrapRequired => Class::Transient,
+        _ => Class::Refused,
     }
 }
 
-/// Sends the rows in order and waits (at most `timeout`) for every acknowledgement. Returns one
+/// The outcome of a record that failed with `error`.
+fn failed(error: &KafkaError) -> Outcome {
+    let text = error.to_string();
+    match classify(error) {
+        Class::Transient | Class::Fatal => Outcome::Deferred(text),
+        Class::Operator => Outcome::Held(text),
+        Class::Refused => Outcome::Rejected(text),
+    }
+}
+
+/// Enqueues one row as a record: key, payload, the framework's headers, the row's creation
+/// time as the record's timestamp.
+fn send(producer: &FutureProducer, row: &Claimed) -> Result<DeliveryFuture, KafkaError> {
+    let event_id = row.event_id.hyphenated().to_string();
+    let outbox_id = row.id.to_string();
+    let headers = OwnedHeaders::new_with_capacity(6)
+        .insert(Header {
+            key: "event_id",
+            value: Some(event_id.as_bytes()),
+        })
+        .insert(Header {
+            key: "event_type",
+            value: Some(row.event_type.as_bytes()),
+        })
+        .insert(Header {
+            key: "aggregate_type",
+            value: Some(row.aggregate_type.as_bytes()),
+        })
+        .insert(Header {
+            key: "aggregate_id",
+            value: Some(row.aggregate_id.as_bytes()),
+        })
+        .insert(Header {
+            key: "content-type",
+            value: Some("application/json".as_bytes()),
+        })
+        .insert(Header {
+            key: "outbox_id",
+            value: Some(outbox_id.as_bytes()),
+        });
+    let record = FutureRecord::to(&row.topic)
+        .key(row.partition_key.as_bytes())
+        .payload(row.payload.as_bytes())
+        .headers(headers)
+        .timestamp(row.created_at_ms);
+    producer.send_result(record).map_err(|(error, _)| error)
+}
+
+/// Sends the rows and waits (at most `timeout` in all) for their acknowledgements. Returns one
 /// outcome per row, in the same order.
 ///
-/// Records are all enqueued before any is awaited, so the producer batches them; the idempotent
-/// producer keeps their order per partition. Once a record of a key fails to enqueue, the later
-/// records of that key in this batch are not sent at all, so a key never overtakes itself.
+/// Order per key: a key's records are enqueued in `id` order, and the idempotent producer
+/// keeps that order within a partition (with `enable.gapless.guarantee`, a refused record fails
+/// the later ones of its partition instead of leaving a gap). A record for another topic than
+/// the key's records still in flight waits until they are acknowledged (there is no order
+/// across partitions), in a later wave. Once a record of a key fails, the later records of the
+/// key are not sent; and a later record is only counted as published if every earlier one of
+/// its key was.
 pub(crate) async fn publish(
     producer: &FutureProducer,
     rows: &[Claimed],
     timeout: Duration,
 ) -> Vec<Outcome> {
-    let mut outcomes: Vec<Option<Outcome>> = Vec::with_capacity(rows.len());
-    let mut pending = Vec::with_capacity(rows.len());
-    let mut failed_keys: HashSet<&str> = HashSet::new();
-    for (i, row) in rows.iter().enumerate() {
-        if failed_keys.contains(row.partition_key.as_str()) {
-            outcomes.push(Some(Outcome::Skipped));
-            continue;
-        }
-        let event_id = row.event_id.hyphenated().to_string();
-        let outbox_id = row.id.to_string();
-        let headers = OwnedHeaders::new_with_capacity(6)
-            .insert(Header {
-                key: "event_id",
-                value: Some(event_id.as_bytes()),
-            })
-            .insert(Header {
-                key: "event_type",
-                value: Some(row.event_type.as_bytes()),
-            })
-            .insert(Header {
-                key: "aggregate_type",
-                value: Some(row.aggregate_type.as_bytes()),
-            })
-            .insert(Header {
-                key: "aggregate_id",
-                value: Some(row.aggregate_id.as_bytes()),
-            })
-            .insert(Header {
-                key: "content-type",
-                value: Some("application/json".as_bytes()),
-            })
-            .insert(Header {
-                key: "outbox_id",
-                value: Some(outbox_id.as_bytes()),
-            });
-        let record = FutureRecord::to(&row.topic)
-            .key(row.partition_key.as_bytes())
-            .payload(row.payload.as_bytes())
-            .headers(headers)
-            .timestamp(row.created_at_ms);
-        match producer.send_result(record) {
-            Ok(delivery) => {
-                outcomes.push(None);
-                pending.push((i, delivery));
-            }
-            Err((error, _)) => {
-                failed_keys.insert(&row.partition_key);
-                outcomes.push(Some(outcome_of_error(&error)));
-            }
-        }
-    }
     let deadline = tokio::time::Instant::now() + timeout;
-    for (i, delivery) in pending {
-        let outcome = match tokio::time::timeout_at(deadline, delivery).await {
-            Ok(Ok(Ok(_))) => Outcome::Published,
-            Ok(Ok(Err((error, _)))) => outcome_of_error(&error),
-            Ok(Err(_canceled)) => Outcome::Deferred("the producer was dropped".into()),
-            Err(_) => Outcome::Deferred(format!(
-                "no acknowledgement within the publish timeout ({timeout:?})"
-            )),
-        };
-        outcomes[i] = Some(outcome);
+    let mut outcomes: Vec<Option<Outcome>> = (0..rows.len()).map(|_| None).collect();
+    let mut failed_keys: HashSet<&str> = HashSet::new();
+    let mut waiting: Vec<usize> = (0..rows.len()).collect();
+    while !waiting.is_empty() {
+        // One wave: every waiting record whose key has nothing in flight on another topic.
+        let mut in_flight: HashMap<&str, &str> = HashMap::new();
+        let mut held_back: HashSet<&str> = HashSet::new();
+        let mut next = Vec::new();
+        let mut wave = Vec::new();
+        for i in waiting {
+            let row = &rows[i];
+            let key = row.partition_key.as_str();
+            if failed_keys.contains(key) {
+                outcomes[i] = Some(Outcome::Skipped);
+                continue;
+            }
+            let other_topic = in_flight.get(key).is_some_and(|t| *t != row.topic);
+            if other_topic || held_back.contains(key) {
+                held_back.insert(key);
+                next.push(i);
+                continue;
+            }
+            match send(producer, row) {
+                Ok(delivery) => {
+                    in_flight.insert(key, &row.topic);
+                    wave.push((i, delivery));
+                }
+                Err(error) => {
+                    failed_keys.insert(key);
+                    outcomes[i] = Some(failed(&error));
+                }
+            }
+        }
+        for (i, delivery) in wave {
+            let outcome = match tokio::time::timeout_at(deadline, delivery).await {
+                Ok(Ok(Ok(_))) => Outcome::Published,
+                Ok(Ok(Err((error, _)))) => failed(&error),
+                Ok(Err(_canceled)) => Outcome::Deferred("the producer was dropped".into()),
+                Err(_) => Outcome::Deferred(format!(
+                    "no acknowledgement within the publish timeout ({timeout:?})"
+                )),
+            };
+            if outcome != Outcome::Published {
+                failed_keys.insert(rows[i].partition_key.as_str());
+            }
+            outcomes[i] = Some(outcome);
+        }
+        waiting = next;
+        if tokio::time::Instant::now() >= deadline {
+            break;
+        }
     }
-    outcomes
+    let mut outcomes: Vec<Outcome> = outcomes
         .into_iter()
-        .map(|o| o.unwrap_or_else(|| Outcome::Deferred("not sent".into())))
-        .collect()
+        .map(|o| {
+            o.unwrap_or_else(|| Outcome::Deferred("not sent within the publish timeout".into()))
+        })
+        .collect();
+    keep_key_order(rows, &mut outcomes);
+    outcomes
+}
+
+/// A record counts as published only if every earlier record of its key in the batch does:
+/// an acknowledgement that comes after an earlier record of the key failed is not trusted (the
+/// earlier one will be sent again, and this one after it).
+fn keep_key_order(rows: &[Claimed], outcomes: &mut [Outcome]) {
+    let mut failed_keys: HashSet<&str> = HashSet::new();
+    for (row, outcome) in rows.iter().zip(outcomes.iter_mut()) {
+        let key = row.partition_key.as_str();
+        if *outcome != Outcome::Published {
+            failed_keys.insert(key);
+        } else if failed_keys.contains(key) {
+            tracing::error!(id = row.id, key, topic = %row.topic,
+                "a record was acknowledged after an earlier record of its key failed; \
+                 it will be sent again after that one");
+            metrics::counter!("outbox_relay_out_of_order_acks_total").increment(1);
+            *outcome = Outcome::Skipped;
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_sorted_into_classes() {
+        let code = |c| KafkaError::MessageProduction(c);
+        assert_eq!(
+            classify(&code(RDKafkaErrorCode::MessageTimedOut)),
+            Class::Transient
+        );
+        assert_eq!(
+            classify(&code(RDKafkaErrorCode::NotLeaderForPartition)),
+            Class::Transient
+        );
+        assert_eq!(
+            classify(&code(RDKafkaErrorCode::UnknownTopicOrPartition)),
+            Class::Operator
+        );
+        assert_eq!(
+            classify(&code(RDKafkaErrorCode::TopicAuthorizationFailed)),
+            Class::Operator
+        );
+        assert_eq!(classify(&code(RDKafkaErrorCode::Fatal)), Class::Fatal);
+        assert_eq!(
+            classify(&code(RDKafkaErrorCode::MessageSizeTooLarge)),
+            Class::Refused
+        );
+        assert_eq!(
+            classify(&code(RDKafkaErrorCode::PolicyViolation)),
+            Class::Refused
+        );
+        // Nobody classified it: an attempt, so that it cannot be retried forever.
+        assert_eq!(
+            classify(&code(RDKafkaErrorCode::InvalidConfig)),
+            Class::Refused
+        );
+    }
 }

@@ -1,48 +1,95 @@
-//! The relay's SQL: shard ownership, claiming, marking, failures, status.
+//! The relay's SQL: where the outbox lives, shard ownership, claiming, marking, failures.
+//! Without Kafka, so that `admin` can count relay instances in builds without the relay.
 
 use std::collections::BTreeSet;
 
 use sqlx::postgres::PgRow;
 use sqlx::{Executor, PgConnection, Row};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Keys are spread over this many shards by `hashtext(partition_key) & 63`; each shard is
 /// published by one relay instance at a time, so one key's events go out in `id` order.
 pub(crate) const SHARDS: i32 = 64;
 
-/// Advisory lock namespaces (first key of the two-key form).
-use crate::admin::status::RELAY_MEMBER_LOCK as MEMBER_LOCK; // key2 = member slot
-const SHARD_LOCK: i32 = 0x6f62_7873; // "obxs": key2 = shard
+/// Second keys of the two-key advisory locks; the first key is the outbox table's oid, so that
+/// installations in two schemas of one database never count or block each other's relays.
+/// A member slot is `MEMBER_KEY + slot`, a shard `SHARD_KEY + shard`.
+const MEMBER_KEY: i32 = 0x4d00_0000; // "M"
+const SHARD_KEY: i32 = 0x5300_0000; // "S"
 const MEMBER_SLOTS: i32 = 4096;
 
-/// One claimed outbox row.
-#[derive(Debug)]
-pub(crate) struct Claimed {
-    pub id: i64,
-    pub event_id: uuid::Uuid,
-    pub topic: String,
-    pub partition_key: String,
-    pub aggregate_type: String,
-    pub aggregate_id: String,
-    pub event_type: String,
-    pub payload: String,
-    pub attempts: i32,
-    pub created_at_ms: i64,
+/// The `outbox_event` table that `search_path` resolves to, as the relay needs it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Table {
+    /// The table's oid, as the first key of the relay's advisory locks (an `oid` is unsigned:
+    /// its bits, read as an `int4`).
+    lock_space: i32,
+    /// The oid of the sequence behind `outbox_event.id`.
+    id_sequence: i64,
+}
+
+impl Table {
+    /// Finds the table and its id sequence. Refuses a sequence with a cache: the claim's
+    /// horizon needs ids handed out in the order they are drawn.
+    pub(crate) async fn resolve(conn: &mut PgConnection) -> Result<Table> {
+        let row: Option<(i64, i64, i64)> = sqlx::query_as(
+            "SELECT t.oid::int8, s.seqrelid::int8, s.seqcache \
+             FROM (SELECT to_regclass('outbox_event') AS oid) t \
+             JOIN pg_sequence s ON s.seqrelid = pg_get_serial_sequence(t.oid::text, 'id')::regclass",
+        )
+        .fetch_optional(&mut *conn)
+        .await?;
+        let Some((table, id_sequence, cache)) = row else {
+            return Err(Error::Config(
+                "no outbox_event table on the search_path: run the migrations (`outbox migrate`)"
+                    .into(),
+            ));
+        };
+        if cache != 1 {
+            return Err(Error::Config(format!(
+                "the sequence of outbox_event.id has CACHE {cache}: the relay needs CACHE 1 \
+                 (ids handed out in the order they are drawn; ALTER SEQUENCE ... CACHE 1)"
+            )));
+        }
+        Ok(Table {
+            lock_space: table as u32 as i32,
+            id_sequence,
+        })
+    }
 }
 
 /// Takes a member slot (a session advisory lock held while the instance lives), so that every
 /// instance can count the live ones. Returns the slot.
-pub(crate) async fn join(conn: &mut PgConnection) -> Result<Option<i32>> {
+pub(crate) async fn join(conn: &mut PgConnection, table: Table) -> Result<Option<i32>> {
     let slot: Option<i32> = sqlx::query_scalar(
-        "SELECT s FROM generate_series(0, $2 - 1) AS s \
-         WHERE pg_try_advisory_lock($1, s) LIMIT 1",
+        "SELECT s FROM generate_series(0, $3 - 1) AS s \
+         WHERE pg_try_advisory_lock($1, $2 + s) LIMIT 1",
     )
-    .bind(MEMBER_LOCK)
+    .bind(table.lock_space)
+    .bind(MEMBER_KEY)
     .bind(MEMBER_SLOTS)
     .fetch_optional(&mut *conn)
     .await?;
     Ok(slot)
+}
+
+/// `pg_locks` rows of this table's member locks (`l` is `pg_locks`).
+const MEMBER_LOCKS_SQL: &str = "l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 \
+     AND l.classid = to_regclass('outbox_event')::oid \
+     AND l.objid::int8 BETWEEN $1 AND $1 + $2 - 1 \
+     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())";
+
+/// Live relay instances of the outbox on the `search_path`: the member locks held.
+pub(crate) async fn members(conn: &mut PgConnection) -> Result<i64> {
+    let n: i64 = sqlx::query_scalar(&format!(
+        "SELECT count(*) FROM pg_locks l WHERE {MEMBER_LOCKS_SQL}"
+    ))
+    .bind(i64::from(MEMBER_KEY))
+    .bind(MEMBER_SLOTS)
+    .fetch_one(&mut *conn)
+    .await?;
+    Ok(n)
 }
 
 /// Registers (or unregisters) this instance as waiting for work: while any instance waits,
@@ -60,30 +107,30 @@ pub(crate) async fn set_waiting(conn: &mut PgConnection, slot: i32, waiting: boo
 /// Removes the waiting marks of instances that are gone (their member lock is free), and any
 /// left under `slot` by its previous holder.
 pub(crate) async fn clear_stale_waiting(conn: &mut PgConnection, slot: i32) -> Result<()> {
-    sqlx::query(
-        "DELETE FROM outbox_relay_waiting w WHERE w.slot = $2 OR NOT EXISTS ( \
-             SELECT 1 FROM pg_locks l WHERE l.locktype = 'advisory' AND l.granted \
-               AND l.classid = $1::int8::oid AND l.objid = w.slot::int8::oid AND l.objsubid = 2 \
-               AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database()))",
-    )
-    .bind(MEMBER_LOCK)
+    sqlx::query(&format!(
+        "DELETE FROM outbox_relay_waiting w WHERE w.slot = $3 OR NOT EXISTS ( \
+             SELECT 1 FROM pg_locks l WHERE {MEMBER_LOCKS_SQL} AND l.objid::int8 = $1 + w.slot)"
+    ))
+    .bind(i64::from(MEMBER_KEY))
+    .bind(MEMBER_SLOTS)
     .bind(slot)
     .execute(&mut *conn)
     .await?;
     Ok(())
 }
 
-pub(crate) use crate::admin::status::relay_members as members;
-
 /// Moves `owned` toward this instance's fair share of the shards: releases extras, takes free
-/// ones. Called only between batches, so a released shard has nothing in flight.
+/// ones. Called only between batches, so a released shard has nothing in flight. Returns
+/// whether it took shards (their rows below the instance's cursor are unknown to it).
 pub(crate) async fn rebalance(
     conn: &mut PgConnection,
+    table: Table,
     owned: &mut BTreeSet<i32>,
     slot: i32,
-) -> Result<()> {
+) -> Result<bool> {
     let members = members(conn).await?.max(1);
     let target = ((SHARDS as i64 + members - 1) / members) as usize;
+    let unlock = "SELECT pg_advisory_unlock($1, $2 + s) FROM unnest($3::int4[]) AS s";
     if owned.len() > target {
         let extra: Vec<i32> = owned
             .iter()
@@ -91,43 +138,70 @@ pub(crate) async fn rebalance(
             .take(owned.len() - target)
             .copied()
             .collect();
-        sqlx::query("SELECT pg_advisory_unlock($1, s) FROM unnest($2::int4[]) AS s")
-            .bind(SHARD_LOCK)
+        sqlx::query(unlock)
+            .bind(table.lock_space)
+            .bind(SHARD_KEY)
             .bind(&extra)
             .execute(&mut *conn)
             .await?;
         for s in extra {
             owned.remove(&s);
         }
-    } else if owned.len() < target {
-        // Start from a place that depends on the slot, so instances try different shards.
-        let start = (slot * 17).rem_euclid(SHARDS);
-        let candidates: Vec<i32> = (0..SHARDS)
-            .map(|i| (start + i) % SHARDS)
-            .filter(|s| !owned.contains(s))
-            .collect();
-        let got: Vec<i32> = sqlx::query_scalar(
-            "SELECT s FROM unnest($2::int4[]) AS s WHERE pg_try_advisory_lock($1, s)",
-        )
-        .bind(SHARD_LOCK)
-        .bind(&candidates)
-        .fetch_all(&mut *conn)
-        .await?;
-        let need = target - owned.len();
-        let (keep, give_back) = got.split_at(got.len().min(need));
-        owned.extend(keep);
-        if !give_back.is_empty() {
-            sqlx::query("SELECT pg_advisory_unlock($1, s) FROM unnest($2::int4[]) AS s")
-                .bind(SHARD_LOCK)
-                .bind(give_back)
-                .execute(&mut *conn)
-                .await?;
-        }
+        return Ok(false);
     }
-    Ok(())
+    if owned.len() == target {
+        return Ok(false);
+    }
+    // Start from a place that depends on the slot, so instances try different shards.
+    let start = (slot * 17).rem_euclid(SHARDS);
+    let candidates: Vec<i32> = (0..SHARDS)
+        .map(|i| (start + i) % SHARDS)
+        .filter(|s| !owned.contains(s))
+        .collect();
+    let got: Vec<i32> = sqlx::query_scalar(
+        "SELECT s FROM unnest($3::int4[]) AS s WHERE pg_try_advisory_lock($1, $2 + s)",
+    )
+    .bind(table.lock_space)
+    .bind(SHARD_KEY)
+    .bind(&candidates)
+    .fetch_all(&mut *conn)
+    .await?;
+    let need = target - owned.len();
+    let (keep, give_back) = got.split_at(got.len().min(need));
+    owned.extend(keep);
+    if !give_back.is_empty() {
+        sqlx::query(unlock)
+            .bind(table.lock_space)
+            .bind(SHARD_KEY)
+            .bind(give_back)
+            .execute(&mut *conn)
+            .await?;
+    }
+    Ok(!keep.is_empty())
 }
 
-/// The columns a [`Claimed`] is read from (table alias `o`).
+/// The shards as a bit mask (bit `s` for shard `s`), which the claim tests in constant time.
+pub(crate) fn shard_mask(shards: &BTreeSet<i32>) -> i64 {
+    shards.iter().fold(0u64, |m, s| m | 1 << s) as i64
+}
+
+/// One claimed outbox row.
+#[derive(Debug)]
+pub(crate) struct Claimed {
+    pub id: i64,
+    pub event_id: uuid::Uuid,
+    pub topic: String,
+    pub partition_key: String,
+    pub aggregate_type: String,
+    pub aggregate_id: String,
+    pub event_type: String,
+    pub payload: String,
+    pub attempts: i32,
+    pub created_at_ms: i64,
+}
+
+/// The columns a [`Claimed`] is read from (table alias `o`), in the order `from_row` reads
+/// them.
 macro_rules! claimed_columns {
     () => {
         "o.id, o.event_id, o.topic, o.partition_key, o.aggregate_type, o.aggregate_id, \
@@ -138,90 +212,202 @@ macro_rules! claimed_columns {
 pub(crate) use claimed_columns;
 
 impl Claimed {
-    /// Reads a row selected with [`claimed_columns!`].
-    pub(crate) fn from_row(r: &PgRow) -> Result<Claimed> {
+    /// Reads a row whose first columns are [`claimed_columns!`], from column `first` on.
+    pub(crate) fn from_row(r: &PgRow, first: usize) -> Result<Claimed> {
         Ok(Claimed {
-            id: r.try_get("id")?,
-            event_id: r.try_get("event_id")?,
-            topic: r.try_get("topic")?,
-            partition_key: r.try_get("partition_key")?,
-            aggregate_type: r.try_get("aggregate_type")?,
-            aggregate_id: r.try_get("aggregate_id")?,
-            event_type: r.try_get("event_type")?,
-            payload: r.try_get("payload")?,
-            attempts: r.try_get("attempts")?,
-            created_at_ms: r.try_get("created_at_ms")?,
+            id: r.try_get(first)?,
+            event_id: r.try_get(first + 1)?,
+            topic: r.try_get(first + 2)?,
+            partition_key: r.try_get(first + 3)?,
+            aggregate_type: r.try_get(first + 4)?,
+            aggregate_id: r.try_get(first + 5)?,
+            event_type: r.try_get(first + 6)?,
+            payload: r.try_get(first + 7)?,
+            attempts: r.try_get(first + 8)?,
+            created_at_ms: r.try_get(first + 9)?,
         })
     }
 }
 
-pub(crate) const CLAIM_SQL: &str = concat!(
-    "SELECT ",
-    claimed_columns!(),
-    " \
-FROM outbox_event o \
-WHERE o.published_at IS NULL AND o.parked_at IS NULL \
-  AND (hashtext(o.partition_key) & 63) = ANY($1::int4[]) \
-  AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now()) \
-  AND NOT EXISTS ( \
-      SELECT 1 FROM outbox_event b \
-      WHERE b.published_at IS NULL AND b.next_attempt_at IS NOT NULL \
-        AND b.parked_at IS NULL AND b.next_attempt_at > now() \
-        AND b.partition_key = o.partition_key AND b.id < o.id) \
-ORDER BY o.id \
-LIMIT $2 \
-FOR UPDATE OF o SKIP LOCKED"
-);
-
-/// Begins the batch's transaction and claims up to `limit` rows of the owned shards, in `id`
-/// order, skipping keys with an earlier record waiting for a retry.
-pub(crate) async fn claim(
-    conn: &mut PgConnection,
-    shards: &BTreeSet<i32>,
-    limit: i64,
-) -> Result<Vec<Claimed>> {
-    conn.execute("BEGIN").await?;
-    let shards: Vec<i32> = shards.iter().copied().collect();
-    let rows = sqlx::query(CLAIM_SQL)
-        .bind(&shards)
-        .bind(limit)
-        .fetch_all(&mut *conn)
-        .await?;
-    rows.iter().map(Claimed::from_row).collect()
+/// What the claim needs to know before it scans, read in the statement that begins the batch
+/// (a simple query: `{mask}` and `{sequence}` are integers written in): the id sequence's value
+/// and the oldest running transaction (for the horizon), the lowest failed row of the shards
+/// that is due again, and whether any key of the shards is held back. An aggregate over
+/// the failed rows with no order to exploit, so that the only sensible plan reads the small
+/// index of failed rows, whatever the statistics say.
+fn begin_sql(mask: i64, sequence: i64) -> String {
+    format!(
+        "BEGIN; SELECT pg_sequence_last_value({sequence}::oid::regclass), \
+           pg_snapshot_xmin(pg_current_snapshot())::text::int8, \
+           min(r.id) FILTER (WHERE r.next_attempt_at <= now()), \
+           coalesce(bool_or(r.next_attempt_at > now()), false) \
+         FROM outbox_event r \
+         WHERE r.published_at IS NULL AND r.next_attempt_at IS NOT NULL AND r.parked_at IS NULL \
+           AND ({mask}::int8 >> (hashtext(r.partition_key) & 63)) & 1 = 1"
+    )
 }
 
-/// A record the broker refused for good.
+/// The claim: the shards' rows after the cursor `$3`, in `id` order, skipping rows waiting for
+/// a retry and, when `$4` says some key is held back, the later rows of such keys.
+const CLAIM_SQL: &str = concat!(
+    "SELECT ",
+    claimed_columns!(),
+    " FROM outbox_event o \
+     WHERE o.id > $3 AND o.published_at IS NULL AND o.parked_at IS NULL \
+       AND ($1::int8 >> (hashtext(o.partition_key) & 63)) & 1 = 1 \
+       AND (o.next_attempt_at IS NULL OR o.next_attempt_at <= now()) \
+       AND (NOT $4 OR NOT EXISTS ( \
+           SELECT 1 FROM outbox_event b \
+           WHERE b.published_at IS NULL AND b.next_attempt_at IS NOT NULL \
+             AND b.parked_at IS NULL AND b.next_attempt_at > now() \
+             AND b.partition_key = o.partition_key AND b.id + 0 < o.id)) \
+     ORDER BY o.id LIMIT $2 \
+     FOR UPDATE OF o SKIP LOCKED"
+);
+
+/// What [`claim`] found.
+#[derive(Debug)]
+pub(crate) struct Claim {
+    pub rows: Vec<Claimed>,
+    /// Where the scan started (exclusive): the cursor, or lower for a failed row due again.
+    pub from: i64,
+    /// `pg_sequence_last_value` of the id sequence, read before the claim locked anything.
+    pub sequence: i64,
+    /// The oldest transaction running when the batch began (its snapshot's `xmin`).
+    pub snapshot_xmin: i64,
+}
+
+/// Begins the batch's transaction and claims up to `limit` rows of the shards after `cursor`
+/// (or from a failed row due again, if lower), in `id` order.
+pub(crate) async fn claim(
+    conn: &mut PgConnection,
+    table: Table,
+    shards: &BTreeSet<i32>,
+    cursor: i64,
+    limit: i64,
+) -> Result<Claim> {
+    let mask = shard_mask(shards);
+    let begun = begin_claim(conn, table, mask, cursor).await?;
+    let rows = sqlx::query(CLAIM_SQL)
+        .bind(mask)
+        .bind(limit)
+        .bind(begun.from)
+        .bind(begun.held)
+        .fetch_all(&mut *conn)
+        .await?;
+    Ok(Claim {
+        rows: rows
+            .iter()
+            .map(|r| Claimed::from_row(r, 0))
+            .collect::<Result<_>>()?,
+        from: begun.from,
+        sequence: begun.sequence,
+        snapshot_xmin: begun.snapshot_xmin,
+    })
+}
+
+/// What [`begin_claim`] read.
+struct Begun {
+    sequence: i64,
+    snapshot_xmin: i64,
+    /// Where the scan starts (exclusive).
+    from: i64,
+    /// Whether a key of the shards is held back by a failed row.
+    held: bool,
+}
+
+/// Begins the batch and reads what the claim needs.
+async fn begin_claim(
+    conn: &mut PgConnection,
+    table: Table,
+    mask: i64,
+    cursor: i64,
+) -> Result<Begun> {
+    let sql = begin_sql(mask, table.id_sequence);
+    let row = conn.fetch_one(sql.as_str()).await?;
+    let sequence: Option<i64> = row.try_get(0)?;
+    let due: Option<i64> = row.try_get(2)?;
+    Ok(Begun {
+        sequence: sequence.unwrap_or(0),
+        snapshot_xmin: row.try_get(1)?,
+        from: due.map_or(cursor, |due| cursor.min(due - 1)),
+        held: row.try_get(3)?,
+    })
+}
+
+/// `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` of the claim, rolled back.
+pub(crate) async fn explain_claim(
+    conn: &mut PgConnection,
+    table: Table,
+    shards: &BTreeSet<i32>,
+    cursor: i64,
+    limit: i64,
+) -> Result<serde_json::Value> {
+    let mask = shard_mask(shards);
+    let begun = begin_claim(conn, table, mask, cursor).await?;
+    let plan: serde_json::Value = sqlx::query_scalar(&format!(
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {CLAIM_SQL}"
+    ))
+    .bind(mask)
+    .bind(limit)
+    .bind(begun.from)
+    .bind(begun.held)
+    .fetch_one(&mut *conn)
+    .await?;
+    abandon(conn).await?;
+    Ok(plan)
+}
+
+/// A record the broker refused.
 pub(crate) struct Failure {
     pub id: i64,
     pub error: String,
     /// Seconds until the next attempt.
     pub backoff_secs: f64,
+    /// An operator's problem (unknown topic, not authorized): the key is held, not counted as
+    /// an attempt, never parked.
+    pub held: bool,
+}
+
+/// What [`finish`] reports.
+pub(crate) struct Finished {
+    /// Rows parked now.
+    pub parked: u64,
+    /// The batch's own transaction id (taken when the claim locked its first row, so after the
+    /// claim read the id sequence).
+    pub xid: Option<i64>,
 }
 
 /// Records the batch's outcome and commits: `published` rows get `published_at`, `failed`
-/// rows an attempt (and are parked at `max_attempts`). Returns how many rows were parked.
+/// rows an attempt (and are parked at `max_attempts`) or a hold.
 pub(crate) async fn finish(
     conn: &mut PgConnection,
     published: &[i64],
     failed: &[Failure],
     max_attempts: i32,
-) -> Result<u64> {
+) -> Result<Finished> {
     let mut parked = 0;
     if !failed.is_empty() {
         let ids: Vec<i64> = failed.iter().map(|f| f.id).collect();
         let errors: Vec<&str> = failed.iter().map(|f| f.error.as_str()).collect();
         let backoffs: Vec<f64> = failed.iter().map(|f| f.backoff_secs).collect();
+        let held: Vec<bool> = failed.iter().map(|f| f.held).collect();
         let rows = sqlx::query(
-            "UPDATE outbox_event o SET attempts = o.attempts + 1, last_error = f.error, \
+            "UPDATE outbox_event o SET \
+                 attempts = o.attempts + CASE WHEN f.held THEN 0 ELSE 1 END, \
+                 last_error = f.error, \
                  next_attempt_at = now() + make_interval(secs => f.backoff), \
-                 parked_at = CASE WHEN o.attempts + 1 >= $4 THEN now() END \
-             FROM unnest($1::int8[], $2::text[], $3::float8[]) AS f(id, error, backoff) \
+                 held_at = CASE WHEN f.held THEN coalesce(o.held_at, now()) END, \
+                 parked_at = CASE WHEN NOT f.held AND o.attempts + 1 >= $4 THEN now() END \
+             FROM unnest($1::int8[], $2::text[], $3::float8[], $5::bool[]) \
+                 AS f(id, error, backoff, held) \
              WHERE o.id = f.id RETURNING o.parked_at IS NOT NULL AS parked",
         )
         .bind(&ids)
         .bind(&errors)
         .bind(&backoffs)
         .bind(max_attempts)
+        .bind(&held)
         .fetch_all(&mut *conn)
         .await?;
         for row in rows {
@@ -235,7 +421,7 @@ pub(crate) async fn finish(
     let mut sql = String::with_capacity(published.len() * 12 + 128);
     if !published.is_empty() {
         sql.push_str(
-            "UPDATE outbox_event SET published_at = now(), next_attempt_at = NULL \
+            "UPDATE outbox_event SET published_at = now(), next_attempt_at = NULL, held_at = NULL \
              WHERE id = ANY('{",
         );
         for (i, id) in published.iter().enumerate() {
@@ -246,9 +432,12 @@ pub(crate) async fn finish(
         }
         sql.push_str("}'::int8[]); ");
     }
-    sql.push_str("COMMIT");
-    conn.execute(sql.as_str()).await?;
-    Ok(parked)
+    sql.push_str("SELECT pg_current_xact_id_if_assigned()::text::int8; COMMIT");
+    let row = conn.fetch_one(sql.as_str()).await?;
+    Ok(Finished {
+        parked,
+        xid: row.try_get(0)?,
+    })
 }
 
 /// Ends a batch without recording anything.
