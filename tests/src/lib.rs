@@ -125,6 +125,34 @@ async fn admin_connection() -> PgConnection {
         .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at {url}: {e} (is it running?)"))
 }
 
+/// Restarts the machine's PostgreSQL cluster (`pg_ctlcluster ... restart`) and waits until it
+/// accepts connections again. Every connection to it breaks. Only for tests that run alone (a
+/// step of their own in `.ci/run`).
+pub async fn restart_postgres() {
+    let version = std::fs::read_dir("/etc/postgresql")
+        .ok()
+        .and_then(|mut dir| dir.next())
+        .and_then(|entry| entry.ok())
+        .map(|entry| entry.file_name())
+        .expect("a local PostgreSQL cluster under /etc/postgresql");
+    let status = tokio::process::Command::new("pg_ctlcluster")
+        .arg("--skip-systemctl-redirect")
+        .arg(&version)
+        .args(["main", "restart"])
+        .status()
+        .await
+        .expect("run pg_ctlcluster");
+    assert!(status.success(), "pg_ctlcluster restart failed: {status}");
+    let url = database_url();
+    for _ in 0..600 {
+        if PgConnection::connect(&url).await.is_ok() {
+            return;
+        }
+        tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+    }
+    panic!("PostgreSQL did not come back within 30 s");
+}
+
 /// Starts the machine's PostgreSQL cluster if it is down (once per test process), and waits
 /// until it accepts connections. Does nothing useful for a remote `DATABASE_URL`.
 async fn start_local_postgres() {

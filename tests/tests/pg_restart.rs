@@ -1,0 +1,166 @@
+//! The PostgreSQL server restarts under load (`pg_ctlcluster ... restart`): nothing committed is
+//! lost, no key goes out of order, and the relays and consumers recover by themselves.
+//!
+//! Run alone (it breaks every connection to the server): `cargo test -p outbox-tests --test
+//! pg_restart`, as `.ci/run` does after the other tests.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_runtime::relay::Relay;
+use outbox_runtime::Uow;
+use outbox_tests::deposits::{deposit, wait_until_published, PARTITIONS, TOPIC};
+use outbox_tests::kafka::{consume, Kafka};
+use outbox_tests::{restart_postgres, TestDb};
+use tokio_util::sync::CancellationToken;
+
+/// What one emitter task did: per key, the seqs that committed, those that definitely did not,
+/// and those whose commit outcome is unknown (the connection broke after COMMIT was sent).
+#[derive(Default, Debug)]
+struct Emitted {
+    committed: Vec<(String, u64)>,
+    failed: Vec<(String, u64)>,
+    unknown: Vec<(String, u64)>,
+}
+
+/// Emits units of work of 1 to 3 events over keys of its own until `stop`, numbering each key's
+/// events; a failed unit of work is counted, not retried (its numbers are simply skipped).
+async fn emitter(pool: sqlx::PgPool, task: usize, keys: usize, stop: Arc<AtomicBool>) -> Emitted {
+    let mut emitted = Emitted::default();
+    let mut seq = vec![0u64; keys];
+    let mut i = 0usize;
+    while !stop.load(Ordering::SeqCst) {
+        let k = i % keys;
+        let account = task * keys + k;
+        let n = 1 + (i % 3) as u64;
+        let events: Vec<_> = (0..n).map(|j| deposit(account, seq[k] + j)).collect();
+        let ids: Vec<(String, u64)> = events.iter().map(|e| (e.account.clone(), e.seq)).collect();
+        seq[k] += n;
+        i += 1;
+        let result = async {
+            let mut uow = Uow::begin(&pool).await?;
+            uow.emit_all(&events).await?;
+            uow.commit().await
+        }
+        .await;
+        match result {
+            Ok(()) => emitted.committed.extend(ids),
+            Err(e) if e.is_outcome_unknown() => emitted.unknown.extend(ids),
+            Err(_) => {
+                emitted.failed.extend(ids);
+                // The server is away: do not spin.
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+    emitted
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relays_recover_from_a_postgres_restart_and_lose_nothing() {
+    let db = TestDb::new().await;
+    let kafka = Kafka::mock();
+    kafka.create_topic(TOPIC, PARTITIONS).await;
+    let pool = db.pool(12).await;
+    let cancel = CancellationToken::new();
+    let relays: Vec<_> = (0..3)
+        .map(|_| {
+            Relay::builder(pool.clone())
+                .brokers(kafka.bootstrap())
+                .poll_interval(Duration::from_millis(100))
+                .retry_backoff(Duration::from_millis(100), Duration::from_millis(500))
+                .build()
+                .unwrap()
+                .spawn(cancel.clone())
+        })
+        .collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let emitters: Vec<_> = (0..4)
+        .map(|t| tokio::spawn(emitter(pool.clone(), t, 25, stop.clone())))
+        .collect();
+
+    // Let it run, restart the server mid-stream, let it run again.
+    let published = |pool: sqlx::PgPool| async move {
+        sqlx::query_scalar::<_, i64>(
+            "SELECT count(*) FROM outbox_event WHERE published_at IS NOT NULL",
+        )
+        .fetch_one(&pool)
+        .await
+        .unwrap_or(0)
+    };
+    while published(db.pool.clone()).await < 500 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    restart_postgres().await;
+    let after_restart = published(db.pool.clone()).await;
+    while published(db.pool.clone()).await < after_restart + 500 {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut emitted = Emitted::default();
+    for e in emitters {
+        let e = e.await.unwrap();
+        emitted.committed.extend(e.committed);
+        emitted.failed.extend(e.failed);
+        emitted.unknown.extend(e.unknown);
+    }
+    // The relays were not restarted: they drain everything by themselves.
+    wait_until_published(&db.pool, Duration::from_secs(60)).await;
+
+    let committed: HashSet<(String, u64)> = emitted.committed.iter().cloned().collect();
+    let failed: HashSet<(String, u64)> = emitted.failed.iter().cloned().collect();
+    let received = consume(
+        &kafka.bootstrap(),
+        TOPIC,
+        PARTITIONS,
+        Duration::from_secs(60),
+        |r| {
+            let seen: HashSet<(String, u64)> = r
+                .iter()
+                .map(|m| (m.key.clone(), m.payload["seq"].as_u64().unwrap()))
+                .collect();
+            committed.is_subset(&seen)
+        },
+    )
+    .await;
+    let mut first: HashSet<(String, u64)> = HashSet::new();
+    let mut last: HashMap<String, u64> = HashMap::new();
+    let mut duplicates = 0;
+    for r in &received {
+        let id = (r.key.clone(), r.payload["seq"].as_u64().unwrap());
+        assert!(
+            !failed.contains(&id),
+            "{id:?} failed to commit but reached the broker"
+        );
+        if !first.insert(id.clone()) {
+            duplicates += 1;
+            continue;
+        }
+        if let Some(prev) = last.insert(id.0.clone(), id.1) {
+            assert!(
+                prev < id.1,
+                "key {} out of order: {} after {prev}",
+                id.0,
+                id.1
+            );
+        }
+    }
+    let lost: Vec<_> = committed.difference(&first).collect();
+    println!(
+        "postgres restart: {} committed, {} failed, {} unknown outcome, {} received, {} lost, \
+         {duplicates} duplicates",
+        committed.len(),
+        failed.len(),
+        emitted.unknown.len(),
+        first.len(),
+        lost.len()
+    );
+    assert!(lost.is_empty(), "lost: {lost:?}");
+    assert!(!failed.is_empty(), "the restart failed some units of work");
+    cancel.cancel();
+    for r in relays {
+        r.await.unwrap().unwrap();
+    }
+}
