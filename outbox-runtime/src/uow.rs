@@ -243,9 +243,14 @@ impl<'c> Uow<'c> {
             literal_emit(&self.pending)?
         };
         sql.push_str("; COMMIT; BEGIN");
-        let result = self.tx().execute(sql.as_str()).await;
+        let result = run_counting(self.tx(), &sql).await;
         drop(self.tx.take());
-        result.map(drop).map_err(|e| commit_error(e, event_types))
+        match result {
+            Ok(_) => Ok(()),
+            // COMMIT completed; what failed came after it (the server going away, say).
+            Err((completed, _)) if completed >= 2 => Ok(()),
+            Err((_, e)) => Err(commit_error(e, event_types)),
+        }
     }
 
     /// Rolls back everything done in this unit of work.
@@ -261,22 +266,51 @@ impl<'c> Uow<'c> {
     }
 }
 
+/// Runs a simple query of several statements; on an error, also says how many statements had
+/// completed before it.
+async fn run_counting(
+    conn: &mut PgConnection,
+    sql: &str,
+) -> std::result::Result<u64, (u64, sqlx::Error)> {
+    let mut results = conn.fetch_many(sql);
+    let mut completed = 0;
+    loop {
+        match std::future::poll_fn(|cx| results.as_mut().poll_next(cx)).await {
+            None => return Ok(completed),
+            Some(Ok(sqlx::Either::Left(_))) => completed += 1,
+            Some(Ok(sqlx::Either::Right(_))) => {}
+            Some(Err(e)) => return Err((completed, e)),
+        }
+    }
+}
+
 /// What a failed commit means: refused (nothing written), aborted earlier, or unknown.
 fn commit_error(source: sqlx::Error, event_types: Cow<'static, str>) -> Error {
     match &source {
         sqlx::Error::Database(e) if e.code().as_deref() == Some("25P02") => {
             Error::Aborted { event_types }
         }
-        sqlx::Error::Database(_) => Error::Commit {
+        // A statement failed: the server skipped the rest, COMMIT included.
+        sqlx::Error::Database(e) if !is_fatal(e.as_ref()) => Error::Commit {
             event_types,
             source,
         },
-        // The server may have received COMMIT and committed before the connection failed.
+        // The session ended (the server shutting down, the connection lost) while COMMIT was
+        // on its way: it may have committed before.
         _ => Error::CommitOutcomeUnknown {
             event_types,
             source,
         },
     }
+}
+
+/// Whether the server ended the session with this error (FATAL or PANIC), rather than failing
+/// one statement.
+fn is_fatal(error: &dyn sqlx::error::DatabaseError) -> bool {
+    use sqlx::postgres::{PgDatabaseError, PgSeverity};
+    error
+        .try_downcast_ref::<PgDatabaseError>()
+        .is_some_and(|e| matches!(e.severity(), PgSeverity::Fatal | PgSeverity::Panic))
 }
 
 impl Deref for Uow<'_> {
