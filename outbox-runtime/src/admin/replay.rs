@@ -8,7 +8,7 @@ use rdkafka::producer::FutureProducer;
 use sqlx::{PgPool, Row};
 
 use crate::error::{Error, Result};
-use crate::relay::publish::{self, Outcome};
+use crate::relay::publish::{self, Outcome, PerKey};
 use crate::relay::store::{claimed_columns, Claimed};
 
 /// Which stored events a replay publishes: published rows of one topic, narrowed by creation
@@ -237,7 +237,13 @@ impl Replay {
                     row.topic = topic.to_owned();
                 }
             }
-            let outcomes = publish::publish(&self.producer, &batch, self.publish_timeout).await;
+            let outcomes = publish::publish(
+                &self.producer,
+                &batch,
+                self.publish_timeout,
+                PerKey::Pipelined,
+            )
+            .await;
             for (row, outcome) in batch.iter().zip(outcomes) {
                 match outcome {
                     Outcome::Published => sent += 1,

@@ -11,6 +11,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::instance::{Instance, Step};
+use super::publish::PerKey;
 use super::{status, RelayStatus};
 use crate::config::{self, Backoff};
 use crate::error::{Error, Result};
@@ -28,6 +29,7 @@ pub struct RelayBuilder {
     max_attempts: u32,
     backoff: Backoff,
     hold_operator_errors: bool,
+    per_key: PerKey,
 }
 
 impl RelayBuilder {
@@ -106,6 +108,25 @@ impl RelayBuilder {
         self
     }
 
+    /// Sends a key's next record only once the broker acknowledged the previous one (default
+    /// `false`: all of a key's records in a batch go out together).
+    ///
+    /// Kafka keeps one key's records in order with several in flight, because the idempotent
+    /// producer numbers them and the broker refuses what does not follow on from what it wrote:
+    /// a record it refuses takes the ones behind it with it. Apache Kafka and Redpanda check;
+    /// a broker that does not (librdkafka's mock cluster, some services that speak the Kafka
+    /// protocol) can write a key's later record after refusing an earlier one. Turn this on for
+    /// such a broker. It costs a broker round trip per record of a key in a batch: a key with
+    /// many events in a batch goes out that much slower.
+    pub fn one_record_in_flight_per_key(mut self, one: bool) -> Self {
+        self.per_key = if one {
+            PerKey::OneInFlight
+        } else {
+            PerKey::Pipelined
+        };
+        self
+    }
+
     /// Validates the settings and creates the producer.
     pub fn build(self) -> Result<Relay> {
         let config_err = |msg: String| Err(Error::Config(msg));
@@ -141,6 +162,7 @@ impl RelayBuilder {
                 max_attempts: self.max_attempts.min(i32::MAX as u32) as i32,
                 backoff: self.backoff,
                 hold_operator_errors: self.hold_operator_errors,
+                per_key: self.per_key,
             }),
         })
     }
@@ -195,17 +217,6 @@ pub(crate) fn create_producer(mut producer: ClientConfig) -> Result<FutureProduc
     }
     if producer.get("linger.ms").is_none() {
         producer.set("linger.ms", "0");
-    }
-    // One produce request at a time per broker connection: a request refused for good is
-    // answered before the next one leaves, so (with the gapless guarantee) nothing behind a
-    // refused record is written, even by a broker that does not check idempotent sequence
-    // numbers. Brokers that do (Apache Kafka, Redpanda) stay in order with up to 5.
-    if producer
-        .get("max.in.flight.requests.per.connection")
-        .or(producer.get("max.in.flight"))
-        .is_none()
-    {
-        producer.set("max.in.flight.requests.per.connection", "1");
     }
     // A topic the cluster does not know fails its records after this long (librdkafka's
     // default, 30 s, stalls every batch meanwhile). A topic created moments ago and taken for
@@ -283,6 +294,7 @@ pub(super) struct Inner {
     pub(super) max_attempts: i32,
     pub(super) backoff: Backoff,
     pub(super) hold_operator_errors: bool,
+    pub(super) per_key: PerKey,
 }
 
 impl std::fmt::Debug for Relay {
@@ -313,6 +325,7 @@ impl Relay {
                 max: Duration::from_secs(60),
             },
             hold_operator_errors: true,
+            per_key: PerKey::Pipelined,
         }
     }
 
@@ -446,6 +459,7 @@ pub async fn drain_without_kafka(pool: PgPool, batch_size: usize) -> Result<u64>
             max_attempts: 5,
             backoff: builder.backoff,
             hold_operator_errors: true,
+            per_key: PerKey::Pipelined,
         }),
     };
     relay.publish_pending().await
@@ -467,6 +481,7 @@ pub async fn explain_claim(pool: &PgPool, cursor: i64, limit: i64) -> Result<ser
         max_attempts: 5,
         backoff: relay.backoff,
         hold_operator_errors: true,
+        per_key: PerKey::Pipelined,
     };
     Instance::new(&inner).explain_claim(cursor).await
 }

@@ -191,6 +191,11 @@ impl<'r> Instance<'r> {
                 // Rows of the new shards below the cursor are unknown to this instance.
                 self.cursor.after = 0;
             }
+            tracing::debug!(
+                shards = store::shard_mask(&self.shards),
+                gained,
+                "outbox relay rebalanced"
+            );
             self.last_rebalance = Some(Instant::now());
         }
         if self.shards.is_empty() {
@@ -225,7 +230,9 @@ impl<'r> Instance<'r> {
         let started = Instant::now();
         let producer = relay.producer.as_ref().map(|slot| slot.get());
         let outcomes = match &producer {
-            Some(producer) => publish::publish(producer, &claim.rows, relay.publish_timeout).await,
+            Some(producer) => {
+                publish::publish(producer, &claim.rows, relay.publish_timeout, relay.per_key).await
+            }
             None => claim.rows.iter().map(|_| Outcome::Published).collect(),
         };
         let mut published = Vec::with_capacity(claim.rows.len());
@@ -281,6 +288,17 @@ impl<'r> Instance<'r> {
         let finish = store::finish(conn, &published, &failed, relay.max_attempts);
         let finished = bounded!(failover, finish)?;
         let parked = finished.parked;
+        tracing::debug!(
+            from = claim.from,
+            first = claim.rows.first().map_or(0, |r| r.id),
+            last = claim.rows.last().map_or(0, |r| r.id),
+            claimed = claim.rows.len(),
+            published = published.len(),
+            failed = ?failed.iter().map(|f| f.id).collect::<Vec<_>>(),
+            ?unsettled,
+            shards = store::shard_mask(&self.shards),
+            "outbox relay batch recorded"
+        );
         let full = claim.rows.len() as i64 >= limit;
         self.cursor.advance(&claim, full, unsettled, finished.xid);
         if let (Some(slot), Some(producer)) = (&relay.producer, &producer) {

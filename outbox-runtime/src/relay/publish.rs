@@ -164,20 +164,35 @@ fn send(producer: &FutureProducer, row: &Claimed) -> Result<DeliveryFuture, Kafk
     producer.send_result(record).map_err(|(error, _)| error)
 }
 
+/// How many records of one key may be in flight at once.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PerKey {
+    /// All of a key's records for one topic go out together; the broker keeps them in order
+    /// and refuses what follows a refused one (idempotent sequence numbers).
+    Pipelined,
+    /// One at a time: the next only once the previous one was acknowledged. For brokers that
+    /// do not check idempotent sequence numbers.
+    OneInFlight,
+}
+
 /// Sends the rows and waits (at most `timeout` in all) for their acknowledgements. Returns one
 /// outcome per row, in the same order.
 ///
 /// Order per key: a key's records are enqueued in `id` order, and the idempotent producer
-/// keeps that order within a partition (with `enable.gapless.guarantee`, a refused record fails
-/// the later ones of its partition instead of leaving a gap). A record for another topic than
-/// the key's records still in flight waits until they are acknowledged (there is no order
-/// across partitions), in a later wave. Once a record of a key fails, the later records of the
-/// key are not sent; and a later record is only counted as published if every earlier one of
-/// its key was.
+/// keeps that order within a partition; with `enable.gapless.guarantee`, a record the broker
+/// refuses fails the producer rather than letting it go on past the refused one, and a broker
+/// that checks idempotent sequence numbers (Apache Kafka, Redpanda) refuses the requests that
+/// were already in flight behind it. With [`PerKey::OneInFlight`] a key's next record is not
+/// sent before the previous one is acknowledged, which keeps that promise on brokers that do
+/// not check. A record for another topic than the key's records still in flight waits until
+/// they are acknowledged (there is no order across partitions), in a later wave. Once a record
+/// of a key fails, the later records of the key are not sent; and a later record is only
+/// counted as published if every earlier one of its key was.
 pub(crate) async fn publish(
     producer: &FutureProducer,
     rows: &[Claimed],
     timeout: Duration,
+    per_key: PerKey,
 ) -> Vec<Outcome> {
     let deadline = tokio::time::Instant::now() + timeout;
     let mut outcomes: Vec<Option<Outcome>> = (0..rows.len()).map(|_| None).collect();
@@ -196,8 +211,10 @@ pub(crate) async fn publish(
                 outcomes[i] = Some(Outcome::Skipped);
                 continue;
             }
-            let other_topic = in_flight.get(key).is_some_and(|t| *t != row.topic);
-            if other_topic || held_back.contains(key) {
+            let must_wait = in_flight
+                .get(key)
+                .is_some_and(|t| *t != row.topic || per_key == PerKey::OneInFlight);
+            if must_wait || held_back.contains(key) {
                 held_back.insert(key);
                 next.push(i);
                 continue;
