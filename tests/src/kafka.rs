@@ -97,6 +97,16 @@ impl Kafka {
         }
     }
 
+    /// The mock cluster forgets the produce errors not yet used.
+    pub fn clear_produce_errors(&self) {
+        match self {
+            Kafka::Mock(m) => {
+                Self::cluster(m).clear_request_errors(rdkafka::types::RDKafkaApiKey::Produce)
+            }
+            Kafka::Tansu(_) => panic!("only the mock cluster injects errors"),
+        }
+    }
+
     /// Every mock broker answers `delay` later (a slow network or broker; zero to undo).
     pub fn set_latency(&self, delay: Duration) {
         match self {

@@ -475,3 +475,53 @@ async fn two_schemas_in_one_database_do_not_stall_each_other() {
     }
 }
 
+/// A record parked after repeated refusals, retried by an operator once the cause is gone, is
+/// published by the relays already running (whose claims have moved on past it).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_parked_record_is_published_by_the_running_relay() {
+    let db = TestDb::new().await;
+    let kafka = Kafka::mock();
+    kafka.create_topic(TOPIC, PARTITIONS).await;
+    let mut uow = Uow::begin(&db.pool).await.unwrap();
+    uow.emit(&deposit(1, 0)).await.unwrap();
+    uow.commit().await.unwrap();
+    kafka.fail_produce_requests(&[RDKafkaRespErr::RD_KAFKA_RESP_ERR_POLICY_VIOLATION; 10]);
+    let relay = relay_on(&db.pool, &kafka).max_attempts(2).build().unwrap();
+    let cancel = CancellationToken::new();
+    let handle = relay.spawn(cancel.clone());
+    let until = |what: &'static str, done: fn(&relay::RelayStatus) -> bool| {
+        let relay = relay.clone();
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(30);
+            loop {
+                let status = relay.status().await.unwrap();
+                if done(&status) {
+                    return;
+                }
+                assert!(Instant::now() < deadline, "{what}: {status:?}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    };
+    until("parked", |s| s.parked == 1).await;
+    kafka.clear_produce_errors();
+    // Later events flow: the relay has moved on.
+    let mut uow = Uow::begin(&db.pool).await.unwrap();
+    uow.emit(&deposit(2, 0)).await.unwrap();
+    uow.commit().await.unwrap();
+    until("the next event published", |s| s.unpublished == 0).await;
+
+    let filter = outbox_runtime::admin::PoisonFilter::all();
+    let retried = outbox_runtime::admin::retry_parked(&db.pool, &filter)
+        .await
+        .unwrap();
+    assert_eq!(retried, 1);
+    until("the retried record published", |s| {
+        s.unpublished == 0 && s.parked == 0
+    })
+    .await;
+    let received = consume_all(&kafka, 2, Duration::from_secs(10)).await;
+    assert_eq!(received.len(), 2);
+    cancel.cancel();
+    handle.await.unwrap().unwrap();
+}
