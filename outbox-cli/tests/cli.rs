@@ -649,7 +649,7 @@ async fn parked_events_are_listed_retried_and_dropped() {
     let reset: i64 = count(
         pool,
         "SELECT count(*) FROM outbox_event WHERE parked_at IS NULL AND attempts = 0 \
-         AND next_attempt_at IS NULL AND published_at IS NULL",
+         AND next_attempt_at <= now() AND published_at IS NULL",
     )
     .await;
     assert_eq!(reset, 2);

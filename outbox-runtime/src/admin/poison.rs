@@ -154,12 +154,13 @@ pub async fn list_parked(pool: &PgPool, filter: &PoisonFilter) -> Result<Vec<Par
 }
 
 /// Un-parks the rows the filter selects: the relay publishes them again from a clean slate
-/// (attempts reset), and is woken at once. Their keys' later events were published meanwhile
+/// (attempts reset), and is woken at once. They are due for a retry now, which is how running
+/// relays, whose claims have moved past them, find them again. Their keys' later events were published meanwhile
 /// (a parked row does not hold its key), so a retried event reaches consumers after them.
 /// Returns how many rows it un-parked.
 pub async fn retry_parked(pool: &PgPool, filter: &PoisonFilter) -> Result<u64> {
     let sql = format!(
-        "UPDATE outbox_event SET parked_at = NULL, attempts = 0, next_attempt_at = NULL \
+        "UPDATE outbox_event SET parked_at = NULL, attempts = 0, next_attempt_at = now() \
          WHERE parked_at IS NOT NULL AND id IN ({OUTBOX_SELECT})"
     );
     let mut tx = pool.begin().await?;
