@@ -1,0 +1,467 @@
+//! The fault-injection soak: emitters, three relay processes and a consumer run for a while
+//! against a fresh database and the mock Kafka cluster, while faults are injected at random
+//! (seeded): relay processes killed with SIGKILL and restarted, relay connections terminated
+//! by the server, produce errors and latency on the brokers, a PostgreSQL restart. At the end
+//! it waits for the outbox to drain and checks, on the broker: every committed event arrived,
+//! none that failed to commit did, and each key's events arrived in order.
+//!
+//! ```text
+//! cargo run --release -p outbox-tests --bin outbox-soak -- --seconds 60 [--seed N]
+//! ```
+//!
+//! Prints one line and exits non-zero on any loss, phantom or order violation. It restarts
+//! the machine's PostgreSQL server: run it alone.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use outbox_runtime::relay::Relay;
+use outbox_runtime::Uow;
+use outbox_tests::deposits::deposit;
+use outbox_tests::kafka::Kafka;
+use outbox_tests::{restart_postgres, ChildGuard, TestDb};
+use rdkafka::consumer::{Consumer, StreamConsumer};
+use rdkafka::message::Message;
+use rdkafka::types::RDKafkaRespErr;
+use rdkafka::{ClientConfig, Offset, TopicPartitionList};
+use tokio_util::sync::CancellationToken;
+
+const TOPIC: &str = "account.events";
+/// Many partitions: the mock cluster keeps at most 5 MB of each partition's log, and a soak
+/// writes a lot.
+const PARTITIONS: i32 = 24;
+const RELAYS: usize = 3;
+const EMITTERS: usize = 4;
+const KEYS_PER_EMITTER: usize = 50;
+
+/// A small seeded generator (xorshift64*): the same seed, the same faults at the same moments.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+    fn below(&mut self, n: u64) -> u64 {
+        self.next() % n.max(1)
+    }
+    fn millis(&mut self, from: u64, to: u64) -> Duration {
+        Duration::from_millis(from + self.below(to - from + 1))
+    }
+}
+
+/// Options from the command line.
+struct Options {
+    seconds: u64,
+    seed: u64,
+}
+
+fn options() -> Options {
+    let mut args = std::env::args().skip(1);
+    let mut seconds = 60;
+    let mut seed = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(1, |d| d.as_nanos() as u64)
+        | 1;
+    while let Some(arg) = args.next() {
+        let value = args.next().unwrap_or_default();
+        match arg.as_str() {
+            "--seconds" => seconds = value.parse().expect("--seconds N"),
+            "--seed" => seed = value.parse::<u64>().expect("--seed N") | 1,
+            _ => {
+                eprintln!("usage: outbox-soak [--seconds N] [--seed N]");
+                std::process::exit(2);
+            }
+        }
+    }
+    Options { seconds, seed }
+}
+
+/// `outbox-soak relay DATABASE_URL BROKERS`: one relay process, until killed. With
+/// `OUTBOX_SOAK_LOGS=dir`, it logs the relay's debug events to `dir/relay-<pid>.log`.
+async fn relay_process(url: &str, brokers: &str) {
+    if let Some(dir) = std::env::var_os("OUTBOX_SOAK_LOGS") {
+        let path = std::path::Path::new(&dir).join(format!("relay-{}.log", std::process::id()));
+        let file = std::fs::File::create(path).expect("relay log");
+        tracing_subscriber::fmt()
+            .with_writer(Mutex::new(file))
+            .with_ansi(false)
+            .with_max_level(tracing::Level::DEBUG)
+            .init();
+    }
+    let pool = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(4)
+        .connect_lazy(url)
+        .expect("database url");
+    // Kafka refuses produce requests whose idempotent sequence numbers do not follow on from
+    // the last one it wrote, so nothing is written past a refused record; the mock cluster does
+    // not check them, and the relay sends one record per key at a time instead.
+    let relay = Relay::builder(pool)
+        .brokers(brokers)
+        .one_record_in_flight_per_key(true)
+        .poll_interval(Duration::from_millis(100))
+        .publish_timeout(Duration::from_secs(5))
+        // Injected refusals are passing: never park for them.
+        .max_attempts(1_000_000)
+        .retry_backoff(Duration::from_millis(50), Duration::from_millis(500))
+        .build()
+        .expect("relay");
+    relay.run(CancellationToken::new()).await.expect("relay");
+}
+
+fn start_relay(url: &str, brokers: &str) -> ChildGuard {
+    ChildGuard(
+        Command::new(std::env::current_exe().expect("own path"))
+            .args(["relay", url, brokers])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .spawn()
+            .expect("start a relay process"),
+    )
+}
+
+/// What the emitters did, per event `(key, seq)`.
+#[derive(Default)]
+struct Ledger {
+    committed: HashSet<(String, u64)>,
+    failed: HashSet<(String, u64)>,
+    unknown: HashSet<(String, u64)>,
+}
+
+/// Emits units of work of 1 to 3 events over its own keys until `stop`, numbering each key's
+/// events in order; a unit of work that fails is recorded, not retried.
+async fn emitter(pool: sqlx::PgPool, task: usize, seed: u64, stop: Arc<AtomicBool>) -> Ledger {
+    let mut rng = Rng(seed);
+    let mut ledger = Ledger::default();
+    let mut seq = [0u64; KEYS_PER_EMITTER];
+    while !stop.load(Ordering::SeqCst) {
+        let k = rng.below(KEYS_PER_EMITTER as u64) as usize;
+        let n = 1 + rng.below(3);
+        let events: Vec<_> = (0..n)
+            .map(|j| deposit(task * KEYS_PER_EMITTER + k, seq[k] + j))
+            .collect();
+        seq[k] += n;
+        let ids: Vec<(String, u64)> = events.iter().map(|e| (e.account.clone(), e.seq)).collect();
+        let result = async {
+            let mut uow = Uow::begin(&pool).await?;
+            uow.emit_all(&events).await?;
+            uow.commit().await
+        }
+        .await;
+        match result {
+            Ok(()) => ledger.committed.extend(ids),
+            Err(e) if e.is_outcome_unknown() => ledger.unknown.extend(ids),
+            Err(_) => {
+                ledger.failed.extend(ids);
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+        tokio::time::sleep(rng.millis(1, 4)).await;
+    }
+    ledger
+}
+
+/// Everything read off the topic, in arrival order per partition: `(key, seq)`, and where it
+/// was (partition, offset), for the report of a violation.
+type Received = Arc<Mutex<Vec<((String, u64), (i32, i64, String))>>>;
+
+/// Reads the topic from the beginning into `received`; returns how many offsets it found
+/// missing (the mock cluster dropped them from its log before they were read), which would
+/// make the check meaningless.
+async fn consumer(bootstrap: String, received: Received, cancel: CancellationToken) -> u64 {
+    let consumer: StreamConsumer = ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("group.id", format!("soak-{}", uuid::Uuid::new_v4()))
+        .set("enable.auto.commit", "false")
+        .set("auto.offset.reset", "earliest")
+        .create()
+        .expect("consumer");
+    let mut next_offset: HashMap<i32, i64> = HashMap::new();
+    let mut skipped = 0u64;
+    let mut assignment = TopicPartitionList::new();
+    for p in 0..PARTITIONS {
+        assignment
+            .add_partition_offset(TOPIC, p, Offset::Beginning)
+            .expect("partition");
+    }
+    consumer.assign(&assignment).expect("assign");
+    loop {
+        let message = tokio::select! {
+            () = cancel.cancelled() => return skipped,
+            m = consumer.recv() => m,
+        };
+        let Ok(message) = message else {
+            continue;
+        };
+        let expected = next_offset.entry(message.partition()).or_insert(0);
+        if message.offset() > *expected {
+            skipped += (message.offset() - *expected) as u64;
+            eprintln!(
+                "the consumer found offsets {}..{} of partition {} gone",
+                *expected,
+                message.offset(),
+                message.partition()
+            );
+        }
+        *expected = message.offset() + 1;
+        let key = String::from_utf8_lossy(message.key().unwrap_or_default()).into_owned();
+        let payload: serde_json::Value =
+            serde_json::from_slice(message.payload().unwrap_or_default()).unwrap_or_default();
+        if let Some(seq) = payload["seq"].as_u64() {
+            use rdkafka::message::Headers;
+            let outbox_id = message
+                .headers()
+                .and_then(|h| h.iter().find(|h| h.key == "outbox_id"))
+                .and_then(|h| h.value)
+                .map(|v| String::from_utf8_lossy(v).into_owned())
+                .unwrap_or_default();
+            let at = (message.partition(), message.offset(), outbox_id);
+            received.lock().unwrap().push(((key, seq), at));
+        }
+    }
+}
+
+/// The faults injected, by kind.
+#[derive(Default)]
+struct Faults(BTreeMap<&'static str, u32>);
+
+impl Faults {
+    fn add(&mut self, kind: &'static str) {
+        *self.0.entry(kind).or_default() += 1;
+    }
+}
+
+impl std::fmt::Display for Faults {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = self.0.iter().map(|(k, n)| format!("{k} {n}")).collect();
+        write!(f, "{}", parts.join(", "))
+    }
+}
+
+const PRODUCE_ERRORS: [RDKafkaRespErr; 5] = [
+    RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_LEADER_FOR_PARTITION,
+    RDKafkaRespErr::RD_KAFKA_RESP_ERR_REQUEST_TIMED_OUT,
+    RDKafkaRespErr::RD_KAFKA_RESP_ERR_NOT_ENOUGH_REPLICAS,
+    RDKafkaRespErr::RD_KAFKA_RESP_ERR_POLICY_VIOLATION,
+    RDKafkaRespErr::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
+];
+
+async fn terminate_relay_connections(pool: &sqlx::PgPool, all: bool) {
+    let sql = if all {
+        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
+         WHERE application_name = 'outbox-relay' AND datname = current_database()"
+    } else {
+        "SELECT count(pg_terminate_backend(pid)) FROM (SELECT pid FROM pg_stat_activity \
+         WHERE application_name = 'outbox-relay' AND datname = current_database() \
+         ORDER BY random() LIMIT 1) AS one"
+    };
+    let _ = sqlx::query(sql).execute(pool).await;
+}
+
+#[tokio::main(flavor = "multi_thread", worker_threads = 2)]
+async fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("relay") {
+        let [_, _, url, brokers] = args.as_slice() else {
+            eprintln!("usage: outbox-soak relay DATABASE_URL BROKERS");
+            std::process::exit(2);
+        };
+        relay_process(url, brokers).await;
+        return;
+    }
+    let options = options();
+    println!(
+        "outbox soak: {} s, seed {} (rerun with --seed {})",
+        options.seconds, options.seed, options.seed
+    );
+    let mut rng = Rng(options.seed);
+    let kafka = Kafka::mock();
+    kafka.create_topic(TOPIC, PARTITIONS).await;
+    let bootstrap = kafka.bootstrap();
+    let db = TestDb::new().await;
+    let pool = db.pool(10).await;
+
+    let mut relays: Vec<Option<ChildGuard>> = (0..RELAYS)
+        .map(|_| Some(start_relay(&db.url, &bootstrap)))
+        .collect();
+    let received: Received = Arc::default();
+    let cancel = CancellationToken::new();
+    let consumer_task = tokio::spawn(consumer(
+        bootstrap.clone(),
+        received.clone(),
+        cancel.clone(),
+    ));
+    let stop = Arc::new(AtomicBool::new(false));
+    let emitters: Vec<_> = (0..EMITTERS)
+        .map(|t| tokio::spawn(emitter(pool.clone(), t, rng.next() | 1, stop.clone())))
+        .collect();
+
+    // Faults, one every 0.5 to 2 s; the PostgreSQL restart once, near the middle.
+    let mut faults = Faults::default();
+    let started = Instant::now();
+    let run_for = Duration::from_secs(options.seconds);
+    let restart_at = run_for / 2 + rng.millis(0, 2_000);
+    let mut restarted = false;
+    let mut down: Vec<(usize, Instant)> = Vec::new();
+    while started.elapsed() < run_for {
+        tokio::time::sleep(rng.millis(500, 2_000)).await;
+        // Bring back relays killed earlier.
+        let now = Instant::now();
+        for (i, at) in std::mem::take(&mut down) {
+            if now >= at {
+                relays[i] = Some(start_relay(&db.url, &bootstrap));
+            } else {
+                down.push((i, at));
+            }
+        }
+        if !restarted && started.elapsed() >= restart_at {
+            restarted = true;
+            faults.add("postgres restart");
+            restart_postgres().await;
+            continue;
+        }
+        match rng.below(5) {
+            0 => {
+                let i = rng.below(RELAYS as u64) as usize;
+                if let Some(mut relay) = relays[i].take() {
+                    relay.kill();
+                    faults.add("relay SIGKILL");
+                    down.push((i, Instant::now() + rng.millis(200, 2_000)));
+                }
+            }
+            1 => {
+                let all = rng.below(4) == 0;
+                terminate_relay_connections(&pool, all).await;
+                faults.add(if all {
+                    "all relay sessions terminated"
+                } else {
+                    "a relay session terminated"
+                });
+            }
+            2 | 3 => {
+                let n = 1 + rng.below(3) as usize;
+                let errors: Vec<RDKafkaRespErr> = (0..n)
+                    .map(|_| PRODUCE_ERRORS[rng.below(PRODUCE_ERRORS.len() as u64) as usize])
+                    .collect();
+                kafka.fail_produce_requests(&errors);
+                faults.add("produce errors");
+            }
+            _ => {
+                kafka.set_latency(rng.millis(20, 150));
+                tokio::time::sleep(rng.millis(500, 2_000)).await;
+                kafka.set_latency(Duration::ZERO);
+                faults.add("broker latency");
+            }
+        }
+    }
+    stop.store(true, Ordering::SeqCst);
+    let mut ledger = Ledger::default();
+    for e in emitters {
+        let e = e.await.expect("emitter");
+        ledger.committed.extend(e.committed);
+        ledger.failed.extend(e.failed);
+        ledger.unknown.extend(e.unknown);
+    }
+    // Every relay back up; the outbox drains, and the consumer catches up.
+    for (i, _) in down.drain(..) {
+        relays[i] = Some(start_relay(&db.url, &bootstrap));
+    }
+    let drained_by = Instant::now() + Duration::from_secs(180);
+    loop {
+        let left: Option<i64> =
+            sqlx::query_scalar("SELECT count(*) FROM outbox_event WHERE published_at IS NULL")
+                .fetch_one(&pool)
+                .await
+                .ok();
+        let got: HashSet<(String, u64)> = received
+            .lock()
+            .unwrap()
+            .iter()
+            .map(|(id, _)| id.clone())
+            .collect();
+        if left == Some(0) && ledger.committed.is_subset(&got) {
+            break;
+        }
+        if Instant::now() >= drained_by {
+            eprintln!("not drained after 180 s: {left:?} rows unpublished");
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    cancel.cancel();
+    let skipped = consumer_task.await.expect("consumer");
+    drop(relays);
+
+    // The verdict.
+    let received = received.lock().unwrap().clone();
+    let mut first: HashSet<(String, u64)> = HashSet::new();
+    let mut last: HashMap<String, u64> = HashMap::new();
+    let (mut duplicates, mut violations, mut phantoms) = (0u64, 0u64, 0u64);
+    for (id, at) in &received {
+        if ledger.failed.contains(id) {
+            phantoms += 1;
+        }
+        if !first.insert(id.clone()) {
+            duplicates += 1;
+            continue;
+        }
+        if let Some(prev) = last.insert(id.0.clone(), id.1) {
+            if prev > id.1 {
+                violations += 1;
+                eprintln!(
+                    "order violation: key {} seq {} (partition {}, offset {}) after {prev}",
+                    id.0, id.1, at.0, at.1
+                );
+                let around: Vec<String> = received
+                    .iter()
+                    .filter(|(other, _)| {
+                        other.0 == id.0 && other.1 + 5 >= id.1 && other.1 <= prev + 5
+                    })
+                    .map(|(other, at)| format!("{}@{}:{}#{}", other.1, at.0, at.1, at.2))
+                    .collect();
+                eprintln!(
+                    "  {} deliveries near it (seq@offset): {}",
+                    id.0,
+                    around.join(" ")
+                );
+            }
+        }
+    }
+    let lost: Vec<&(String, u64)> = ledger.committed.difference(&first).collect();
+    for (key, seq) in lost.iter().take(10) {
+        let row: Option<(i64, Option<chrono::DateTime<chrono::Utc>>)> = sqlx::query_as(
+            "SELECT id, published_at FROM outbox_event \
+             WHERE partition_key = $1 AND (payload->>'seq')::int8 = $2",
+        )
+        .bind(key)
+        .bind(*seq as i64)
+        .fetch_optional(&pool)
+        .await
+        .unwrap_or(None);
+        eprintln!("lost: {key} seq {seq}: outbox row (id, published_at) {row:?}");
+    }
+    let lost = lost.len();
+    println!(
+        "committed {}, received {}, lost {lost}, duplicated {duplicates}, order violations \
+         {violations}, phantoms {phantoms} (failed commits {}, unknown outcome {}); faults: {faults}",
+        ledger.committed.len(),
+        first.len(),
+        ledger.failed.len(),
+        ledger.unknown.len(),
+    );
+    if skipped > 0 {
+        eprintln!(
+            "the consumer fell behind the mock cluster's log ({skipped} offsets dropped before \
+             they were read): the check is incomplete"
+        );
+    }
+    if lost > 0 || violations > 0 || phantoms > 0 || skipped > 0 {
+        std::process::exit(1);
+    }
+}
