@@ -232,7 +232,21 @@ pub(crate) async fn publish(
         }
         for (i, delivery) in wave {
             let outcome = match tokio::time::timeout_at(deadline, delivery).await {
-                Ok(Ok(Ok(_))) => Outcome::Published,
+                // With acks=all, a record the broker appended has an offset. librdkafka also
+                // reports success without one (an idempotent retry it takes for a duplicate of
+                // an earlier write): not proof enough to mark the row; it is sent again (at
+                // worst a duplicate).
+                Ok(Ok(Ok(delivery))) if delivery.offset < 0 => {
+                    tracing::warn!(id = rows[i].id, partition = delivery.partition,
+                        "a record was acknowledged without an offset; it will be sent again");
+                    metrics::counter!("outbox_relay_unconfirmed_acks_total").increment(1);
+                    Outcome::Deferred("acknowledged without an offset".into())
+                }
+                Ok(Ok(Ok(delivery))) => {
+                    tracing::trace!(id = rows[i].id, partition = delivery.partition,
+                        offset = delivery.offset, "acknowledged");
+                    Outcome::Published
+                }
                 Ok(Ok(Err((error, _)))) => failed(&error),
                 Ok(Err(_canceled)) => Outcome::Deferred("the producer was dropped".into()),
                 Err(_) => Outcome::Deferred(format!(

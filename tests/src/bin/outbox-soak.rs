@@ -91,7 +91,7 @@ async fn relay_process(url: &str, brokers: &str) {
         tracing_subscriber::fmt()
             .with_writer(Mutex::new(file))
             .with_ansi(false)
-            .with_max_level(tracing::Level::DEBUG)
+            .with_max_level(tracing::Level::TRACE)
             .init();
     }
     let pool = sqlx::postgres::PgPoolOptions::new()
@@ -213,6 +213,14 @@ async fn consumer(bootstrap: String, received: Received, cancel: CancellationTok
         let key = String::from_utf8_lossy(message.key().unwrap_or_default()).into_owned();
         let payload: serde_json::Value =
             serde_json::from_slice(message.payload().unwrap_or_default()).unwrap_or_default();
+        if payload["seq"].as_u64().is_none() {
+            eprintln!(
+                "unreadable record at {}:{}: key {key}, {} bytes",
+                message.partition(),
+                message.offset(),
+                message.payload().map_or(0, <[u8]>::len)
+            );
+        }
         if let Some(seq) = payload["seq"].as_u64() {
             use rdkafka::message::Headers;
             let outbox_id = message
@@ -445,6 +453,15 @@ async fn main() {
         .await
         .unwrap_or(None);
         eprintln!("lost: {key} seq {seq}: outbox row (id, published_at) {row:?}");
+        if let Some((id, _)) = row {
+            let id = id.to_string();
+            let seen: Vec<String> = received
+                .iter()
+                .filter(|(_, at)| at.2 == id)
+                .map(|(other, at)| format!("{other:?} at {}:{}", at.0, at.1))
+                .collect();
+            eprintln!("  its outbox id in what was read: {seen:?}");
+        }
     }
     let lost = lost.len();
     println!(
