@@ -20,6 +20,9 @@ use uuid::Uuid;
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
 enum Variant {
     NoEmit,
+    /// The floor: the same outbox row written by a plain parameterized INSERT in a plain sqlx
+    /// transaction; no function, no lock, no notify check, no unit of work.
+    HandInsert,
     Emit1,
     /// The row written at once (its own round trip), as an insert-at-emit design would.
     Emit1Flush,
@@ -30,6 +33,7 @@ impl Variant {
     fn name(self) -> &'static str {
         match self {
             Variant::NoEmit => "insert only",
+            Variant::HandInsert => "insert + hand-written INSERT",
             Variant::Emit1 => "insert + emit",
             Variant::Emit1Flush => "insert + emit + flush",
             Variant::EmitAll10 => "insert + emit_all(10)",
@@ -43,6 +47,9 @@ async fn command(pool: &PgPool, variant: Variant) {
         customer_id: Uuid::now_v7(),
         amount: 100,
     };
+    if variant == Variant::HandInsert {
+        return hand_insert(pool, &order).await;
+    }
     let mut uow = Uow::begin(pool).await.unwrap();
     sqlx::query("INSERT INTO orders (id, customer_id, amount) VALUES ($1, $2, $3)")
         .bind(order.order_id)
@@ -52,7 +59,7 @@ async fn command(pool: &PgPool, variant: Variant) {
         .await
         .unwrap();
     match variant {
-        Variant::NoEmit => {}
+        Variant::NoEmit | Variant::HandInsert => {}
         Variant::Emit1 => {
             uow.emit(&order).await.unwrap();
         }
@@ -72,6 +79,35 @@ async fn command(pool: &PgPool, variant: Variant) {
         }
     }
     uow.commit().await.unwrap();
+}
+
+/// The domain row and the same outbox row as `emit` writes, by hand.
+async fn hand_insert(pool: &PgPool, order: &OrderCreated) {
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("INSERT INTO orders (id, customer_id, amount) VALUES ($1, $2, $3)")
+        .bind(order.order_id)
+        .bind(order.customer_id)
+        .bind(order.amount)
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let record = outbox_runtime::OutboxRecord::from_event(order).unwrap();
+    sqlx::query(
+        "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type, payload, \
+                                   topic, partition_key) \
+         VALUES ($1, $2, $3, $4, $5::jsonb, $6, $7)",
+    )
+    .bind(record.event_id())
+    .bind(record.aggregate_type())
+    .bind(record.aggregate_id())
+    .bind(record.event_type())
+    .bind(record.payload())
+    .bind(record.topic())
+    .bind(record.partition_key())
+    .execute(&mut *tx)
+    .await
+    .unwrap();
+    tx.commit().await.unwrap();
 }
 
 /// Runs `txs` transactions in each of `concurrency` tasks; returns (tx/s, per-tx latencies).
@@ -113,17 +149,10 @@ async fn main() {
         .execute(&db.pool)
         .await
         .unwrap();
-    if std::env::var("NO_NOTIFY").is_ok() {
-        // To measure what the relay's wake-up notification costs.
-        sqlx::query("DROP TRIGGER outbox_event_notify ON outbox_event")
-            .execute(&db.pool)
-            .await
-            .unwrap();
-        println!("(without the NOTIFY trigger)");
-    }
     let pool = db.pool(8).await;
     let variants = [
         Variant::NoEmit,
+        Variant::HandInsert,
         Variant::Emit1,
         Variant::Emit1Flush,
         Variant::EmitAll10,
@@ -131,8 +160,14 @@ async fn main() {
     let n = variants.len();
     println!("emit overhead: {rounds} rounds x {txs} transactions per task, medians over rounds");
     println!(
-        "{:>11} | {:<23} | {:>9} | {:>12} | {:>12} | {:>14}",
-        "concurrency", "transaction", "tx/s", "p50 latency", "p99 latency", "time vs insert"
+        "{:>11} | {:<28} | {:>9} | {:>12} | {:>12} | {:>14} | {:>6}",
+        "concurrency",
+        "transaction",
+        "tx/s",
+        "p50 latency",
+        "p99 latency",
+        "time vs insert",
+        "x floor"
     );
     for concurrency in [1, 8] {
         // Warm-up: connections open, statements prepared.
@@ -151,18 +186,20 @@ async fn main() {
             }
         }
         let base = median(rates[0].clone());
+        let floor = median(rates[1].clone());
         for i in 0..n {
             let rate = median(rates[i].clone());
             let p50 = percentile(&mut lats[i], 0.50);
             let p99 = percentile(&mut lats[i], 0.99);
             println!(
-                "{:>11} | {:<23} | {:>9.0} | {:>9.0} µs | {:>9.0} µs | {:>+13.1}%",
+                "{:>11} | {:<28} | {:>9.0} | {:>9.0} µs | {:>9.0} µs | {:>+13.1}% | {:>6.3}",
                 concurrency,
                 variants[i].name(),
                 rate,
                 p50.as_secs_f64() * 1e6,
                 p99.as_secs_f64() * 1e6,
-                (base / rate - 1.0) * 100.0
+                (base / rate - 1.0) * 100.0,
+                floor / rate
             );
         }
     }

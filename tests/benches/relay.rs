@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use outbox_runtime::relay::{self, Relay};
 use outbox_runtime::{OutboxEvent, Uow};
-use outbox_tests::bench::{env, median, rate};
+use outbox_tests::bench::{cpu_busy_since, cpu_times, env, median, rate};
 use outbox_tests::kafka::Kafka;
 use outbox_tests::TestDb;
 use rdkafka::consumer::{Consumer, StreamConsumer};
@@ -57,6 +57,15 @@ async fn write_events(pool: &PgPool, n: u64) {
         .execute(pool)
         .await
         .unwrap();
+    emit(pool, n).await;
+    sqlx::query("VACUUM ANALYZE outbox_event")
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+/// Emits `n` events over 1,000 keys, 1,000 per unit of work.
+async fn emit(pool: &PgPool, n: u64) {
     let mut i = 0;
     while i < n {
         let chunk: Vec<OrderCreated> = (i..(i + 1000).min(n)).map(|k| event(k, 1000)).collect();
@@ -65,10 +74,43 @@ async fn write_events(pool: &PgPool, n: u64) {
         uow.commit().await.unwrap();
         i += chunk.len() as u64;
     }
-    sqlx::query("VACUUM ANALYZE outbox_event")
-        .execute(pool)
-        .await
+}
+
+/// How a backlog's drain is set up.
+#[derive(Clone, Copy)]
+enum Stats {
+    /// The table was never analyzed (fresh, autovacuum behind): what a burst meets.
+    Never,
+    /// `ANALYZE` after the backlog was written.
+    Analyzed,
+}
+
+/// (5) Drains a backlog of `n` events written into a fresh database, with 1 relay; events/s.
+async fn drain_backlog(bootstrap: &str, n: u64, stats: Stats) -> f64 {
+    let db = TestDb::new().await;
+    emit(&db.pool, n).await;
+    if let Stats::Analyzed = stats {
+        sqlx::query("ANALYZE outbox_event")
+            .execute(&db.pool)
+            .await
+            .unwrap();
+    }
+    let mut config = ClientConfig::new();
+    if let Ok(v) = std::env::var("INFLIGHT") {
+        config.set("max.in.flight.requests.per.connection", v);
+    }
+    if let Ok(v) = std::env::var("LINGER") {
+        config.set("linger.ms", v);
+    }
+    let relay = Relay::builder(db.pool.clone())
+        .producer_config(config)
+        .brokers(bootstrap)
+        .batch_size(500)
+        .build()
         .unwrap();
+    let t = Instant::now();
+    assert_eq!(relay.publish_pending().await.unwrap(), n);
+    rate(n, t.elapsed())
 }
 
 fn producer(bootstrap: &str) -> FutureProducer {
@@ -250,7 +292,14 @@ async fn main() {
         .batch_size(500)
         .build()
         .unwrap();
-    println!("relay benchmark: N = {n} events, {rounds} rounds, broker = {kafka:?}, 1000 keys");
+    let autovacuum: String = sqlx::query_scalar("SHOW autovacuum")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    println!(
+        "relay benchmark: N = {n} events, {rounds} rounds, broker = {kafka:?}, 1000 keys, \
+         autovacuum = {autovacuum}"
+    );
 
     let mut results: [Vec<f64>; 5] = Default::default();
     for round in 0..rounds {
@@ -258,8 +307,10 @@ async fn main() {
 
         write_events(&db.pool, n).await;
         let t = Instant::now();
+        let cpu = cpu_times();
         assert_eq!(bare_mark(&db.pool, 500).await, n);
         let bare = rate(n, t.elapsed());
+        let bare_cpu = cpu_busy_since(cpu);
 
         write_events(&db.pool, n).await;
         let t = Instant::now();
@@ -271,23 +322,31 @@ async fn main() {
 
         write_events(&db.pool, n).await;
         let t = Instant::now();
+        let cpu = cpu_times();
         let published = relay.publish_pending().await.unwrap();
         assert_eq!(published, n);
         let one = rate(n, t.elapsed());
+        let one_cpu = cpu_busy_since(cpu);
 
         write_events(&db.pool, n).await;
         let cancel = CancellationToken::new();
         let t = Instant::now();
+        let cpu = cpu_times();
         let handles: Vec<_> = (0..4).map(|_| relay.spawn(cancel.clone())).collect();
         wait_drained(&db.pool).await;
         let four = rate(n, t.elapsed());
+        let four_cpu = cpu_busy_since(cpu);
         cancel.cancel();
         for h in handles {
             h.await.unwrap().unwrap();
         }
         println!(
-            "round {round}: bare mark {bare:.0}/s, raw producer {raw:.0}/s, claim+mark only {db_only:.0}/s, \
-             1 relay {one:.0}/s, 4 relays {four:.0}/s"
+            "round {round}: bare mark {bare:.0}/s (CPU {:.0}%), raw producer {raw:.0}/s, \
+             claim+mark only {db_only:.0}/s, 1 relay {one:.0}/s (CPU {:.0}%), \
+             4 relays {four:.0}/s (CPU {:.0}%)",
+            bare_cpu * 100.0,
+            one_cpu * 100.0,
+            four_cpu * 100.0
         );
         for (i, r) in [bare, raw, db_only, one, four].into_iter().enumerate() {
             results[i].push(r);
@@ -310,6 +369,31 @@ async fn main() {
         four / limit * 100.0,
         four / bare
     );
+
+    // (5) Backlogs and statistics: a large backlog on a table the planner knows nothing about,
+    // the same after ANALYZE, a small one; and a slow broker.
+    let large: u64 = env("BACKLOG", 1_000_000);
+    let small: u64 = env("SMALL_BACKLOG", 50_000);
+    let small_never = drain_backlog(&bootstrap, small, Stats::Never).await;
+    let large_never = drain_backlog(&bootstrap, large, Stats::Never).await;
+    let large_analyzed = drain_backlog(&bootstrap, large, Stats::Analyzed).await;
+    println!("  (5) drain of {small} rows, never analyzed {small_never:>9.0}");
+    println!(
+        "      drain of {large} rows, never analyzed {large_never:>9.0}   {:.2} x analyzed, {:.2} x {small} rows",
+        large_never / large_analyzed,
+        large_never / small_never
+    );
+    println!("      drain of {large} rows, analyzed     {large_analyzed:>9.0}");
+    if matches!(kafka, Kafka::Mock(_)) {
+        let delay = Duration::from_millis(env("SLOW_MS", 5));
+        kafka.set_latency(delay);
+        let slow = drain_backlog(&bootstrap, small, Stats::Never).await;
+        kafka.set_latency(Duration::ZERO);
+        println!(
+            "  (6) drain of {small} rows, broker {delay:?} slower {slow:>9.0}   {:.2} x the same at full speed",
+            slow / small_never
+        );
+    }
 
     let secs: u64 = env("LATENCY_SECS", 5);
     let mut lat = latency(&db, &relay, &bootstrap, secs).await;

@@ -27,3 +27,30 @@ pub fn env<T: FromStr>(name: &str, default: T) -> T {
 pub fn rate(n: u64, elapsed: Duration) -> f64 {
     n as f64 / elapsed.as_secs_f64()
 }
+
+/// The machine's CPU time so far, busy and total (jiffies, all cores), from `/proc/stat`.
+pub fn cpu_times() -> (u64, u64) {
+    let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();
+    let fields: Vec<u64> = stat
+        .lines()
+        .next()
+        .unwrap_or_default()
+        .split_whitespace()
+        .skip(1)
+        .filter_map(|f| f.parse().ok())
+        .collect();
+    let total: u64 = fields.iter().sum();
+    let idle = fields.get(3).copied().unwrap_or(0) + fields.get(4).copied().unwrap_or(0);
+    (total - idle, total)
+}
+
+/// The share of the machine's CPU that was busy since `start` (from [`cpu_times`]), 0 to 1.
+pub fn cpu_busy_since(start: (u64, u64)) -> f64 {
+    let (busy, total) = cpu_times();
+    let (dbusy, dtotal) = (busy - start.0, total - start.1);
+    if dtotal == 0 {
+        0.0
+    } else {
+        dbusy as f64 / dtotal as f64
+    }
+}

@@ -237,14 +237,21 @@ pub(crate) async fn publish(
                 // an earlier write): not proof enough to mark the row; it is sent again (at
                 // worst a duplicate).
                 Ok(Ok(Ok(delivery))) if delivery.offset < 0 => {
-                    tracing::warn!(id = rows[i].id, partition = delivery.partition,
-                        "a record was acknowledged without an offset; it will be sent again");
+                    tracing::warn!(
+                        id = rows[i].id,
+                        partition = delivery.partition,
+                        "a record was acknowledged without an offset; it will be sent again"
+                    );
                     metrics::counter!("outbox_relay_unconfirmed_acks_total").increment(1);
                     Outcome::Deferred("acknowledged without an offset".into())
                 }
                 Ok(Ok(Ok(delivery))) => {
-                    tracing::trace!(id = rows[i].id, partition = delivery.partition,
-                        offset = delivery.offset, "acknowledged");
+                    tracing::trace!(
+                        id = rows[i].id,
+                        partition = delivery.partition,
+                        offset = delivery.offset,
+                        "acknowledged"
+                    );
                     Outcome::Published
                 }
                 Ok(Ok(Err((error, _)))) => failed(&error),
