@@ -156,3 +156,116 @@ pub async fn gated_mark_paid(
         .await?;
     Ok(())
 }
+
+/// The payments ledger of the aborted-transaction tests: one row per order.
+pub async fn create_ledger(pool: &PgPool) {
+    sqlx::query("CREATE TABLE ledger (order_id uuid PRIMARY KEY, amount bigint NOT NULL)")
+        .execute(pool)
+        .await
+        .expect("ledger table");
+}
+
+/// Records the payment; "already recorded" is fine, so the unique violation is swallowed, as
+/// application code often does, without a savepoint: it leaves the transaction aborted.
+#[inbox_handler]
+pub async fn record_payment_swallowing_duplicates(
+    event: PaymentSucceeded,
+    tx: &mut sqlx::PgConnection,
+) -> Result<(), HandlerError> {
+    let inserted = sqlx::query("INSERT INTO ledger (order_id, amount) VALUES ($1, $2)")
+        .bind(event.order_id)
+        .bind(event.amount)
+        .execute(&mut *tx)
+        .await;
+    match inserted {
+        Ok(_) => Ok(()),
+        Err(sqlx::Error::Database(e)) if e.is_unique_violation() => Ok(()),
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// Calls of [`panicky_mark_paid`] so far, by order.
+pub static PANICKY_CALLS: Mutex<BTreeMap<Uuid, u32>> = Mutex::new(BTreeMap::new());
+
+/// Panics on its first call for an order whose amount is 13, then marks it paid; marks the
+/// others paid at once.
+#[inbox_handler]
+pub async fn panicky_mark_paid(
+    event: PaymentSucceeded,
+    tx: &mut sqlx::PgConnection,
+) -> Result<(), HandlerError> {
+    let calls = {
+        let mut calls = PANICKY_CALLS.lock().unwrap();
+        let n = calls.entry(event.order_id).or_default();
+        *n += 1;
+        *n
+    };
+    sqlx::query("UPDATE orders SET paid = paid + 1 WHERE id = $1")
+        .bind(event.order_id)
+        .execute(&mut *tx)
+        .await?;
+    if event.amount == 13 && calls == 1 {
+        panic!(
+            "the payment provider's client panicked for order {}",
+            event.order_id
+        );
+    }
+    Ok(())
+}
+
+/// Orders [`sometimes_failing_mark_paid`] handled, in the order it handled them.
+pub static HANDLED: Mutex<Vec<Uuid>> = Mutex::new(Vec::new());
+
+/// Fails (retryably) on its first two calls for an order whose amount is 7, then marks it
+/// paid; marks the others paid at once. Records what it handled, in order.
+#[inbox_handler]
+pub async fn sometimes_failing_mark_paid(
+    event: PaymentSucceeded,
+    tx: &mut sqlx::PgConnection,
+) -> Result<(), HandlerError> {
+    if event.amount == 7 {
+        let calls = {
+            let mut calls = FLAKY_CALLS.lock().unwrap();
+            let n = calls.entry(event.order_id).or_default();
+            *n += 1;
+            *n
+        };
+        if calls <= 2 {
+            return Err(HandlerError::retryable("the payment service is busy"));
+        }
+    }
+    sqlx::query("UPDATE orders SET paid = paid + 1 WHERE id = $1")
+        .bind(event.order_id)
+        .execute(&mut *tx)
+        .await?;
+    HANDLED.lock().unwrap().push(event.order_id);
+    Ok(())
+}
+
+/// Receipts, one per order, checked at commit (a deferred unique constraint).
+pub async fn create_receipts(pool: &PgPool) {
+    sqlx::query(
+        "CREATE TABLE receipt (order_id uuid NOT NULL, \
+         CONSTRAINT one_receipt_per_order UNIQUE (order_id) DEFERRABLE INITIALLY DEFERRED)",
+    )
+    .execute(pool)
+    .await
+    .expect("receipt table");
+}
+
+/// Writes the order's receipt, twice when the amount is 9: every statement succeeds, and the
+/// transaction is refused at commit.
+#[inbox_handler]
+pub async fn write_receipt(
+    event: PaymentSucceeded,
+    tx: &mut sqlx::PgConnection,
+) -> Result<(), HandlerError> {
+    let copies = if event.amount == 9 { 2 } else { 1 };
+    for _ in 0..copies {
+        sqlx::query("INSERT INTO receipt (order_id) VALUES ($1)")
+            .bind(event.order_id)
+            .execute(&mut *tx)
+            .await?;
+    }
+    Ok(())
+}

@@ -4,6 +4,7 @@ pub mod bench;
 pub mod deposits;
 pub mod fixtures;
 pub mod kafka;
+pub mod payments;
 pub mod proxy;
 
 use std::str::FromStr;

@@ -1,0 +1,92 @@
+//! What the consumer tests share: a consumer builder for the payments topic, orders with their
+//! payment events, and waiting for a condition.
+
+use std::time::Duration;
+
+use outbox_runtime::inbox::{Consumer, ConsumerBuilder};
+use sqlx::PgPool;
+use uuid::Uuid;
+
+use crate::fixtures::{self, PaymentSucceeded, PAYMENTS};
+use crate::kafka::{produce, Kafka, Outgoing};
+use crate::TestDb;
+
+/// Partitions of the payments topic.
+pub const PARTITIONS: i32 = 4;
+
+pub fn builder(db: &TestDb, kafka: &Kafka, group: &str) -> ConsumerBuilder {
+    let mut config = rdkafka::ClientConfig::new();
+    config.set("auto.commit.interval.ms", "100");
+    Consumer::builder(db.pool.clone())
+        .brokers(kafka.bootstrap())
+        .group_id(group)
+        .consumer_config(config)
+        .retry_backoff(Duration::from_millis(20), Duration::from_millis(200))
+}
+
+/// `n` orders, each with its payment event.
+pub async fn orders_with_payments(pool: &PgPool, n: usize) -> Vec<(Uuid, PaymentSucceeded)> {
+    let orders: Vec<Uuid> = (0..n).map(|_| Uuid::now_v7()).collect();
+    fixtures::insert_orders(pool, &orders).await;
+    orders
+        .into_iter()
+        .map(|order_id| {
+            let event = PaymentSucceeded {
+                payment_id: Uuid::now_v7(),
+                order_id,
+                amount: 100,
+            };
+            (Uuid::now_v7(), event)
+        })
+        .collect()
+}
+
+pub fn records(payments: &[(Uuid, PaymentSucceeded)]) -> Vec<Outgoing> {
+    payments
+        .iter()
+        .map(|(id, e)| Outgoing::event(e, *id))
+        .collect()
+}
+
+/// Produces the payments as the relay would.
+pub async fn publish(kafka: &Kafka, payments: &[(Uuid, PaymentSucceeded)]) {
+    produce(&kafka.bootstrap(), PAYMENTS, &records(payments)).await;
+}
+
+/// Polls `condition` until it holds; panics with `what` after `timeout`.
+pub async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut condition: F)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = bool>,
+{
+    let deadline = tokio::time::Instant::now() + timeout;
+    while !condition().await {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "timed out waiting for {what}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+pub async fn paid_counts(pool: &PgPool) -> Vec<i32> {
+    sqlx::query_scalar("SELECT paid FROM orders ORDER BY id")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+pub async fn setup() -> (TestDb, Kafka) {
+    setup_on(Kafka::mock()).await
+}
+
+pub async fn setup_on(kafka: Kafka) -> (TestDb, Kafka) {
+    let db = TestDb::new().await;
+    fixtures::create_orders(&db.pool).await;
+    kafka.create_topic(PAYMENTS, PARTITIONS).await;
+    kafka
+        .create_topic(&format!("{PAYMENTS}.retry"), PARTITIONS)
+        .await;
+    kafka.create_topic(&format!("{PAYMENTS}.dlq"), 1).await;
+    (db, kafka)
+}

@@ -1,0 +1,536 @@
+//! Consumers against the handlers and inputs real services have: a handler that catches a
+//! database error, a panicking handler, payloads `jsonb` refuses, two services with handlers of
+//! the same name, a message that keeps failing, a dead-letter topic that does not exist.
+
+use std::time::Duration;
+
+use outbox_runtime::inbox::Mode;
+use outbox_tests::fixtures::{self, PaymentSucceeded, PAYMENTS};
+use outbox_tests::kafka::{committed_total, consume, produce, Outgoing};
+use outbox_tests::payments::{
+    builder, orders_with_payments, paid_counts, publish, records, setup, wait_for, PARTITIONS,
+};
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+async fn count(pool: &PgPool, sql: &str) -> i64 {
+    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
+
+/// 200 payments, every 50th already in the ledger: a handler that swallows the unique
+/// violation leaves its transaction aborted. The other 196 must be recorded; the 4 are failures
+/// (retried, then dead-lettered) whose error says the transaction was left aborted.
+async fn swallowed_errors(mode: Mode) {
+    let (db, kafka) = setup().await;
+    fixtures::create_ledger(&db.pool).await;
+    let payments = orders_with_payments(&db.pool, 200).await;
+    for (_, p) in payments.iter().step_by(50) {
+        sqlx::query("INSERT INTO ledger (order_id, amount) VALUES ($1, 1)")
+            .bind(p.order_id)
+            .execute(&db.pool)
+            .await
+            .unwrap();
+    }
+    publish(&kafka, &payments).await;
+    let consumer = builder(&db, &kafka, "ledger")
+        .handler(fixtures::record_payment_swallowing_duplicates)
+        .mode(mode)
+        .max_attempts(2)
+        .poll_interval(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let cancel = CancellationToken::new();
+    let handle = consumer.spawn(cancel.clone());
+    wait_for(
+        "196 new payments recorded",
+        Duration::from_secs(60),
+        || async { count(&db.pool, "SELECT count(*) FROM ledger WHERE amount = 100").await == 196 },
+    )
+    .await;
+    let reasons: Vec<String> = match mode {
+        Mode::Dedup => {
+            let dead = consume(
+                &kafka.bootstrap(),
+                &format!("{PAYMENTS}.dlq"),
+                1,
+                Duration::from_secs(30),
+                |r| r.len() >= 4,
+            )
+            .await;
+            dead.iter()
+                .map(|r| r.header("dlq_error").to_owned())
+                .collect()
+        }
+        _ => {
+            wait_for("4 dead rows", Duration::from_secs(30), || async {
+                count(
+                    &db.pool,
+                    "SELECT count(*) FROM inbox_event WHERE dead_at IS NOT NULL",
+                )
+                .await
+                    == 4
+            })
+            .await;
+            sqlx::query_scalar("SELECT last_error FROM inbox_event WHERE dead_at IS NOT NULL")
+                .fetch_all(&db.pool)
+                .await
+                .unwrap()
+        }
+    };
+    cancel.cancel();
+    handle.await.unwrap().unwrap();
+    assert_eq!(reasons.len(), 4, "{reasons:?}");
+    for reason in &reasons {
+        assert!(reason.contains("left its transaction aborted"), "{reason}");
+        assert!(reason.contains("savepoint"), "{reason}");
+    }
+    assert_eq!(count(&db.pool, "SELECT count(*) FROM ledger").await, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dedup_a_handler_that_swallows_a_database_error_fails_only_its_message() {
+    swallowed_errors(Mode::Dedup).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_a_handler_that_swallows_a_database_error_fails_only_its_row() {
+    swallowed_errors(Mode::Inbox).await;
+}
+
+/// Payloads that are JSON to serde but that `jsonb` refuses: a lone surrogate escape, a number
+/// beyond `numeric`. In inbox mode they are dead-lettered with PostgreSQL's reason, and the
+/// partition flows on; an escaped backslash followed by `u0000` is no NUL and is accepted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_payloads_jsonb_refuses_are_dead_lettered_and_the_partition_flows() {
+    let (db, kafka) = setup().await;
+    let payments = orders_with_payments(&db.pool, 3).await;
+    let key = "one-partition".to_owned();
+    let record = |i: usize, extra: &str| {
+        let p = &payments[i].1;
+        let mut r = Outgoing::event(p, Uuid::now_v7());
+        r.key = key.clone();
+        r.payload = format!(
+            r#"{{"payment_id":"{}","order_id":"{}","amount":100{extra}}}"#,
+            p.payment_id, p.order_id
+        )
+        .into_bytes();
+        r
+    };
+    let records = vec![
+        record(0, ""),
+        record(1, r#","note":"\udc00""#),
+        record(1, r#","n":1e1000000"#),
+        record(1, r#","note":"a\\u0000b""#),
+        record(2, ""),
+    ];
+    produce(&kafka.bootstrap(), PAYMENTS, &records).await;
+    let consumer = builder(&db, &kafka, "orders")
+        .handler(fixtures::mark_order_paid)
+        .mode(Mode::Inbox)
+        .poll_interval(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let cancel = CancellationToken::new();
+    let handle = consumer.spawn(cancel.clone());
+    wait_for(
+        "three payments applied",
+        Duration::from_secs(30),
+        || async { paid_counts(&db.pool).await.iter().sum::<i32>() == 3 },
+    )
+    .await;
+    let dead = consume(
+        &kafka.bootstrap(),
+        &format!("{PAYMENTS}.dlq"),
+        1,
+        Duration::from_secs(30),
+        |r| r.len() >= 2,
+    )
+    .await;
+    cancel.cancel();
+    handle.await.unwrap().unwrap();
+    assert_eq!(dead.len(), 2);
+    assert_eq!(dead[0].raw, records[1].payload);
+    assert_eq!(dead[1].raw, records[2].payload);
+    for r in &dead {
+        assert!(
+            r.header("dlq_error")
+                .contains("PostgreSQL refuses the payload as jsonb"),
+            "{}",
+            r.header("dlq_error")
+        );
+    }
+    assert_eq!(paid_counts(&db.pool).await.iter().sum::<i32>(), 3);
+    let stored: String =
+        sqlx::query_scalar("SELECT payload->>'note' FROM inbox_event WHERE payload ? 'note'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(stored, "a\\u0000b");
+}
+
+/// A panicking handler is a failure like any other: retried (here it then succeeds), its
+/// effect once; the consumer and the processors keep running.
+async fn panics(mode: Mode) {
+    let (db, kafka) = setup().await;
+    let payments: Vec<(Uuid, PaymentSucceeded)> = orders_with_payments(&db.pool, 10)
+        .await
+        .into_iter()
+        .enumerate()
+        .map(|(i, (id, mut p))| {
+            if i % 5 == 0 {
+                p.amount = 13;
+            }
+            (id, p)
+        })
+        .collect();
+    publish(&kafka, &payments).await;
+    let consumer = builder(&db, &kafka, "orders")
+        .handler(fixtures::panicky_mark_paid)
+        .mode(mode)
+        .poll_interval(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let cancel = CancellationToken::new();
+    let handle = consumer.spawn(cancel.clone());
+    wait_for("every payment applied", Duration::from_secs(30), || async {
+        paid_counts(&db.pool).await.iter().sum::<i32>() == 10
+    })
+    .await;
+    // More messages after the panics: the consumer is still there.
+    let more = orders_with_payments(&db.pool, 5).await;
+    publish(&kafka, &more).await;
+    wait_for(
+        "the later payments applied",
+        Duration::from_secs(30),
+        || async { paid_counts(&db.pool).await.iter().sum::<i32>() == 15 },
+    )
+    .await;
+    assert!(!handle.is_finished(), "the consumer is still running");
+    cancel.cancel();
+    handle.await.unwrap().unwrap();
+    assert!(paid_counts(&db.pool).await.iter().all(|&n| n == 1));
+    // A handler may run again when a batch-mate fails (its work rolled back with the
+    // batch); the panicking ones ran at least twice, with one effect.
+    for (_, p) in payments.iter().filter(|(_, p)| p.amount == 13) {
+        assert!(fixtures::PANICKY_CALLS.lock().unwrap()[&p.order_id] >= 2);
+    }
+    // Each panic was one failed attempt, with the panic's message.
+    let errors: Vec<String> = match mode {
+        Mode::Dedup => consume(
+            &kafka.bootstrap(),
+            &format!("{PAYMENTS}.retry"),
+            PARTITIONS,
+            Duration::from_secs(2),
+            |r| r.len() > 2,
+        )
+        .await
+        .iter()
+        .map(|r| r.header("outbox_retry_error").to_owned())
+        .collect(),
+        _ => sqlx::query_scalar("SELECT last_error FROM inbox_event WHERE attempts > 0")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap(),
+    };
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    for e in errors {
+        assert!(
+            e.contains("panicked: the payment provider's client panicked"),
+            "{e}"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dedup_a_panicking_handler_is_a_failure_not_a_crash() {
+    panics(Mode::Dedup).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_a_panicking_handler_is_a_failure_not_a_dead_processor() {
+    panics(Mode::Inbox).await;
+}
+
+/// Two services (two consumer groups) on one database, with handlers of the same name for the
+/// same event: each does its own work.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn handlers_of_the_same_name_in_two_groups_do_not_skip_each_other() {
+    let (db, kafka) = setup().await;
+    let payments = orders_with_payments(&db.pool, 20).await;
+    publish(&kafka, &payments).await;
+    let cancel = CancellationToken::new();
+    let handles: Vec<_> = ["billing", "shipping"]
+        .iter()
+        .map(|group| {
+            builder(&db, &kafka, group)
+                .handler(fixtures::mark_order_paid)
+                .build()
+                .unwrap()
+                .spawn(cancel.clone())
+        })
+        .collect();
+    // Their batches update the same orders: deadlocks are likely, and retried.
+    wait_for(
+        "each group paid each order",
+        Duration::from_secs(30),
+        || async { paid_counts(&db.pool).await == vec![2; 20] },
+    )
+    .await;
+    for group in ["billing", "shipping"] {
+        wait_for(group, Duration::from_secs(30), || async {
+            committed_total(&kafka.bootstrap(), group, PAYMENTS, PARTITIONS) == 20
+        })
+        .await;
+    }
+    cancel.cancel();
+    for h in handles {
+        h.await.unwrap().unwrap();
+    }
+    assert_eq!(
+        paid_counts(&db.pool).await,
+        vec![2; 20],
+        "each group paid once"
+    );
+}
+
+/// A message whose handler fails twice goes through the retry topic: the partition's other
+/// messages are handled meanwhile, it is handled once, on its third attempt.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_message_does_not_hold_up_its_partition() {
+    let (db, kafka) = setup().await;
+    let key = "one-partition".to_owned();
+    let payments: Vec<(Uuid, PaymentSucceeded)> = orders_with_payments(&db.pool, 6)
+        .await
+        .into_iter()
+        .enumerate()
+        .map(|(i, (id, mut p))| {
+            if i == 0 {
+                p.amount = 7;
+            }
+            (id, p)
+        })
+        .collect();
+    let mut outgoing = records(&payments);
+    for r in &mut outgoing {
+        r.key = key.clone();
+    }
+    produce(&kafka.bootstrap(), PAYMENTS, &outgoing).await;
+    let consumer = builder(&db, &kafka, "orders")
+        .handler(fixtures::sometimes_failing_mark_paid)
+        .retry_backoff(Duration::from_millis(300), Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let cancel = CancellationToken::new();
+    let handle = consumer.spawn(cancel.clone());
+    wait_for("every payment applied", Duration::from_secs(30), || async {
+        paid_counts(&db.pool).await.iter().sum::<i32>() == 6
+    })
+    .await;
+    cancel.cancel();
+    handle.await.unwrap().unwrap();
+    let handled: Vec<Uuid> = fixtures::HANDLED
+        .lock()
+        .unwrap()
+        .iter()
+        .copied()
+        .filter(|id| payments.iter().any(|(_, p)| p.order_id == *id))
+        .collect();
+    let first = payments[0].1.order_id;
+    assert_eq!(handled.len(), 6, "each handled once");
+    assert_eq!(
+        handled.last(),
+        Some(&first),
+        "the failing message was handled after its partition's later messages"
+    );
+    assert_eq!(paid_counts(&db.pool).await, vec![1; 6]);
+    assert_eq!(
+        fixtures::flaky_calls(first),
+        3,
+        "handled on its third attempt"
+    );
+}
+
+/// A handler whose work PostgreSQL refuses only at commit (a deferred constraint): the message
+/// is a failure of its own (an integrity violation: dead-lettered at once), not a database
+/// outage retried forever; the rest of its batch commits.
+async fn refused_at_commit(mode: Mode) {
+    let (db, kafka) = setup().await;
+    fixtures::create_receipts(&db.pool).await;
+    let payments: Vec<(Uuid, PaymentSucceeded)> = orders_with_payments(&db.pool, 20)
+        .await
+        .into_iter()
+        .enumerate()
+        .map(|(i, (id, mut p))| {
+            if i % 10 == 3 {
+                p.amount = 9;
+            }
+            (id, p)
+        })
+        .collect();
+    publish(&kafka, &payments).await;
+    let consumer = builder(&db, &kafka, "receipts")
+        .handler(fixtures::write_receipt)
+        .mode(mode)
+        .poll_interval(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let cancel = CancellationToken::new();
+    let handle = consumer.spawn(cancel.clone());
+    wait_for("18 receipts", Duration::from_secs(30), || async {
+        count(&db.pool, "SELECT count(*) FROM receipt").await == 18
+    })
+    .await;
+    let reasons: Vec<String> = match mode {
+        Mode::Dedup => consume(
+            &kafka.bootstrap(),
+            &format!("{PAYMENTS}.dlq"),
+            1,
+            Duration::from_secs(30),
+            |r| r.len() >= 2,
+        )
+        .await
+        .iter()
+        .map(|r| r.header("dlq_error").to_owned())
+        .collect(),
+        _ => {
+            wait_for("2 dead rows", Duration::from_secs(30), || async {
+                count(
+                    &db.pool,
+                    "SELECT count(*) FROM inbox_event WHERE dead_at IS NOT NULL",
+                )
+                .await
+                    == 2
+            })
+            .await;
+            sqlx::query_scalar("SELECT last_error FROM inbox_event WHERE dead_at IS NOT NULL")
+                .fetch_all(&db.pool)
+                .await
+                .unwrap()
+        }
+    };
+    cancel.cancel();
+    handle.await.unwrap().unwrap();
+    assert_eq!(reasons.len(), 2, "{reasons:?}");
+    for reason in &reasons {
+        assert!(reason.contains("refused at commit"), "{reason}");
+        assert!(reason.contains("one_receipt_per_order"), "{reason}");
+    }
+    let nines: Vec<Uuid> = payments
+        .iter()
+        .filter(|(_, p)| p.amount == 9)
+        .map(|(_, p)| p.order_id)
+        .collect();
+    let written: i64 = sqlx::query_scalar("SELECT count(*) FROM receipt WHERE order_id = ANY($1)")
+        .bind(&nines)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(written, 0, "the refused messages left nothing");
+    if mode == Mode::Dedup {
+        let marked: i64 = sqlx::query_scalar(
+            "SELECT count(*) FROM processed_event WHERE handler LIKE 'receipts/%'",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        assert_eq!(marked, 18, "no dedup row for a refused message");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dedup_work_refused_at_commit_fails_its_message_not_the_consumer() {
+    refused_at_commit(Mode::Dedup).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_work_refused_at_commit_fails_its_row_not_the_processor() {
+    refused_at_commit(Mode::Inbox).await;
+}
+
+/// A consumer stopped while messages wait in the retry topic: the next one (same group)
+/// handles them when they are due; none is lost, none is handled twice, none dead-lettered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_waiting_in_the_retry_topic_survive_a_consumer_restart() {
+    let (db, kafka) = setup().await;
+    let payments: Vec<(Uuid, PaymentSucceeded)> = orders_with_payments(&db.pool, 6)
+        .await
+        .into_iter()
+        .enumerate()
+        .map(|(i, (id, mut p))| {
+            if i % 3 == 0 {
+                p.amount = 7;
+            }
+            (id, p)
+        })
+        .collect();
+    publish(&kafka, &payments).await;
+    let start = || {
+        builder(&db, &kafka, "orders")
+            .handler(fixtures::sometimes_failing_mark_paid)
+            .retry_backoff(Duration::from_secs(3), Duration::from_secs(3))
+            .build()
+            .unwrap()
+    };
+    let cancel = CancellationToken::new();
+    let first = start().spawn(cancel.clone());
+    let retry_topic = format!("{PAYMENTS}.retry");
+    consume(
+        &kafka.bootstrap(),
+        &retry_topic,
+        PARTITIONS,
+        Duration::from_secs(30),
+        |r| r.len() >= 2,
+    )
+    .await;
+    wait_for("the other four paid", Duration::from_secs(30), || async {
+        paid_counts(&db.pool).await.iter().sum::<i32>() == 4
+    })
+    .await;
+    cancel.cancel();
+    first.await.unwrap().unwrap();
+    let sevens: Vec<Uuid> = payments
+        .iter()
+        .filter(|(_, p)| p.amount == 7)
+        .map(|(_, p)| p.order_id)
+        .collect();
+    for order in &sevens {
+        assert_eq!(
+            fixtures::flaky_calls(*order),
+            1,
+            "stopped before its retry was due"
+        );
+    }
+
+    let cancel = CancellationToken::new();
+    let second = start().spawn(cancel.clone());
+    wait_for("every payment applied", Duration::from_secs(60), || async {
+        paid_counts(&db.pool).await.iter().sum::<i32>() == 6
+    })
+    .await;
+    wait_for(
+        "the retry topic consumed",
+        Duration::from_secs(30),
+        || async { committed_total(&kafka.bootstrap(), "orders", &retry_topic, PARTITIONS) == 4 },
+    )
+    .await;
+    cancel.cancel();
+    second.await.unwrap().unwrap();
+    assert_eq!(paid_counts(&db.pool).await, vec![1; 6]);
+    for order in &sevens {
+        assert_eq!(
+            fixtures::flaky_calls(*order),
+            3,
+            "handled on its third attempt"
+        );
+    }
+    let dead = consume(
+        &kafka.bootstrap(),
+        &format!("{PAYMENTS}.dlq"),
+        1,
+        Duration::from_secs(1),
+        |r| !r.is_empty(),
+    )
+    .await;
+    assert!(dead.is_empty(), "nothing dead-lettered");
+}

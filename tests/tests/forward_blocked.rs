@@ -1,0 +1,129 @@
+//! A dead-letter topic that does not exist: the consumer says so (an error, a gauge), stays in
+//! its group while it waits, and goes on once the topic appears. Its own test binary: the
+//! metrics recorder is process-wide.
+
+use std::time::Duration;
+
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::MetricKind;
+use outbox_tests::fixtures::{self, PAYMENTS};
+use outbox_tests::kafka::{consume, produce, Kafka, Outgoing};
+use outbox_tests::payments::{
+    builder, orders_with_payments, paid_counts, publish, wait_for, PARTITIONS,
+};
+use outbox_tests::TestDb;
+use rdkafka::consumer::{BaseConsumer, Consumer as _};
+use rdkafka::ClientConfig;
+use tokio_util::sync::CancellationToken;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_dead_letter_topic_blocks_visibly_keeps_the_membership_and_recovers() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder
+        .install()
+        .expect("the only recorder of this test binary");
+    let dlq = format!("{PAYMENTS}.dlq");
+    let blocked = || -> Option<f64> {
+        snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .find(|(key, _, _, _)| {
+                key.kind() == MetricKind::Gauge
+                    && key.key().name() == "outbox_consumer_forward_blocked"
+                    && key
+                        .key()
+                        .labels()
+                        .any(|l| l.key() == "topic" && l.value() == dlq)
+            })
+            .map(|(_, _, _, value)| match value {
+                DebugValue::Gauge(g) => g.into_inner(),
+                other => panic!("not a gauge: {other:?}"),
+            })
+    };
+
+    let db = TestDb::new().await;
+    fixtures::create_orders(&db.pool).await;
+    let kafka = Kafka::mock();
+    kafka.create_topic(PAYMENTS, PARTITIONS).await;
+    kafka
+        .create_topic(&format!("{PAYMENTS}.retry"), PARTITIONS)
+        .await;
+    // A message that is not JSON, then good ones.
+    let poison = Outgoing {
+        key: "k".into(),
+        payload: b"not json".to_vec(),
+        headers: Vec::new(),
+    };
+    produce(&kafka.bootstrap(), PAYMENTS, &[poison]).await;
+    let payments = orders_with_payments(&db.pool, 20).await;
+    publish(&kafka, &payments).await;
+
+    // A member that stops polling for 7 s leaves its group.
+    let mut consumer_config = ClientConfig::new();
+    consumer_config
+        .set("auto.commit.interval.ms", "100")
+        .set("session.timeout.ms", "6000")
+        .set("max.poll.interval.ms", "7000");
+    let mut producer_config = ClientConfig::new();
+    producer_config
+        .set("allow.auto.create.topics", "false")
+        .set("topic.metadata.propagation.max.ms", "1000");
+    let consumer = builder(&db, &kafka, "orders")
+        .consumer_config(consumer_config)
+        .handler(fixtures::mark_order_paid)
+        .build()
+        .unwrap();
+    let cancel = CancellationToken::new();
+    let handle = consumer.spawn(cancel.clone());
+    wait_for("the blocked gauge", Duration::from_secs(30), || async {
+        blocked() == Some(1.0)
+    })
+    .await;
+
+    // Longer than max.poll.interval.ms: a member that stopped polling would be gone by now.
+    tokio::time::sleep(Duration::from_secs(9)).await;
+    let other: BaseConsumer = ClientConfig::new()
+        .set("bootstrap.servers", kafka.bootstrap())
+        .set("group.id", "orders")
+        .set("session.timeout.ms", "6000")
+        .create()
+        .unwrap();
+    other.subscribe(&[PAYMENTS]).unwrap();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let assigned = loop {
+        let _ = other.poll(Duration::from_millis(100));
+        let n = other.assignment().unwrap().count();
+        if n > 0 {
+            break n;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "no assignment");
+        tokio::task::yield_now().await;
+    };
+    assert!(
+        assigned < PARTITIONS as usize,
+        "the blocked consumer kept its share of the partitions ({assigned} of {PARTITIONS} went to the newcomer)"
+    );
+    other.unsubscribe();
+    drop(other);
+
+    kafka.create_topic(&dlq, 1).await;
+    wait_for("every payment applied", Duration::from_secs(60), || async {
+        paid_counts(&db.pool).await.iter().sum::<i32>() == 20
+    })
+    .await;
+    let dead = consume(&kafka.bootstrap(), &dlq, 1, Duration::from_secs(30), |r| {
+        !r.is_empty()
+    })
+    .await;
+    wait_for("the gauge cleared", Duration::from_secs(30), || async {
+        blocked() == Some(0.0)
+    })
+    .await;
+    cancel.cancel();
+    handle.await.unwrap().unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].raw, b"not json");
+    assert_eq!(paid_counts(&db.pool).await, vec![1; 20]);
+}
