@@ -146,6 +146,7 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
         .krate
         .unwrap_or_else(|| syn::parse_quote!(::outbox_runtime));
     let ident = &sig.ident;
+    let explicit_name = args.name.is_some();
     let name = args
         .name
         .unwrap_or_else(|| LitStr::new(&ident.to_string(), ident.span()));
@@ -172,6 +173,7 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
             impl #krate::inbox::Handler for #ident {
                 type Event = #event_ty;
                 const NAME: &'static str = #name;
+                const EXPLICIT_NAME: bool = #explicit_name;
 
                 fn handle<'a>(
                     &'a self,

@@ -237,20 +237,13 @@ impl<'c> Uow<'c> {
         // Without rows, `SELECT` stands in for them: in an aborted transaction it fails, where
         // a bare COMMIT would "succeed" with a rollback. On an error the server skips the rest
         // of the query, and the dropped transaction rolls back.
-        let mut sql = if self.pending.is_empty() {
+        let sql = if self.pending.is_empty() {
             String::from("SELECT")
         } else {
             literal_emit(&self.pending)?
         };
-        sql.push_str("; COMMIT; BEGIN");
-        let result = run_counting(self.tx(), &sql).await;
-        drop(self.tx.take());
-        match result {
-            Ok(_) => Ok(()),
-            // COMMIT completed; what failed came after it (the server going away, say).
-            Err((completed, _)) if completed >= 2 => Ok(()),
-            Err((_, e)) => Err(commit_error(e, event_types)),
-        }
+        let tx = self.tx.take().expect("the unit of work has ended");
+        commit_after(tx, sql, event_types).await
     }
 
     /// Rolls back everything done in this unit of work.
@@ -263,6 +256,41 @@ impl<'c> Uow<'c> {
             tx.rollback().await?;
         }
         Ok(())
+    }
+}
+
+/// Commits a transaction this crate began (at depth 1), checked as [`Uow::commit`] does: an
+/// aborted transaction is [`Error::Aborted`], a refused commit [`Error::Commit`], a session lost
+/// on the way [`Error::CommitOutcomeUnknown`].
+#[cfg(feature = "kafka")]
+pub(crate) async fn commit_checked(tx: Transaction<'_, Postgres>) -> Result<()> {
+    commit_after(tx, String::from("SELECT"), Cow::Borrowed("")).await
+}
+
+/// Sends `sql` (whose failure in an aborted transaction is the point), `COMMIT`, and `BEGIN` of
+/// an empty transaction that the dropped `Transaction` rolls back with the connection's next
+/// use (so sqlx's depth and the server agree again without a round trip), as one simple query;
+/// judges the outcome by the statements that completed.
+async fn commit_after(
+    mut tx: Transaction<'_, Postgres>,
+    mut sql: String,
+    event_types: Cow<'static, str>,
+) -> Result<()> {
+    sql.push_str("; COMMIT; BEGIN");
+    match run_counting(&mut tx, &sql).await {
+        Ok(_) => Ok(()),
+        // COMMIT completed; what failed came after it (the server going away, say).
+        Err((completed, _)) if completed >= 2 => Ok(()),
+        Err((_, e)) => {
+            let error = commit_error(e, event_types);
+            if !error.is_outcome_unknown() {
+                // Release its locks now, not when the connection is next used.
+                if let Err(e) = tx.rollback().await {
+                    tracing::debug!(error = %e, "cannot roll back a failed transaction");
+                }
+            }
+            Err(error)
+        }
     }
 }
 

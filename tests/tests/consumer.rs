@@ -3,89 +3,17 @@
 
 use std::time::Duration;
 
-use outbox_runtime::inbox::{Consumer, ConsumerBuilder, Mode};
+use outbox_runtime::inbox::{Consumer, ConsumerBuilder, HandlerError, Mode, RetryPolicy};
 use outbox_tests::fixtures::{self, PaymentRefunded, PaymentSucceeded, PAYMENTS};
 use outbox_tests::kafka::{committed_total, consume, produce, Kafka, Outgoing};
+use outbox_tests::payments::{
+    builder, orders_with_payments, paid_counts, publish, records, setup, setup_on, wait_for,
+    PARTITIONS,
+};
 use outbox_tests::{ChildGuard, TestDb};
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
-
-const PARTITIONS: i32 = 4;
-
-fn builder(db: &TestDb, kafka: &Kafka, group: &str) -> ConsumerBuilder {
-    let mut config = rdkafka::ClientConfig::new();
-    config.set("auto.commit.interval.ms", "100");
-    Consumer::builder(db.pool.clone())
-        .brokers(kafka.bootstrap())
-        .group_id(group)
-        .consumer_config(config)
-        .retry_backoff(Duration::from_millis(20), Duration::from_millis(200))
-}
-
-/// `n` orders, each with its payment event.
-async fn orders_with_payments(pool: &PgPool, n: usize) -> Vec<(Uuid, PaymentSucceeded)> {
-    let orders: Vec<Uuid> = (0..n).map(|_| Uuid::now_v7()).collect();
-    fixtures::insert_orders(pool, &orders).await;
-    orders
-        .into_iter()
-        .map(|order_id| {
-            let event = PaymentSucceeded {
-                payment_id: Uuid::now_v7(),
-                order_id,
-                amount: 100,
-            };
-            (Uuid::now_v7(), event)
-        })
-        .collect()
-}
-
-fn records(payments: &[(Uuid, PaymentSucceeded)]) -> Vec<Outgoing> {
-    payments
-        .iter()
-        .map(|(id, e)| Outgoing::event(e, *id))
-        .collect()
-}
-
-/// Produces the payments as the relay would.
-async fn publish(kafka: &Kafka, payments: &[(Uuid, PaymentSucceeded)]) {
-    produce(&kafka.bootstrap(), PAYMENTS, &records(payments)).await;
-}
-
-/// Polls `condition` until it holds; panics with `what` after `timeout`.
-async fn wait_for<F, Fut>(what: &str, timeout: Duration, mut condition: F)
-where
-    F: FnMut() -> Fut,
-    Fut: std::future::Future<Output = bool>,
-{
-    let deadline = tokio::time::Instant::now() + timeout;
-    while !condition().await {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "timed out waiting for {what}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
-async fn paid_counts(pool: &PgPool) -> Vec<i32> {
-    sqlx::query_scalar("SELECT paid FROM orders ORDER BY id")
-        .fetch_all(pool)
-        .await
-        .unwrap()
-}
-
-async fn setup() -> (TestDb, Kafka) {
-    setup_on(Kafka::mock()).await
-}
-
-async fn setup_on(kafka: Kafka) -> (TestDb, Kafka) {
-    let db = TestDb::new().await;
-    fixtures::create_orders(&db.pool).await;
-    kafka.create_topic(PAYMENTS, PARTITIONS).await;
-    kafka.create_topic(&format!("{PAYMENTS}.dlq"), 1).await;
-    (db, kafka)
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_event_delivered_twice_takes_effect_once() {
@@ -153,9 +81,10 @@ async fn delivered_twice((db, kafka): (TestDb, Kafka)) {
     assert_eq!(
         ledger,
         [
-            ("mark_order_paid".to_owned(), 100),
-            ("mark_order_refunded".to_owned(), 10)
-        ]
+            ("orders/mark_order_paid".to_owned(), 100),
+            ("orders/mark_order_refunded".to_owned(), 10)
+        ],
+        "dedup keys are the consumer group's"
     );
 }
 
@@ -296,27 +225,80 @@ async fn inbox_handler_failing_twice_then_succeeding_takes_effect_once() {
     assert_eq!(fixtures::flaky_calls(payments[0].1.order_id), 3);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dedup_handler_failing_twice_then_succeeding_takes_effect_once() {
+async fn failing_twice_then_succeeding(policy: RetryPolicy) {
     let (db, kafka) = setup().await;
     let payments = orders_with_payments(&db.pool, 3).await;
     publish(&kafka, &payments).await;
     let consumer = builder(&db, &kafka, "orders")
         .handler(fixtures::flaky_mark_paid)
+        .retry_policy(policy)
         .build()
         .unwrap();
     let cancel = CancellationToken::new();
     let handle = consumer.spawn(cancel.clone());
-    wait_for("all consumed", Duration::from_secs(30), || async {
-        committed_total(&kafka.bootstrap(), "orders", PAYMENTS, PARTITIONS) == 3
-    })
+    wait_for(
+        "all applied and consumed",
+        Duration::from_secs(30),
+        || async {
+            paid_counts(&db.pool).await == [1, 1, 1]
+                && committed_total(&kafka.bootstrap(), "orders", PAYMENTS, PARTITIONS) == 3
+        },
+    )
     .await;
     cancel.cancel();
     handle.await.unwrap().unwrap();
     assert_eq!(paid_counts(&db.pool).await, [1, 1, 1]);
+    // A handler may run again when a batch-mate fails (its work rolled back with the batch):
+    // at least three calls each, one effect.
     for (_, p) in &payments {
-        assert_eq!(fixtures::flaky_calls(p.order_id), 3, "retried in process");
+        assert!(fixtures::flaky_calls(p.order_id) >= 3);
     }
+    let expected = match policy {
+        RetryPolicy::InPlace => 0,
+        _ => 6,
+    };
+    // Reads for 2 s, or until more than expected came.
+    let retried = consume(
+        &kafka.bootstrap(),
+        &format!("{PAYMENTS}.retry"),
+        PARTITIONS,
+        Duration::from_secs(2),
+        |r| r.len() > expected,
+    )
+    .await;
+    assert_eq!(retried.len(), expected, "messages sent to the retry topic");
+    for (event_id, _) in payments.iter().filter(|_| policy == RetryPolicy::Topic) {
+        let mut attempts: Vec<&str> = retried
+            .iter()
+            .filter(|r| r.header("event_id") == event_id.to_string())
+            .map(|r| r.header("outbox_retry_attempts"))
+            .collect();
+        attempts.sort_unstable();
+        assert_eq!(
+            attempts,
+            ["1", "2"],
+            "retried after its first and second failure"
+        );
+        for r in retried
+            .iter()
+            .filter(|r| r.header("event_id") == event_id.to_string())
+        {
+            assert_eq!(r.header("outbox_retry_source_topic"), PAYMENTS);
+            assert!(r
+                .header("outbox_retry_error")
+                .contains("the payment service is busy"));
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dedup_handler_failing_twice_then_succeeding_takes_effect_once_retried_in_place() {
+    failing_twice_then_succeeding(RetryPolicy::InPlace).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dedup_handler_failing_twice_then_succeeding_takes_effect_once_through_the_retry_topic() {
+    failing_twice_then_succeeding(RetryPolicy::Topic).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -497,5 +479,24 @@ fn build_refuses_invalid_settings() {
     assert!(
         err(base().handler(fixtures::mark_order_paid).max_attempts(0)).contains("max_attempts")
     );
+    let suffixes = base()
+        .handler(fixtures::mark_order_paid)
+        .retry_suffix(".dlq");
+    assert!(err(suffixes).contains("suffixes must differ"));
+    assert!(err(base().handler(fixtures::mark_order_paid).retry_suffix("")).contains("empty"));
+    assert!(err(base().handler(fixtures::mark_order_paid).retry_tiers(0)).contains("retry_tiers"));
+    // An explicit name equal to another handler's default key in this group.
+    assert!(err(base()
+        .handler(fixtures::mark_order_paid)
+        .handler(explicitly_named_like_the_default))
+    .contains("share the deduplication key `g/mark_order_paid`"));
     assert!(base().handler(fixtures::mark_order_paid).build().is_ok());
+}
+
+#[outbox_runtime::inbox_handler(name = "g/mark_order_paid")]
+async fn explicitly_named_like_the_default(
+    _event: PaymentSucceeded,
+    _tx: &mut sqlx::PgConnection,
+) -> Result<(), HandlerError> {
+    Ok(())
 }

@@ -72,6 +72,7 @@ async fn a_missing_dead_letter_topic_blocks_visibly_keeps_the_membership_and_rec
         .set("topic.metadata.propagation.max.ms", "1000");
     let consumer = builder(&db, &kafka, "orders")
         .consumer_config(consumer_config)
+        .producer_config(producer_config)
         .handler(fixtures::mark_order_paid)
         .build()
         .unwrap();

@@ -4,16 +4,17 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
-use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
-use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::ClientConfig;
+use rdkafka::message::{BorrowedMessage, Message};
+use rdkafka::producer::FutureProducer;
+use rdkafka::{ClientConfig, TopicPartitionList};
 use sqlx::PgPool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
-use tracing::Instrument;
-use uuid::Uuid;
 
+use super::dedup::{self, Checked};
+use super::forward::{self, Destination};
 use super::handler::{Failure, Handler, Routes};
+use super::message;
 use super::store::{self, inbox_status, InboxStatus};
 use crate::config::{self, Backoff};
 use crate::error::{Error, Result};
@@ -28,17 +29,37 @@ pub enum Mode {
     Inbox,
 }
 
+/// What a dedup-mode consumer does with a message whose handler failed retryably.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum RetryPolicy {
+    /// Send it to its retry topic (`<topic>.retry`), store its offset and go on: its
+    /// partition flows on, and the consumer (which also reads the retry topic) tries it again
+    /// once its backoff has passed; after `max_attempts`, its dead-letter topic. A retried
+    /// message is handled after its key's later messages. The style guide's choice for
+    /// ordinary consumers (R-DIST-OBX-2).
+    #[default]
+    Topic,
+    /// Retry it where it is, with backoff, before anything after it in the consumer's batch:
+    /// strict per-key order, but a failing message holds up every partition of the consumer
+    /// meanwhile. For flows whose handlers need one key's events in order.
+    InPlace,
+}
+
 /// Configures a [`Consumer`]. Start with [`Consumer::builder`].
 #[must_use]
 pub struct ConsumerBuilder {
     pool: PgPool,
     config: ClientConfig,
+    producer_config: ClientConfig,
     routes: Routes,
     errors: Vec<String>,
     mode: Mode,
     max_attempts: u32,
     backoff: Backoff,
     dlq_suffix: String,
+    retry_policy: RetryPolicy,
+    retry_suffix: String,
+    retry_tiers: u32,
     processors: usize,
     batch_size: usize,
     poll_interval: Duration,
@@ -75,6 +96,17 @@ impl ConsumerBuilder {
         self
     }
 
+    /// Settings of the producer that sends messages to retry and dead-letter topics (by
+    /// default: the consumer's `bootstrap.servers` and its `security.*`, `sasl.*` and `ssl.*`
+    /// settings); they win over the defaults, except idempotence and `acks=all`, which it
+    /// always uses.
+    pub fn producer_config(mut self, config: ClientConfig) -> Self {
+        for (key, value) in config.config_map() {
+            self.producer_config.set(key, value);
+        }
+        self
+    }
+
     /// Registers a handler (see `#[inbox_handler]`). Messages are routed by their topic and
     /// `event_type` header to every handler of that event type.
     pub fn handler<H: Handler>(mut self, handler: H) -> Self {
@@ -90,7 +122,8 @@ impl ConsumerBuilder {
         self
     }
 
-    /// Tries of a retryable failure before the message is dead-lettered (default 5).
+    /// Attempts at a message whose handler fails retryably before it is dead-lettered
+    /// (default 5).
     pub fn max_attempts(mut self, attempts: u32) -> Self {
         self.max_attempts = attempts;
         self
@@ -105,6 +138,29 @@ impl ConsumerBuilder {
     /// Dead-letter topic of topic `t`: `t` + this suffix (default `.dlq`).
     pub fn dlq_suffix(mut self, suffix: impl Into<String>) -> Self {
         self.dlq_suffix = suffix.into();
+        self
+    }
+
+    /// Dedup mode: [`RetryPolicy::Topic`] (default) or [`RetryPolicy::InPlace`]. Inbox mode
+    /// retries in its table and ignores this.
+    pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
+        self.retry_policy = policy;
+        self
+    }
+
+    /// Retry topic of topic `t`: `t` + this suffix (default `.retry`).
+    pub fn retry_suffix(mut self, suffix: impl Into<String>) -> Self {
+        self.retry_suffix = suffix.into();
+        self
+    }
+
+    /// Retry topics per topic (default 1). With one, a message waiting in the retry topic
+    /// holds up the retry partition's later messages until it is due (at most the longest
+    /// backoff). With `n` tiers, a message's `k`-th failure sends it to
+    /// `<topic><suffix>-<min(k, n)>`, so that messages in one retry topic wait about as long
+    /// as each other.
+    pub fn retry_tiers(mut self, tiers: u32) -> Self {
+        self.retry_tiers = tiers;
         self
     }
 
@@ -157,9 +213,21 @@ impl ConsumerBuilder {
                     .into(),
             );
         }
-        if self.dlq_suffix.is_empty() {
-            return fail("the dead-letter suffix must not be empty".into());
+        if self.dlq_suffix.is_empty() || self.retry_suffix.is_empty() {
+            return fail("the dead-letter and retry suffixes must not be empty".into());
         }
+        if self.dlq_suffix == self.retry_suffix {
+            return fail("the dead-letter and retry suffixes must differ".into());
+        }
+        if self.retry_tiers == 0 || self.retry_tiers > 100 {
+            return fail(format!(
+                "retry_tiers must be between 1 and 100, not {}",
+                self.retry_tiers
+            ));
+        }
+        let group = config.get("group.id").unwrap_or_default().to_owned();
+        let mut routes = self.routes;
+        routes.bind_group(&group).map_err(Error::Config)?;
         config.set("enable.auto.offset.store", "false");
         if config.get("auto.offset.reset").is_none() {
             config.set("auto.offset.reset", "earliest");
@@ -174,22 +242,35 @@ impl ConsumerBuilder {
                 producer_config.set(key, value);
             }
         }
+        // Each send is awaited until acknowledged: a bounded message timeout lets the consumer
+        // see (and say) that a topic is missing or refuses, then try again.
+        producer_config
+            .set("message.timeout.ms", "30000")
+            .set("topic.metadata.propagation.max.ms", "5000");
+        for (key, value) in self.producer_config.config_map() {
+            producer_config.set(key, value);
+        }
         producer_config
             .set("enable.idempotence", "true")
             .set("acks", "all");
-        let dlq: FutureProducer = producer_config
-            .create()
-            .map_err(|e| Error::Config(format!("cannot create the dead-letter producer: {e}")))?;
+        let forwarder: FutureProducer = producer_config.create().map_err(|e| {
+            Error::Config(format!(
+                "cannot create the retry and dead-letter producer: {e}"
+            ))
+        })?;
         Ok(Consumer {
             inner: Arc::new(Inner {
                 pool: self.pool,
                 config,
-                dlq,
-                routes: self.routes,
+                forwarder,
+                routes,
                 mode: self.mode,
                 max_attempts: self.max_attempts,
                 backoff: self.backoff,
                 dlq_suffix: self.dlq_suffix,
+                retry_policy: self.retry_policy,
+                retry_suffix: self.retry_suffix,
+                retry_tiers: self.retry_tiers,
                 processors: self.processors,
                 batch_size: self.batch_size,
                 poll_interval: self.poll_interval,
@@ -216,49 +297,18 @@ impl std::fmt::Debug for Consumer {
 pub(crate) struct Inner {
     pub(super) pool: PgPool,
     pub(super) config: ClientConfig,
-    pub(super) dlq: FutureProducer,
+    pub(super) forwarder: FutureProducer,
     pub(super) routes: Routes,
     pub(super) mode: Mode,
     pub(super) max_attempts: u32,
     pub(super) backoff: Backoff,
     pub(super) dlq_suffix: String,
+    pub(super) retry_policy: RetryPolicy,
+    pub(super) retry_suffix: String,
+    pub(super) retry_tiers: u32,
     pub(super) processors: usize,
     pub(super) batch_size: usize,
     pub(super) poll_interval: Duration,
-}
-
-/// A message read off Kafka, checked.
-pub(super) struct Incoming<'m> {
-    pub(super) event_id: Uuid,
-    pub(super) event_type: String,
-    pub(super) payload: &'m [u8],
-}
-
-fn header<'m>(msg: &'m BorrowedMessage<'_>, name: &str) -> Option<&'m [u8]> {
-    msg.headers()?.iter().find(|h| h.key == name)?.value
-}
-
-/// Checks what every message needs; the error is the dead-letter reason.
-pub(super) fn check<'m>(msg: &'m BorrowedMessage<'_>) -> std::result::Result<Incoming<'m>, String> {
-    let payload = msg.payload().unwrap_or_default();
-    serde_json::from_slice::<serde::de::IgnoredAny>(payload)
-        .map_err(|e| format!("payload is not JSON: {e}"))?;
-    if payload.windows(6).any(|w| w == b"\\u0000") {
-        return Err("payload holds a \\u0000 escape, which PostgreSQL's jsonb cannot store".into());
-    }
-    let event_id = header(msg, "event_id").ok_or("message has no event_id header")?;
-    let event_id = std::str::from_utf8(event_id)
-        .ok()
-        .and_then(|s| Uuid::parse_str(s).ok())
-        .ok_or("event_id header is not a UUID")?;
-    let event_type = header(msg, "event_type")
-        .map(|v| String::from_utf8_lossy(v).into_owned())
-        .unwrap_or_default();
-    Ok(Incoming {
-        event_id,
-        event_type,
-        payload,
-    })
 }
 
 /// Stores a handled message's offset for the next commit. If the partition moved to another
@@ -276,132 +326,133 @@ impl Inner {
         self.backoff.delay(attempt)
     }
 
-    /// Sends the message to its dead-letter topic and waits for the broker's acknowledgement
-    /// (retrying until it comes or `cancel` fires).
-    async fn dead_letter(
+    /// Where a message that failed its `attempts`-th attempt goes.
+    fn destination(&self, attempts: u32, failure: &Failure) -> Destination {
+        if failure.is_permanent()
+            || attempts >= self.max_attempts
+            || self.retry_policy == RetryPolicy::InPlace
+        {
+            Destination::DeadLetter { attempts }
+        } else {
+            Destination::Retry {
+                attempts,
+                due_ms: message::now_ms() + self.backoff(attempts).as_millis() as i64,
+            }
+        }
+    }
+
+    /// The retry topic of source topic `source` for a message that failed `attempts` times.
+    pub(super) fn retry_topic(&self, source: &str, attempts: u32) -> String {
+        if self.retry_tiers == 1 {
+            format!("{source}{}", self.retry_suffix)
+        } else {
+            let tier = attempts.clamp(1, self.retry_tiers);
+            format!("{source}{}-{tier}", self.retry_suffix)
+        }
+    }
+
+    /// The topics a consumer subscribes to: its handlers', and in dedup mode with retry
+    /// topics, their retry topics.
+    fn subscriptions(&self) -> Vec<String> {
+        let mut topics = self.routes.topics();
+        if self.mode == Mode::Dedup && self.retry_policy == RetryPolicy::Topic {
+            let retry: Vec<String> = topics
+                .iter()
+                .flat_map(|t| (1..=self.retry_tiers).map(move |tier| self.retry_topic(t, tier)))
+                .collect();
+            topics.extend(retry);
+        }
+        topics
+    }
+
+    /// Handles checked messages in dedup mode, waiting out database failures (the messages
+    /// are not at fault: nothing is stored until it commits, and the dedup rows make doing it
+    /// again harmless). `None` once `cancel` fires.
+    async fn handle_dedup(
         &self,
-        msg: &BorrowedMessage<'_>,
-        reason: &str,
+        messages: &[Checked<'_>],
         cancel: &CancellationToken,
-    ) -> Result<()> {
-        let topic = format!("{}{}", msg.topic(), self.dlq_suffix);
-        let partition = msg.partition().to_string();
-        let offset = msg.offset().to_string();
+    ) -> Option<dedup::Outcome> {
+        let in_place = self.retry_policy == RetryPolicy::InPlace;
         let mut failures = 0;
         loop {
-            let mut headers = OwnedHeaders::new();
-            if let Some(h) = msg.headers() {
-                for header in h.iter() {
-                    headers = headers.insert(header);
+            match dedup::handle(&self.pool, &self.routes, messages, in_place).await {
+                Ok(outcome) => {
+                    metrics::counter!("outbox_consumer_processed_total")
+                        .increment(outcome.processed);
+                    metrics::counter!("outbox_consumer_duplicates_total")
+                        .increment(outcome.duplicates);
+                    return Some(outcome);
                 }
-            }
-            headers = headers
-                .insert(Header {
-                    key: "dlq_error",
-                    value: Some(reason.as_bytes()),
-                })
-                .insert(Header {
-                    key: "dlq_source_topic",
-                    value: Some(msg.topic().as_bytes()),
-                })
-                .insert(Header {
-                    key: "dlq_source_partition",
-                    value: Some(partition.as_bytes()),
-                })
-                .insert(Header {
-                    key: "dlq_source_offset",
-                    value: Some(offset.as_bytes()),
-                });
-            let mut record: FutureRecord<'_, [u8], [u8]> =
-                FutureRecord::to(&topic).headers(headers);
-            if let Some(key) = msg.key() {
-                record = record.key(key);
-            }
-            if let Some(payload) = msg.payload() {
-                record = record.payload(payload);
-            }
-            match self.dlq.send(record, Duration::from_secs(30)).await {
-                Ok(_) => {
-                    metrics::counter!("outbox_consumer_dead_lettered_total").increment(1);
-                    tracing::warn!(topic = msg.topic(), partition = msg.partition(),
-                        offset = msg.offset(), %reason, "message dead-lettered");
-                    return Ok(());
-                }
-                Err((e, _)) => {
+                Err(e) => {
                     failures += 1;
-                    tracing::warn!(error = %e, dlq = %topic, "cannot reach the dead-letter topic; retrying");
+                    tracing::warn!(error = %e, "consumer cannot reach the database; retrying");
                     tokio::select! {
-                        () = cancel.cancelled() => return Err(Error::Kafka(e)),
+                        () = cancel.cancelled() => return None,
                         () = tokio::time::sleep(self.backoff(failures)) => {}
                     }
                 }
             }
         }
     }
+}
 
-    /// Dedup mode: runs every handler of the message once (deduplicated), retrying or
-    /// dead-lettering failures. Returns when the offset may be stored.
-    async fn handle_dedup(
-        &self,
-        msg: &BorrowedMessage<'_>,
-        cancel: &CancellationToken,
-    ) -> Result<()> {
-        let incoming = match check(msg) {
-            Ok(incoming) => incoming,
-            Err(reason) => return self.dead_letter(msg, &reason, cancel).await,
-        };
-        for handler in self.routes.get(msg.topic(), &incoming.event_type) {
-            let mut attempt = 0;
-            loop {
-                attempt += 1;
-                let result = store::run_deduplicated(
-                    &self.pool,
-                    handler.as_ref(),
-                    incoming.event_id,
-                    incoming.payload,
-                )
-                .await;
-                match result {
-                    Ok(true) => {
-                        metrics::counter!("outbox_consumer_processed_total").increment(1);
-                        break;
-                    }
-                    Ok(false) => {
-                        metrics::counter!("outbox_consumer_duplicates_total").increment(1);
-                        break;
-                    }
-                    Err(store::DedupError::Database(e)) => {
-                        // The database, not the message, failed: wait and try again, forever.
-                        tracing::warn!(error = %e, "consumer cannot reach the database; retrying");
-                        attempt -= 1;
-                        tokio::select! {
-                            () = cancel.cancelled() => return Err(e),
-                            () = tokio::time::sleep(self.backoff.max.min(Duration::from_secs(1))) => {}
-                        }
-                    }
-                    Err(store::DedupError::Handler(Failure::Retryable(e)))
-                        if attempt < self.max_attempts =>
-                    {
-                        metrics::counter!("outbox_consumer_retried_total").increment(1);
-                        tracing::info!(attempt, error = %e, "handler failed; retrying");
-                        tokio::select! {
-                            () = cancel.cancelled() => return Err(Error::Publish(e)),
-                            () = tokio::time::sleep(self.backoff(attempt)) => {}
-                        }
-                    }
-                    Err(store::DedupError::Handler(failure)) => {
-                        let reason = format!(
-                            "{} (after {attempt} attempt{})",
-                            failure.message(),
-                            if attempt == 1 { "" } else { "s" }
-                        );
-                        self.dead_letter(msg, &reason, cancel).await?;
-                        break;
-                    }
-                }
+/// The reason a dead letter carries.
+fn dead_reason(failure: &Failure, attempts: u32) -> String {
+    format!(
+        "{} (after {attempts} attempt{})",
+        failure.message(),
+        if attempts == 1 { "" } else { "s" }
+    )
+}
+
+/// Partitions of retry topics paused until their next message is due.
+#[derive(Default)]
+struct Held {
+    partitions: Vec<(String, i32, i64)>,
+}
+
+impl Held {
+    /// Pauses `msg`'s partition and rewinds it to `msg`, until `due_ms`.
+    fn hold(&mut self, consumer: &StreamConsumer, msg: &BorrowedMessage<'_>, due_ms: i64) {
+        forward::hold(consumer, msg);
+        self.partitions
+            .retain(|(t, p, _)| (t.as_str(), *p) != (msg.topic(), msg.partition()));
+        self.partitions
+            .push((msg.topic().to_owned(), msg.partition(), due_ms));
+    }
+
+    fn is_held(&self, msg: &BorrowedMessage<'_>) -> bool {
+        self.partitions
+            .iter()
+            .any(|(t, p, _)| (t.as_str(), *p) == (msg.topic(), msg.partition()))
+    }
+
+    /// How long until the first held partition is due.
+    fn next_due(&self) -> Option<Duration> {
+        let due = self.partitions.iter().map(|(_, _, due)| *due).min()?;
+        Some(Duration::from_millis(
+            u64::try_from(due - message::now_ms()).unwrap_or(0),
+        ))
+    }
+
+    /// Resumes the partitions that are due.
+    fn resume_due(&mut self, consumer: &StreamConsumer) {
+        let now = message::now_ms();
+        let mut tpl = TopicPartitionList::new();
+        self.partitions.retain(|(topic, partition, due)| {
+            let due = *due <= now;
+            if due {
+                tpl.add_partition(topic, *partition);
+            }
+            !due
+        });
+        if tpl.count() > 0 {
+            // A partition no longer assigned cannot be resumed; its new owner reads it.
+            if let Err(e) = consumer.resume(&tpl) {
+                tracing::debug!(error = %e, "cannot resume a retry partition");
             }
         }
-        Ok(())
     }
 }
 
@@ -411,6 +462,7 @@ impl Consumer {
         ConsumerBuilder {
             pool,
             config: ClientConfig::new(),
+            producer_config: ClientConfig::new(),
             routes: Routes::default(),
             errors: Vec::new(),
             mode: Mode::Dedup,
@@ -420,6 +472,9 @@ impl Consumer {
                 max: Duration::from_secs(30),
             },
             dlq_suffix: ".dlq".into(),
+            retry_policy: RetryPolicy::Topic,
+            retry_suffix: ".retry".into(),
+            retry_tiers: 1,
             processors: 1,
             batch_size: 500,
             poll_interval: Duration::from_millis(200),
@@ -432,22 +487,23 @@ impl Consumer {
         tokio::spawn(async move { consumer.run(cancel).await })
     }
 
-    /// Consumes until `cancel` fires. On cancel it finishes the message (or inbox batch) in
+    /// Consumes until `cancel` fires. On cancel it finishes the messages (or inbox batch) in
     /// hand, commits the offsets of what the database committed, stops the processors after
-    /// their batch, and returns.
+    /// their batch, and returns. An inbox processor that stops on its own (it should not) is
+    /// logged and restarted.
     pub async fn run(&self, cancel: CancellationToken) -> Result<()> {
         let inner = &self.inner;
         let consumer: StreamConsumer = inner
             .config
             .create()
             .map_err(|e| Error::Config(format!("cannot create the Kafka consumer: {e}")))?;
-        let topics = inner.routes.topics();
+        let topics = inner.subscriptions();
         let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
         let processors: Vec<_> = match inner.mode {
             Mode::Dedup => Vec::new(),
             Mode::Inbox => (0..inner.processors)
-                .map(|_| self.spawn_processor(cancel.clone()))
+                .map(|_| self.spawn_supervised_processor(cancel.clone()))
                 .collect(),
         };
         let result = match inner.mode {
@@ -461,22 +517,27 @@ impl Consumer {
         cancel.cancel();
         for p in processors {
             p.await
-                .map_err(|e| Error::Config(format!("inbox processor panicked: {e}")))??;
+                .map_err(|e| Error::Config(format!("inbox processor supervisor failed: {e}")))??;
         }
         result
     }
 
     /// The next batch: waits for one message, then takes what is already waiting (up to
-    /// `batch_size`) without waiting for more. `None` once cancelled.
+    /// `batch_size`) without waiting for more. Resumes held retry partitions when they are
+    /// due. `None` once cancelled.
     async fn next_batch<'c>(
         &self,
         consumer: &'c StreamConsumer,
+        held: &mut Held,
         cancel: &CancellationToken,
     ) -> Option<Vec<BorrowedMessage<'c>>> {
         loop {
+            held.resume_due(consumer);
+            let wake = held.next_due();
             let first = tokio::select! {
                 () = cancel.cancelled() => return None,
                 msg = consumer.recv() => msg,
+                () = tokio::time::sleep(wake.unwrap_or_default()), if wake.is_some() => continue,
             };
             let mut batch = Vec::with_capacity(self.inner.batch_size);
             match first {
@@ -497,104 +558,136 @@ impl Consumer {
     }
 
     /// Dedup mode. Messages are handled in batches, one transaction and one commit (one WAL
-    /// flush) each: first optimistically (all dedup rows in one statement, then the handlers);
-    /// if a handler fails, again with a savepoint per message and handler. A message whose
-    /// handler fails retryably ends the batch (what came before commits) and is retried on its
-    /// own, with backoff; then the batch goes on after it.
+    /// flush) each (see [`dedup::handle`]). A failed message is forwarded (to its retry or
+    /// dead-letter topic) before its offset is stored, offsets in order. A message from a
+    /// retry topic that is not due yet holds its partition (paused, rewound) until it is.
     async fn consume_dedup(
         &self,
         consumer: &StreamConsumer,
         cancel: &CancellationToken,
     ) -> Result<()> {
         let inner = &self.inner;
-        while let Some(batch) = self.next_batch(consumer, cancel).await {
-            let mut rest: &[BorrowedMessage<'_>] = &batch;
-            while !rest.is_empty() {
-                let mut failures = 0;
-                let outcome = loop {
-                    let fast = store::dedup_batch_optimistic(&inner.pool, &inner.routes, rest);
-                    let result = match fast.await {
-                        Ok(Ok(outcome)) => Ok(outcome),
-                        Ok(Err(known)) => {
-                            store::dedup_batch(&inner.pool, &inner.routes, rest, Some(known)).await
-                        }
-                        Err(e) => Err(e),
-                    };
-                    match result {
-                        Ok(outcome) => break outcome,
-                        Err(e) => {
-                            // The database, not the messages, failed: wait and try again.
-                            failures += 1;
-                            tracing::warn!(error = %e, "consumer cannot reach the database; retrying");
-                            tokio::select! {
-                                () = cancel.cancelled() => return Ok(()),
-                                () = tokio::time::sleep(inner.backoff(failures)) => {}
-                            }
+        let mut held = Held::default();
+        while let Some(batch) = self.next_batch(consumer, &mut held, cancel).await {
+            let now = message::now_ms();
+            let mut ready: Vec<&BorrowedMessage<'_>> = Vec::with_capacity(batch.len());
+            for msg in &batch {
+                if held.is_held(msg) {
+                    continue; // read again once its partition resumes
+                }
+                match message::due_ms(msg) {
+                    Some(due) if due > now => held.hold(consumer, msg, due),
+                    _ => ready.push(msg),
+                }
+            }
+            let checked: Vec<Checked<'_>> = ready.iter().map(|m| message::check(m)).collect();
+            let mut start = 0;
+            // The message retried in place, and its attempts so far.
+            let mut retrying: Option<(usize, u32)> = None;
+            while start < checked.len() {
+                let Some(outcome) = inner.handle_dedup(&checked[start..], cancel).await else {
+                    return Ok(());
+                };
+                let mut failed = outcome.failed.into_iter().peekable();
+                for (i, msg) in ready[start..start + outcome.done].iter().enumerate() {
+                    if let Some((_, failure)) = failed.next_if(|(j, _)| *j == i) {
+                        let origin = message::origin(msg);
+                        let attempts = match retrying {
+                            Some((r, tries)) if r == start + i => tries + 1,
+                            _ => origin.attempts + 1,
+                        };
+                        let destination = inner.destination(attempts, &failure);
+                        let reason = match destination {
+                            // Bad input was never tried.
+                            _ if checked[start + i].is_err() => failure.message().to_owned(),
+                            Destination::DeadLetter { .. } => dead_reason(&failure, attempts),
+                            Destination::Retry { .. } => failure.message().to_owned(),
+                        };
+                        let sent = inner
+                            .forward(consumer, msg, origin.topic, destination, &reason, cancel)
+                            .await;
+                        if sent.is_err() {
+                            return Ok(()); // cancelled: its offset stays unstored
                         }
                     }
-                };
-                metrics::counter!("outbox_consumer_processed_total").increment(outcome.processed);
-                metrics::counter!("outbox_consumer_duplicates_total").increment(outcome.duplicates);
-                // A message retried on its own below is dead-lettered there if it must be.
-                for (i, reason) in outcome.dead.iter().filter(|(i, _)| *i < outcome.done) {
-                    inner.dead_letter(&rest[*i], reason, cancel).await?;
-                }
-                for msg in &rest[..outcome.done] {
                     store_offset(consumer, msg);
                 }
-                rest = &rest[outcome.done..];
-                if outcome.retry {
-                    let msg = &rest[0];
-                    let span = tracing::info_span!(
-                        "outbox_consume",
-                        topic = msg.topic(),
-                        partition = msg.partition(),
-                        offset = msg.offset()
-                    );
-                    match inner.handle_dedup(msg, cancel).instrument(span).await {
-                        Ok(()) => store_offset(consumer, msg),
-                        // Cancelled while waiting to retry: the offset stays unstored, so the
-                        // message comes again after a restart.
-                        Err(_) if cancel.is_cancelled() => return Ok(()),
-                        Err(e) => return Err(e),
+                start += outcome.done;
+                let Some(failure) = outcome.stopped else {
+                    break;
+                };
+                // In place: the message at `start` failed retryably; try it (and what follows
+                // it) again after a backoff, or dead-letter it once out of attempts.
+                let tries = match retrying {
+                    Some((r, tries)) if r == start => tries + 1,
+                    _ => 1,
+                };
+                if tries >= inner.max_attempts {
+                    let msg = ready[start];
+                    let reason = dead_reason(&failure, tries);
+                    let destination = Destination::DeadLetter { attempts: tries };
+                    let origin = message::origin(msg);
+                    let sent = inner
+                        .forward(consumer, msg, origin.topic, destination, &reason, cancel)
+                        .await;
+                    if sent.is_err() {
+                        return Ok(());
                     }
-                    rest = &rest[1..];
+                    store_offset(consumer, msg);
+                    start += 1;
+                    retrying = None;
+                    continue;
+                }
+                metrics::counter!("outbox_consumer_retried_total").increment(1);
+                tracing::info!(
+                    attempt = tries,
+                    error = failure.message(),
+                    "handler failed; retrying in place"
+                );
+                retrying = Some((start, tries));
+                tokio::select! {
+                    () = cancel.cancelled() => return Ok(()),
+                    () = tokio::time::sleep(inner.backoff(tries)) => {}
                 }
             }
         }
         Ok(())
     }
 
+    /// Inbox mode's receipt: stores each batch in `inbox_event`, dead-letters what cannot be
+    /// stored (not JSON, no event id, refused by `jsonb`), then stores the offsets.
     async fn receive_inbox(
         &self,
         consumer: &StreamConsumer,
         cancel: &CancellationToken,
     ) -> Result<()> {
         let inner = &self.inner;
-        while let Some(batch) = self.next_batch(consumer, cancel).await {
+        let mut held = Held::default();
+        while let Some(batch) = self.next_batch(consumer, &mut held, cancel).await {
             let mut rows = Vec::with_capacity(batch.len());
-            let mut bad = Vec::new();
-            for msg in &batch {
-                match check(msg) {
-                    Ok(incoming) => rows.push(store::InboxRow {
-                        event_id: incoming.event_id,
-                        topic: msg.topic(),
-                        event_type: incoming.event_type,
-                        partition_key: msg.key().map(|k| String::from_utf8_lossy(k).into_owned()),
-                        payload: incoming.payload,
-                    }),
-                    Err(reason) => bad.push((msg, reason)),
+            let mut stored = Vec::with_capacity(batch.len());
+            let mut bad: Vec<Option<String>> = vec![None; batch.len()];
+            for (i, msg) in batch.iter().enumerate() {
+                match message::check(msg) {
+                    Ok(incoming) => {
+                        stored.push(i);
+                        rows.push(store::InboxRow {
+                            event_id: incoming.event_id,
+                            topic: incoming.topic,
+                            event_type: incoming.event_type,
+                            partition_key: msg
+                                .key()
+                                .map(|k| String::from_utf8_lossy(k).into_owned()),
+                            payload: incoming.payload,
+                        });
+                    }
+                    Err(reason) => bad[i] = Some(reason),
                 }
             }
             let mut failures = 0;
-            loop {
+            let received = loop {
                 match store::receive(&inner.pool, &rows).await {
-                    Ok(n) => {
-                        metrics::counter!("outbox_inbox_received_total").increment(n);
-                        metrics::counter!("outbox_consumer_duplicates_total")
-                            .increment(rows.len() as u64 - n);
-                        break;
-                    }
+                    Ok(received) => break received,
                     Err(e) => {
                         failures += 1;
                         tracing::warn!(error = %e, "cannot store received messages; retrying");
@@ -604,20 +697,65 @@ impl Consumer {
                         }
                     }
                 }
+            };
+            metrics::counter!("outbox_inbox_received_total").increment(received.new);
+            let refused = received.refused.len() as u64;
+            metrics::counter!("outbox_consumer_duplicates_total")
+                .increment(rows.len() as u64 - received.new - refused);
+            for (row, reason) in received.refused {
+                bad[stored[row]] = Some(reason);
             }
-            for (msg, reason) in bad {
-                inner.dead_letter(msg, &reason, cancel).await?;
-            }
-            for msg in &batch {
+            for (msg, reason) in batch.iter().zip(bad) {
+                if let Some(reason) = reason {
+                    let origin = message::origin(msg);
+                    let destination = Destination::DeadLetter { attempts: 1 };
+                    let sent = inner
+                        .forward(consumer, msg, origin.topic, destination, &reason, cancel)
+                        .await;
+                    if sent.is_err() {
+                        return Ok(()); // cancelled: its offset stays unstored
+                    }
+                }
                 store_offset(consumer, msg);
             }
         }
         Ok(())
     }
 
-    fn spawn_processor(&self, cancel: CancellationToken) -> JoinHandle<Result<()>> {
+    /// Runs an inbox processor on a task, and runs it again if it ever stops before `cancel`
+    /// (a bug: handler failures and panics are the rows' business, database failures are
+    /// waited out), so that receipt never goes on storing offsets with nothing processing.
+    fn spawn_supervised_processor(&self, cancel: CancellationToken) -> JoinHandle<Result<()>> {
         let consumer = self.clone();
-        tokio::spawn(async move { consumer.run_processor(cancel).await })
+        tokio::spawn(async move {
+            let mut restarts = 0;
+            loop {
+                let processor = consumer.clone();
+                let token = cancel.clone();
+                let ended = tokio::spawn(async move { processor.run_processor(token).await }).await;
+                if cancel.is_cancelled() {
+                    return match ended {
+                        Ok(result) => result,
+                        Err(e) => Err(Error::Config(format!("inbox processor panicked: {e}"))),
+                    };
+                }
+                restarts += 1;
+                metrics::counter!("outbox_inbox_processor_restarts_total").increment(1);
+                match ended {
+                    Ok(Ok(())) => tracing::error!("an inbox processor stopped; restarting it"),
+                    Ok(Err(e)) => {
+                        tracing::error!(error = %e, "an inbox processor failed; restarting it")
+                    }
+                    Err(e) => {
+                        tracing::error!(error = %e, "an inbox processor panicked; restarting it")
+                    }
+                }
+                tokio::select! {
+                    () = cancel.cancelled() => return Ok(()),
+                    () = tokio::time::sleep(consumer.inner.backoff(restarts)) => {}
+                }
+            }
+        })
     }
 
     /// Runs one inbox processor until `cancel` fires (a consumer in [`Mode::Inbox`] runs

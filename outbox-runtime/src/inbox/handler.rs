@@ -79,8 +79,12 @@ impl From<crate::Error> for HandlerError {
 pub trait Handler: Send + Sync + 'static {
     /// The event it handles; routed by its topic and event type.
     type Event: OutboxEvent + DeserializeOwned + Send + 'static;
-    /// The handler's name, the key of its deduplication rows: keep it stable.
+    /// The handler's name. Its deduplication rows are keyed by `<consumer group>/<NAME>`, so
+    /// that services (consumer groups) sharing a database never skip each other's work.
     const NAME: &'static str;
+    /// Whether [`NAME`](Self::NAME) was chosen explicitly (`#[inbox_handler(name = "...")]`):
+    /// then it is the deduplication key as it stands, whatever the consumer group.
+    const EXPLICIT_NAME: bool = false;
 
     /// Runs the handler in the transaction `conn` is in.
     fn handle<'a>(
@@ -92,27 +96,54 @@ pub trait Handler: Send + Sync + 'static {
 
 #[cfg(feature = "kafka")]
 /// Why a message could not be handled.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 pub(crate) enum Failure {
     /// Try again later.
     Retryable(String),
     /// Dead-letter it.
     Permanent(String),
+    /// A statement failed because of the transaction rather than the message: it was already
+    /// aborted (by this handler, or, in a transaction shared with other messages, by an
+    /// earlier one), or it lost a deadlock or a serialization conflict (SQLSTATE class 40).
+    /// Retryable; in a shared transaction, tried again in isolation before it counts.
+    Transaction(String),
+    /// The handler panicked. Retryable.
+    Panicked(String),
 }
 
 #[cfg(feature = "kafka")]
 impl Failure {
     pub(crate) fn message(&self) -> &str {
         match self {
-            Failure::Retryable(m) | Failure::Permanent(m) => m,
+            Failure::Retryable(m)
+            | Failure::Permanent(m)
+            | Failure::Transaction(m)
+            | Failure::Panicked(m) => m,
         }
+    }
+
+    pub(crate) fn is_permanent(&self) -> bool {
+        matches!(self, Failure::Permanent(_))
+    }
+
+    /// The handler returned `Ok` but left the transaction aborted.
+    pub(crate) fn left_aborted(handler: &str) -> Failure {
+        Failure::Retryable(format!(
+            "handler `{handler}` returned Ok but left its transaction aborted: a statement in it \
+             failed and the error was not propagated (caught and ignored?); run a statement \
+             whose failure the handler handles in a savepoint (`tx.begin()`), or avoid the \
+             error (`ON CONFLICT`)"
+        ))
     }
 }
 
 #[cfg(feature = "kafka")]
 /// A handler with its event type erased: takes the JSON payload.
 pub(crate) trait ErasedHandler: Send + Sync {
+    /// Its name, as in error messages.
     fn name(&self) -> &'static str;
+    /// Its deduplication key in `consumer group`.
+    fn dedup_key(&self, group: &str) -> String;
     fn handle_json<'a>(
         &'a self,
         payload: &'a [u8],
@@ -124,9 +155,38 @@ pub(crate) trait ErasedHandler: Send + Sync {
 struct Erased<H>(H);
 
 #[cfg(feature = "kafka")]
+/// A database error of the transaction rather than of the message: in an aborted transaction
+/// (25P02), a deadlock or serialization failure (class 40).
+fn is_transaction_failure(error: &(dyn std::error::Error + 'static)) -> bool {
+    let code = match error.downcast_ref::<sqlx::Error>() {
+        Some(sqlx::Error::Database(e)) => e.code(),
+        _ => None,
+    };
+    code.is_some_and(|c| c == "25P02" || c.starts_with("40"))
+}
+
+#[cfg(feature = "kafka")]
+/// The text of a panic's payload.
+fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
+    payload
+        .downcast_ref::<&str>()
+        .map(|s| (*s).to_owned())
+        .or_else(|| payload.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "a panic with no message".to_owned())
+}
+
+#[cfg(feature = "kafka")]
 impl<H: Handler> ErasedHandler for Erased<H> {
     fn name(&self) -> &'static str {
         H::NAME
+    }
+
+    fn dedup_key(&self, group: &str) -> String {
+        if H::EXPLICIT_NAME {
+            H::NAME.to_owned()
+        } else {
+            format!("{group}/{}", H::NAME)
+        }
     }
 
     fn handle_json<'a>(
@@ -134,15 +194,49 @@ impl<H: Handler> ErasedHandler for Erased<H> {
         payload: &'a [u8],
         conn: &'a mut PgConnection,
     ) -> BoxFuture<'a, Result<(), Failure>> {
+        use std::panic::{catch_unwind, AssertUnwindSafe};
+        use std::task::Poll;
         Box::pin(async move {
-            let event: H::Event = serde_json::from_slice(payload).map_err(|e| {
-                Failure::Permanent(format!(
-                    "payload does not deserialize into `{}` (handler `{}`): {e}",
-                    std::any::type_name::<H::Event>(),
-                    H::NAME
+            // A panic (in the event's `Deserialize`, the call or while polling) is the
+            // handler's failure, not the consumer's end.
+            let panicked = |p: Box<dyn std::any::Any + Send>| {
+                Failure::Panicked(format!(
+                    "handler `{}` panicked: {}",
+                    H::NAME,
+                    panic_message(p.as_ref())
                 ))
-            })?;
-            self.0.handle(event, conn).await.map_err(|e| match e {
+            };
+            let event: H::Event = catch_unwind(|| serde_json::from_slice(payload))
+                .map_err(panicked)?
+                .map_err(|e| {
+                    Failure::Permanent(format!(
+                        "payload does not deserialize into `{}` (handler `{}`): {e}",
+                        std::any::type_name::<H::Event>(),
+                        H::NAME
+                    ))
+                })?;
+            let mut future =
+                catch_unwind(AssertUnwindSafe(|| self.0.handle(event, conn))).map_err(panicked)?;
+            let result = std::future::poll_fn(|cx| {
+                match catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
+                    Ok(Poll::Pending) => Poll::Pending,
+                    Ok(Poll::Ready(result)) => Poll::Ready(Ok(result)),
+                    Err(p) => Poll::Ready(Err(p)),
+                }
+            })
+            .await
+            .map_err(panicked)?;
+            result.map_err(|e| match e {
+                HandlerError::Retryable(e) if is_transaction_failure(e.as_ref()) => {
+                    let hint = if e.to_string().contains("transaction is aborted") {
+                        " (a statement before it failed and the error was caught: run a \
+                         statement whose failure the handler handles in a savepoint \
+                         (`tx.begin()`), or avoid the error (`ON CONFLICT`))"
+                    } else {
+                        ""
+                    };
+                    Failure::Transaction(format!("handler `{}` failed: {e}{hint}", H::NAME))
+                }
                 HandlerError::Retryable(e) => {
                     Failure::Retryable(format!("handler `{}` failed: {e}", H::NAME))
                 }
@@ -155,10 +249,19 @@ impl<H: Handler> ErasedHandler for Erased<H> {
 }
 
 #[cfg(feature = "kafka")]
+/// A registered handler and its deduplication key.
+#[derive(Clone)]
+pub(crate) struct Route {
+    pub(crate) handler: Arc<dyn ErasedHandler>,
+    /// `processed_event.handler` of its rows (set by [`Routes::bind_group`]).
+    pub(crate) key: String,
+}
+
+#[cfg(feature = "kafka")]
 /// Handlers by (topic, event type).
 #[derive(Default, Clone)]
 pub(crate) struct Routes {
-    routes: HashMap<(String, String), Vec<Arc<dyn ErasedHandler>>>,
+    routes: HashMap<(String, String), Vec<Route>>,
 }
 
 #[cfg(feature = "kafka")]
@@ -169,14 +272,36 @@ impl Routes {
             <H::Event as OutboxEvent>::EVENT_TYPE.to_owned(),
         );
         let list = self.routes.entry(key).or_default();
-        if list.iter().any(|h| h.name() == H::NAME) {
+        if list.iter().any(|r| r.handler.name() == H::NAME) {
             return Err(format!("handler `{}` is registered twice", H::NAME));
         }
-        list.push(Arc::new(Erased(handler)));
+        list.push(Route {
+            handler: Arc::new(Erased(handler)),
+            key: String::new(),
+        });
         Ok(())
     }
 
-    pub(crate) fn get(&self, topic: &str, event_type: &str) -> &[Arc<dyn ErasedHandler>] {
+    /// Sets every handler's deduplication key for consumer group `group`; refuses two
+    /// handlers of one event with the same key.
+    pub(crate) fn bind_group(&mut self, group: &str) -> Result<(), String> {
+        for list in self.routes.values_mut() {
+            for route in list.iter_mut() {
+                route.key = route.handler.dedup_key(group);
+            }
+            let mut keys: Vec<&str> = list.iter().map(|r| r.key.as_str()).collect();
+            keys.sort_unstable();
+            if let Some(w) = keys.windows(2).find(|w| w[0] == w[1]) {
+                return Err(format!(
+                    "two handlers of one event share the deduplication key `{}`",
+                    w[0]
+                ));
+            }
+        }
+        Ok(())
+    }
+
+    pub(crate) fn get(&self, topic: &str, event_type: &str) -> &[Route] {
         self.routes
             .get(&(topic.to_owned(), event_type.to_owned()))
             .map_or(&[], Vec::as_slice)

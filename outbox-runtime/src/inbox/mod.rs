@@ -32,36 +32,80 @@
 //!
 //! # Modes
 //!
-//! **Dedup** (default): for each message and handler, one transaction inserts
-//! `(event_id, handler)` into `processed_event` (`ON CONFLICT DO NOTHING`); only if the row is
-//! new does the handler run, in the same transaction; then it commits; only then is the Kafka
-//! offset stored (`enable.auto.offset.store=false`) and later committed. A duplicate is skipped.
-//! The handler's effect happens exactly once per event id. A retryable failure is retried in
-//! process, with backoff, up to `max_attempts` (the partition waits meanwhile), then
-//! dead-lettered; a permanent one is dead-lettered at once.
+//! **Dedup** (default): messages are handled in batches, in one transaction: for each message
+//! and handler, `(event_id, "<group>/<handler>")` is inserted into `processed_event`
+//! (`ON CONFLICT DO NOTHING`); only if the row is new does the handler run, in the same
+//! transaction; then it commits; only then are the offsets stored
+//! (`enable.auto.offset.store=false`) and later committed. A duplicate is skipped. The
+//! handler's effect happens exactly once per event id. If a handler fails, the batch is done
+//! again with a savepoint per message and handler, so that only the failing message fails.
 //!
 //! **Inbox**: the consumer only stores each message in `inbox_event`
 //! (`ON CONFLICT (event_id) DO NOTHING`, batched), commits, then stores the offsets, so receipt
 //! keeps up with a burst. Processor tasks (`processors`, default 1; more in other processes)
 //! claim unprocessed rows `FOR UPDATE SKIP LOCKED` in batches and run each row's handlers and
-//! `processed = true` under a savepoint of the batch's transaction, so a failing row undoes
-//! only its own work. Failures record `attempts`, `last_error` and `next_attempt_at` on the row;
-//! after `max_attempts` (or a permanent failure) the row is dead (`dead_at`), kept for
-//! operators. Inbox processing does not keep per-key order.
+//! `processed = true` in one transaction (again with a savepoint per row if one fails). Failures
+//! record `attempts`, `last_error` and `next_attempt_at` on the row; after `max_attempts` (or a
+//! permanent failure) the row is dead (`dead_at`), kept for operators. Inbox processing does
+//! not keep per-key order. A processor that stops on its own is restarted.
 //!
-//! **Bad input**: a message that is not JSON, has no valid `event_id` header, or does not
-//! deserialize into the handler's event type goes to the dead-letter topic (`<topic>.dlq` by
-//! default) with its key, value and headers and the reason in a `dlq_error` header; its offset is
-//! stored and consumption goes on. A message no handler is registered for is skipped.
+//! # Retries ([`RetryPolicy`], dedup mode)
+//!
+//! [`RetryPolicy::Topic`] (default, the style guide's R-DIST-OBX-2): a message whose handler
+//! failed retryably is sent to `<topic>.retry` with its key, value and headers, plus its
+//! attempts, when it is due, its source topic and the error, and its offset is stored: its
+//! partition flows on. The consumer reads the retry topic too and handles each message once
+//! due; after `max_attempts`, `<topic>.dlq`. A retried message is thus handled after its key's
+//! later messages. [`RetryPolicy::InPlace`] keeps per-key order instead: the consumer retries
+//! the message before anything after it, and every partition it reads waits meanwhile.
+//!
+//! A retry or dead-letter topic that is missing stops consumption until it takes the message:
+//! logged as an error with the topic's name, reported by the gauge
+//! `outbox_consumer_forward_blocked{topic}`; the consumer keeps polling with its partitions
+//! paused, so it stays in its group.
+//!
+//! # What handlers must know
+//!
+//! - **A handler that catches a database error must use a savepoint or `ON CONFLICT`; if it
+//!   does not, the framework treats the message as failed.** A failed statement aborts the
+//!   transaction, and PostgreSQL answers `COMMIT` of an aborted transaction with a silent
+//!   rollback. The framework checks the transaction after each handler (releasing its
+//!   savepoint) and at commit; a handler that left it aborted fails its message only, with an
+//!   error that says so. Use `let mut sp = tx.begin().await?` around a statement whose failure
+//!   you handle, or avoid the error (`ON CONFLICT DO NOTHING`).
+//! - Work refused at commit (a deferred constraint) fails its message: for good if it is an
+//!   integrity violation. A deadlock or serialization failure is retried.
+//! - **A panic** (in the handler, its future or its event's `Deserialize`) is caught and is a
+//!   failure like any other: retried with the panic's message, then dead-lettered.
+//! - A handler can run more than once for one delivery (when a batch-mate fails, the batch is
+//!   redone with savepoints): its database work commits once; whatever it does outside the
+//!   transaction must be idempotent.
+//! - **Dedup keys** are `<consumer group>/<handler name>`, so services (groups) sharing a
+//!   database never skip each other's work; `#[inbox_handler(name = "...")]` makes the key
+//!   that name exactly. To rename a handler without handling retained events again:
+//!   `UPDATE processed_event SET handler = 'group/new' WHERE handler = 'group/old'` while no
+//!   consumer of the group runs.
+//!
+//! **Bad input**: a message that is not JSON, has no valid `event_id` header, does not
+//! deserialize into the handler's event type, or (inbox mode) that `jsonb` refuses goes to the
+//! dead-letter topic (`<topic>.dlq` by default) with its key, value and headers and the reason
+//! in a `dlq_error` header; its offset is stored and consumption goes on. A message no handler
+//! is registered for is skipped.
 
 #[cfg(feature = "kafka")]
 mod consumer;
+#[cfg(feature = "kafka")]
+mod dedup;
+#[cfg(feature = "kafka")]
+mod forward;
 mod handler;
+#[cfg(feature = "kafka")]
+mod message;
 #[cfg(feature = "kafka")]
 mod store;
 
 #[cfg(feature = "kafka")]
-pub use consumer::{Consumer, ConsumerBuilder, Mode};
+pub use consumer::{Consumer, ConsumerBuilder, Mode, RetryPolicy};
 pub use handler::{BoxFuture, Handler, HandlerError};
 #[cfg(feature = "kafka")]
 pub use store::{inbox_status, InboxStatus};

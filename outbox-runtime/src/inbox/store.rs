@@ -1,220 +1,16 @@
-//! The consumer's SQL: deduplicated handling, inbox receipt and processing, status.
+//! Inbox mode's SQL: receipt, processing, status.
 
+use std::collections::HashMap;
 use std::time::Duration;
 
-use sqlx::{Connection, PgPool, Row};
+use sqlx::{Connection, PgPool, Row as _};
 use tracing::Instrument;
 use uuid::Uuid;
 
 use super::consumer::Inner;
-use super::handler::{ErasedHandler, Failure, Routes};
+use super::dedup::{discard, is_aborted, refused_at_commit};
+use super::handler::{Failure, Routes};
 use crate::error::{Error, Result};
-
-pub(crate) enum DedupError {
-    /// The database failed (not the message): retry without counting an attempt.
-    Database(Error),
-    /// The handler (or deserialization) failed.
-    Handler(Failure),
-}
-
-/// One transaction: the dedup row, and the handler only if the row is new. `Ok(false)` for a
-/// duplicate.
-pub(crate) async fn run_deduplicated(
-    pool: &PgPool,
-    handler: &dyn ErasedHandler,
-    event_id: Uuid,
-    payload: &[u8],
-) -> std::result::Result<bool, DedupError> {
-    let db = |e: sqlx::Error| DedupError::Database(e.into());
-    let mut tx = pool.begin().await.map_err(db)?;
-    let new = sqlx::query(
-        "INSERT INTO processed_event (event_id, handler) VALUES ($1, $2) ON CONFLICT DO NOTHING",
-    )
-    .bind(event_id)
-    .bind(handler.name())
-    .execute(&mut *tx)
-    .await
-    .map_err(db)?
-    .rows_affected()
-        == 1;
-    if !new {
-        tx.rollback().await.map_err(db)?;
-        return Ok(false);
-    }
-    handler
-        .handle_json(payload, &mut tx)
-        .await
-        .map_err(DedupError::Handler)?;
-    tx.commit().await.map_err(db)?;
-    Ok(true)
-}
-
-/// What became of a dedup batch.
-pub(crate) struct BatchOutcome {
-    /// Messages from the start of the batch that are done (committed or dead-lettered).
-    pub done: usize,
-    /// Messages (by index) to dead-letter, with the reason.
-    pub dead: Vec<(usize, String)>,
-    /// The message at `done` failed retryably: retry it on its own.
-    pub retry: bool,
-    pub processed: u64,
-    pub duplicates: u64,
-}
-
-impl BatchOutcome {
-    fn all_done(messages: usize) -> Self {
-        BatchOutcome {
-            done: messages,
-            dead: Vec::new(),
-            retry: false,
-            processed: 0,
-            duplicates: 0,
-        }
-    }
-}
-
-/// Dedup mode, the fast path: all the batch's dedup rows in one statement, then the handlers of
-/// the new ones, all in one transaction. If a handler fails, nothing is committed and the
-/// failure is returned (`Err`): the caller then takes [`dedup_batch`], which isolates failures
-/// with savepoints and does not run that handler on that message again.
-pub(crate) async fn dedup_batch_optimistic(
-    pool: &PgPool,
-    routes: &Routes,
-    messages: &[rdkafka::message::BorrowedMessage<'_>],
-) -> Result<std::result::Result<BatchOutcome, KnownFailure>> {
-    use rdkafka::Message as _;
-    use std::collections::HashSet;
-    let mut outcome = BatchOutcome::all_done(messages.len());
-    let mut work = Vec::new();
-    for (i, msg) in messages.iter().enumerate() {
-        match super::consumer::check(msg) {
-            Ok(incoming) => {
-                for handler in routes.get(msg.topic(), &incoming.event_type) {
-                    work.push((incoming.event_id, handler.clone(), incoming.payload, i));
-                }
-            }
-            Err(reason) => outcome.dead.push((i, reason)),
-        }
-    }
-    if work.is_empty() {
-        return Ok(Ok(outcome));
-    }
-    let ids: Vec<Uuid> = work.iter().map(|w| w.0).collect();
-    let names: Vec<&str> = work.iter().map(|w| w.1.name()).collect();
-    let mut tx = pool.begin().await?;
-    let new: Vec<(Uuid, String)> = sqlx::query_as(
-        "INSERT INTO processed_event (event_id, handler) \
-         SELECT * FROM unnest($1::uuid[], $2::text[]) ON CONFLICT DO NOTHING \
-         RETURNING event_id, handler",
-    )
-    .bind(&ids)
-    .bind(&names)
-    .fetch_all(&mut *tx)
-    .await?;
-    let mut new: HashSet<(Uuid, String)> = new.into_iter().collect();
-    for (event_id, handler, payload, i) in &work {
-        // Each new row runs its handler once, even if the batch holds the event twice.
-        if !new.remove(&(*event_id, handler.name().to_owned())) {
-            outcome.duplicates += 1;
-            continue;
-        }
-        let span = tracing::info_span!("outbox_consume", %event_id, handler = handler.name());
-        if let Err(failure) = handler.handle_json(payload, &mut tx).instrument(span).await {
-            tx.rollback().await?;
-            return Ok(Err(KnownFailure {
-                index: *i,
-                handler: handler.name(),
-                failure,
-            }));
-        }
-        outcome.processed += 1;
-    }
-    tx.commit().await?;
-    Ok(Ok(outcome))
-}
-
-/// A handler failure already seen (on the optimistic pass), so as not to run it twice for one
-/// attempt.
-pub(crate) struct KnownFailure {
-    /// The message's index in the batch.
-    pub index: usize,
-    pub handler: &'static str,
-    pub failure: Failure,
-}
-
-/// Dedup mode, many messages in one transaction: per message and handler a savepoint with the
-/// dedup row and (if new) the handler. Stops at the first retryable failure, committing what
-/// came before it. An error is the database's (nothing of the batch committed).
-pub(crate) async fn dedup_batch(
-    pool: &PgPool,
-    routes: &Routes,
-    messages: &[rdkafka::message::BorrowedMessage<'_>],
-    mut known: Option<KnownFailure>,
-) -> Result<BatchOutcome> {
-    use rdkafka::Message as _;
-    let mut tx = pool.begin().await?;
-    let mut outcome = BatchOutcome::all_done(messages.len());
-    'messages: for (i, msg) in messages.iter().enumerate() {
-        let incoming = match super::consumer::check(msg) {
-            Ok(incoming) => incoming,
-            Err(reason) => {
-                outcome.dead.push((i, reason));
-                continue;
-            }
-        };
-        for handler in routes.get(msg.topic(), &incoming.event_type) {
-            let seen = known
-                .take_if(|k| k.index == i && k.handler == handler.name())
-                .map(|k| k.failure);
-            let mut savepoint = Connection::begin(&mut *tx).await?;
-            let new = sqlx::query(
-                "INSERT INTO processed_event (event_id, handler) VALUES ($1, $2) \
-                 ON CONFLICT DO NOTHING",
-            )
-            .bind(incoming.event_id)
-            .bind(handler.name())
-            .execute(&mut *savepoint)
-            .await?
-            .rows_affected()
-                == 1;
-            if !new {
-                savepoint.commit().await?;
-                outcome.duplicates += 1;
-                continue;
-            }
-            let span = tracing::info_span!("outbox_consume", topic = msg.topic(),
-                partition = msg.partition(), offset = msg.offset(), event_id = %incoming.event_id,
-                handler = handler.name());
-            let result = match seen {
-                Some(failure) => Err(failure),
-                None => {
-                    handler
-                        .handle_json(incoming.payload, &mut savepoint)
-                        .instrument(span)
-                        .await
-                }
-            };
-            match result {
-                Ok(()) => {
-                    savepoint.commit().await?;
-                    outcome.processed += 1;
-                }
-                Err(Failure::Permanent(reason)) => {
-                    savepoint.rollback().await?;
-                    outcome.dead.push((i, reason));
-                }
-                Err(Failure::Retryable(_)) => {
-                    savepoint.rollback().await?;
-                    outcome.done = i;
-                    outcome.retry = true;
-                    break 'messages;
-                }
-            }
-        }
-    }
-    tx.commit().await?;
-    Ok(outcome)
-}
 
 /// A checked message, ready to store in the inbox.
 pub(crate) struct InboxRow<'m> {
@@ -225,8 +21,49 @@ pub(crate) struct InboxRow<'m> {
     pub payload: &'m [u8],
 }
 
-/// Stores the messages (one statement; duplicates ignored) and returns how many were new.
-pub(crate) async fn receive(pool: &PgPool, rows: &[InboxRow<'_>]) -> Result<u64> {
+/// What [`receive`] did.
+#[derive(Debug, Default)]
+pub(crate) struct Received {
+    /// Rows new to the inbox.
+    pub new: u64,
+    /// Rows PostgreSQL refused (by index): a payload `jsonb` cannot hold. The dead-letter
+    /// reason.
+    pub refused: Vec<(usize, String)>,
+}
+
+/// Stores the messages (one statement; duplicates ignored). If PostgreSQL refuses the data (a
+/// payload that is JSON to serde but not to `jsonb`: a lone surrogate escape, `\u0000`, a
+/// number beyond `numeric`), stores them one by one, so that only the refused ones are left out.
+/// An error is the database's.
+pub(crate) async fn receive(pool: &PgPool, rows: &[InboxRow<'_>]) -> Result<Received> {
+    match insert(pool, rows).await {
+        Ok(new) => Ok(Received {
+            new,
+            refused: Vec::new(),
+        }),
+        Err(e) if is_data_error(&e) => {
+            let mut received = Received::default();
+            for (i, row) in rows.iter().enumerate() {
+                match insert(pool, std::slice::from_ref(row)).await {
+                    Ok(new) => received.new += new,
+                    Err(e) if is_data_error(&e) => received
+                        .refused
+                        .push((i, format!("PostgreSQL refuses the payload as jsonb: {e}"))),
+                    Err(e) => return Err(e.into()),
+                }
+            }
+            Ok(received)
+        }
+        Err(e) => Err(e.into()),
+    }
+}
+
+/// SQLSTATE class 22, data exception: the input, not the database, is at fault.
+fn is_data_error(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(e) if e.code().is_some_and(|c| c.starts_with("22")))
+}
+
+async fn insert(pool: &PgPool, rows: &[InboxRow<'_>]) -> std::result::Result<u64, sqlx::Error> {
     if rows.is_empty() {
         return Ok(0);
     }
@@ -256,58 +93,128 @@ pub(crate) async fn receive(pool: &PgPool, rows: &[InboxRow<'_>]) -> Result<u64>
     Ok(result.rows_affected())
 }
 
+/// Due rows, oldest first, optionally only those of `$2` (ids).
 const CLAIM_INBOX_SQL: &str = "\
 SELECT event_id, topic, event_type, payload::text AS payload, attempts FROM inbox_event \
 WHERE NOT processed AND dead_at IS NULL \
   AND (next_attempt_at IS NULL OR next_attempt_at <= now()) \
+  AND ($2::uuid[] IS NULL OR event_id = ANY($2)) \
 ORDER BY received_at LIMIT $1 FOR UPDATE SKIP LOCKED";
 
-/// Claims a batch of due rows and processes it in one transaction: first optimistically (every
-/// handler straight in the transaction); if any fails, the batch rolls back and is processed
-/// again with a savepoint per row, so a failing row undoes only its own work. Returns how many
-/// rows it claimed.
+/// A claimed inbox row.
+struct Claimed {
+    event_id: Uuid,
+    topic: String,
+    event_type: String,
+    payload: String,
+    attempts: i32,
+}
+
+async fn claim(
+    conn: &mut sqlx::PgConnection,
+    limit: usize,
+    only: Option<&[Uuid]>,
+) -> Result<Vec<Claimed>> {
+    let rows = sqlx::query(CLAIM_INBOX_SQL)
+        .bind(limit as i64)
+        .bind(only)
+        .fetch_all(conn)
+        .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(Claimed {
+                event_id: r.try_get("event_id")?,
+                topic: r.try_get("topic")?,
+                event_type: r.try_get("event_type")?,
+                payload: r.try_get("payload")?,
+                attempts: r.try_get("attempts")?,
+            })
+        })
+        .collect()
+}
+
+/// Failures already seen, by row: not run again.
+type Known = HashMap<Uuid, Failure>;
+
+enum Processed {
+    /// Rows claimed.
+    Done(usize),
+    /// A handler failed (or panicked) and the transaction is gone.
+    Failed(Uuid, Failure),
+    /// The transaction was left aborted, by a handler that returned `Ok`.
+    Aborted,
+    /// PostgreSQL refused the commit.
+    Refused(sqlx::Error),
+}
+
+/// Claims a batch of due rows and processes it: first in one transaction (every handler
+/// straight in it); if a handler fails, panics or leaves the transaction aborted, again with a
+/// savepoint per row, so a failing row undoes only its own work and records its failure; if the
+/// commit is refused (a deferred constraint), each row in a transaction of its own. Returns how
+/// many rows it claimed.
 pub(crate) async fn process_batch(inner: &Inner, routes: &Routes) -> Result<usize> {
-    match process_batch_optimistic(inner, routes).await? {
-        Ok(claimed) => Ok(claimed),
-        Err(known) => process_batch_isolated(inner, routes, Some(known)).await,
+    let mut known = Known::new();
+    let mut isolate = false;
+    loop {
+        let attempt = if isolate {
+            process_isolated(inner, routes, &known, None).await?
+        } else {
+            process_optimistic(inner, routes).await?
+        };
+        match attempt {
+            Processed::Done(claimed) => return Ok(claimed),
+            Processed::Failed(id, failure) => {
+                if isolate || !matches!(failure, Failure::Transaction(_)) {
+                    known.insert(id, failure);
+                }
+                isolate = true;
+            }
+            Processed::Aborted => isolate = true,
+            Processed::Refused(e) => {
+                tracing::info!(error = %e, "an inbox batch was refused at commit; processing its rows one by one");
+                return process_one_by_one(inner, routes, &known).await;
+            }
+        }
     }
 }
 
-/// `Err` (nothing committed) with the row and failure if a handler failed.
-async fn process_batch_optimistic(
-    inner: &Inner,
-    routes: &Routes,
-) -> Result<std::result::Result<usize, (Uuid, Failure)>> {
+async fn process_optimistic(inner: &Inner, routes: &Routes) -> Result<Processed> {
     let mut tx = inner.pool.begin().await?;
-    let rows = sqlx::query(CLAIM_INBOX_SQL)
-        .bind(inner.batch_size as i64)
-        .fetch_all(&mut *tx)
-        .await?;
+    let rows = claim(&mut tx, inner.batch_size, None).await?;
     let mut done: Vec<Uuid> = Vec::with_capacity(rows.len());
     for row in &rows {
-        let event_id: Uuid = row.try_get("event_id")?;
-        let topic: &str = row.try_get("topic")?;
-        let event_type: &str = row.try_get("event_type")?;
-        let payload: &str = row.try_get("payload")?;
-        let span = tracing::info_span!("outbox_inbox_row", %event_id, %topic);
-        for handler in routes.get(topic, event_type) {
-            let result = handler
-                .handle_json(payload.as_bytes(), &mut tx)
+        let span =
+            tracing::info_span!("outbox_inbox_row", event_id = %row.event_id, topic = %row.topic);
+        for route in routes.get(&row.topic, &row.event_type) {
+            let result = route
+                .handler
+                .handle_json(row.payload.as_bytes(), &mut tx)
                 .instrument(span.clone())
                 .await;
             if let Err(failure) = result {
-                tx.rollback().await?;
-                return Ok(Err((event_id, failure)));
+                discard(tx).await;
+                return Ok(Processed::Failed(row.event_id, failure));
             }
         }
-        done.push(event_id);
+        done.push(row.event_id);
     }
     if !done.is_empty() {
-        mark_processed(&mut tx, &done).await?;
+        if let Err(e) = mark_processed(&mut tx, &done).await {
+            discard(tx).await;
+            return match e {
+                Error::Database(e) if is_aborted(&e) => Ok(Processed::Aborted),
+                e => Err(e),
+            };
+        }
     }
-    tx.commit().await?;
+    match crate::uow::commit_checked(tx).await {
+        Ok(()) => {}
+        Err(Error::Aborted { .. }) => return Ok(Processed::Aborted),
+        Err(Error::Commit { source, .. }) => return Ok(Processed::Refused(source)),
+        Err(e) => return Err(e),
+    }
     metrics::counter!("outbox_inbox_processed_total").increment(done.len() as u64);
-    Ok(Ok(rows.len()))
+    Ok(Processed::Done(rows.len()))
 }
 
 async fn mark_processed(conn: &mut sqlx::PgConnection, done: &[Uuid]) -> Result<()> {
@@ -321,100 +228,180 @@ async fn mark_processed(conn: &mut sqlx::PgConnection, done: &[Uuid]) -> Result<
     Ok(())
 }
 
-async fn process_batch_isolated(
+/// A row's failure, to record: the error, the wait before its next attempt, whether it is dead.
+struct RowFailure {
+    event_id: Uuid,
+    error: String,
+    backoff_secs: f64,
+    dead: bool,
+}
+
+impl RowFailure {
+    fn new(inner: &Inner, event_id: Uuid, attempts: i32, failure: &Failure) -> RowFailure {
+        let attempt = u32::try_from(attempts).unwrap_or(0) + 1;
+        let dead = failure.is_permanent() || attempt >= inner.max_attempts;
+        tracing::warn!(
+            attempt,
+            dead,
+            error = failure.message(),
+            "inbox handler failed"
+        );
+        RowFailure {
+            event_id,
+            error: failure.message().to_owned(),
+            backoff_secs: inner.backoff(attempt).as_secs_f64(),
+            dead,
+        }
+    }
+}
+
+async fn record_failures(conn: &mut sqlx::PgConnection, failed: &[RowFailure]) -> Result<()> {
+    if failed.is_empty() {
+        return Ok(());
+    }
+    let ids: Vec<Uuid> = failed.iter().map(|f| f.event_id).collect();
+    let errors: Vec<&str> = failed.iter().map(|f| f.error.as_str()).collect();
+    let backoffs: Vec<f64> = failed.iter().map(|f| f.backoff_secs).collect();
+    let dead: Vec<bool> = failed.iter().map(|f| f.dead).collect();
+    sqlx::query(
+        "UPDATE inbox_event i SET attempts = i.attempts + 1, last_error = f.error, \
+             next_attempt_at = now() + make_interval(secs => f.backoff), \
+             dead_at = CASE WHEN f.dead THEN now() END \
+         FROM unnest($1::uuid[], $2::text[], $3::float8[], $4::bool[]) \
+             AS f(id, error, backoff, dead) \
+         WHERE i.event_id = f.id",
+    )
+    .bind(&ids)
+    .bind(&errors)
+    .bind(&backoffs)
+    .bind(&dead)
+    .execute(conn)
+    .await?;
+    Ok(())
+}
+
+/// One transaction, a savepoint per row; `only`: just these rows.
+async fn process_isolated(
     inner: &Inner,
     routes: &Routes,
-    mut known: Option<(Uuid, Failure)>,
-) -> Result<usize> {
+    known: &Known,
+    only: Option<&[Uuid]>,
+) -> Result<Processed> {
     let mut tx = inner.pool.begin().await?;
-    let rows = sqlx::query(CLAIM_INBOX_SQL)
-        .bind(inner.batch_size as i64)
-        .fetch_all(&mut *tx)
-        .await?;
+    let rows = claim(&mut tx, inner.batch_size, only).await?;
     let claimed = rows.len();
     let mut done: Vec<Uuid> = Vec::with_capacity(claimed);
-    let mut failed: Vec<(Uuid, String, f64, bool)> = Vec::new();
+    let mut failed: Vec<RowFailure> = Vec::new();
     for row in rows {
-        let event_id: Uuid = row.try_get("event_id")?;
-        let topic: String = row.try_get("topic")?;
-        let event_type: String = row.try_get("event_type")?;
-        let payload: String = row.try_get("payload")?;
-        let attempts: i32 = row.try_get("attempts")?;
-        let span =
-            tracing::info_span!("outbox_inbox_row", %event_id, %topic, attempt = attempts + 1);
+        let span = tracing::info_span!("outbox_inbox_row", event_id = %row.event_id,
+            topic = %row.topic, attempt = row.attempts + 1);
         // Its own savepoint: a failure undoes this row's work only.
-        let seen = known.take_if(|(id, _)| *id == event_id).map(|(_, f)| f);
-        let outcome = async {
-            if let Some(failure) = seen {
-                return Ok(Err(failure));
-            }
-            let mut savepoint = Connection::begin(&mut *tx).await?;
-            for handler in routes.get(&topic, &event_type) {
-                if let Err(failure) = handler
-                    .handle_json(payload.as_bytes(), &mut savepoint)
-                    .await
-                {
-                    savepoint.rollback().await?;
-                    return Ok::<_, Error>(Err(failure));
+        let mut savepoint = Connection::begin(&mut *tx).await?;
+        let mut result = Ok(());
+        match known.get(&row.event_id) {
+            Some(failure) => result = Err(failure.clone()),
+            None => {
+                for route in routes.get(&row.topic, &row.event_type) {
+                    result = route
+                        .handler
+                        .handle_json(row.payload.as_bytes(), &mut savepoint)
+                        .instrument(span.clone())
+                        .await;
+                    if result.is_err() {
+                        break;
+                    }
                 }
             }
-            savepoint.commit().await?;
-            Ok(Ok(()))
         }
-        .instrument(span)
-        .await?;
-        match outcome {
-            Ok(()) => done.push(event_id),
-            Err(failure) => {
-                let attempt = u32::try_from(attempts).unwrap_or(0) + 1;
-                let dead =
-                    matches!(failure, Failure::Permanent(_)) || attempt >= inner.max_attempts;
-                tracing::warn!(
-                    attempt,
-                    dead,
-                    error = failure.message(),
-                    "inbox handler failed"
-                );
-                let backoff: Duration = inner.backoff(attempt);
-                failed.push((
-                    event_id,
-                    failure.message().to_owned(),
-                    backoff.as_secs_f64(),
-                    dead,
-                ));
+        let failure = match result {
+            Ok(()) => match savepoint.commit().await {
+                Ok(()) => {
+                    done.push(row.event_id);
+                    continue;
+                }
+                Err(e) if is_aborted(&e) => {
+                    let names: Vec<&str> = routes
+                        .get(&row.topic, &row.event_type)
+                        .iter()
+                        .map(|r| r.handler.name())
+                        .collect();
+                    Failure::left_aborted(&names.join("`, `"))
+                }
+                Err(e) => return Err(e.into()),
+            },
+            // The connection may be anywhere in a query: give up this transaction.
+            Err(failure @ Failure::Panicked(_)) if !known.contains_key(&row.event_id) => {
+                drop(savepoint);
+                discard(tx).await;
+                return Ok(Processed::Failed(row.event_id, failure));
             }
-        }
+            Err(failure) => {
+                savepoint.rollback().await?;
+                failure
+            }
+        };
+        failed.push(RowFailure::new(inner, row.event_id, row.attempts, &failure));
     }
     if !done.is_empty() {
         mark_processed(&mut tx, &done).await?;
     }
-    if !failed.is_empty() {
-        let ids: Vec<Uuid> = failed.iter().map(|f| f.0).collect();
-        let errors: Vec<&str> = failed.iter().map(|f| f.1.as_str()).collect();
-        let backoffs: Vec<f64> = failed.iter().map(|f| f.2).collect();
-        let dead: Vec<bool> = failed.iter().map(|f| f.3).collect();
-        sqlx::query(
-            "UPDATE inbox_event i SET attempts = i.attempts + 1, last_error = f.error, \
-                 next_attempt_at = now() + make_interval(secs => f.backoff), \
-                 dead_at = CASE WHEN f.dead THEN now() END \
-             FROM unnest($1::uuid[], $2::text[], $3::float8[], $4::bool[]) \
-                 AS f(id, error, backoff, dead) \
-             WHERE i.event_id = f.id",
-        )
-        .bind(&ids)
-        .bind(&errors)
-        .bind(&backoffs)
-        .bind(&dead)
-        .execute(&mut *tx)
-        .await?;
+    record_failures(&mut tx, &failed).await?;
+    match crate::uow::commit_checked(tx).await {
+        Ok(()) => {}
+        Err(Error::Commit { source, .. }) => return Ok(Processed::Refused(source)),
+        Err(e) => return Err(e),
     }
-    tx.commit().await?;
     metrics::counter!("outbox_inbox_processed_total").increment(done.len() as u64);
     metrics::counter!("outbox_consumer_retried_total")
-        .increment(failed.iter().filter(|f| !f.3).count() as u64);
+        .increment(failed.iter().filter(|f| !f.dead).count() as u64);
     metrics::counter!("outbox_inbox_dead_total")
-        .increment(failed.iter().filter(|f| f.3).count() as u64);
-    Ok(claimed)
+        .increment(failed.iter().filter(|f| f.dead).count() as u64);
+    Ok(Processed::Done(claimed))
+}
+
+/// After a refused commit: each due row in a transaction of its own, so the refusal falls on
+/// its row, whose failure is then recorded in a transaction of its own.
+async fn process_one_by_one(inner: &Inner, routes: &Routes, known: &Known) -> Result<usize> {
+    let ids: Vec<Uuid> = {
+        let mut conn = inner.pool.acquire().await?;
+        sqlx::query_scalar(
+            "SELECT event_id FROM inbox_event WHERE NOT processed AND dead_at IS NULL \
+               AND (next_attempt_at IS NULL OR next_attempt_at <= now()) \
+             ORDER BY received_at LIMIT $1",
+        )
+        .bind(inner.batch_size as i64)
+        .fetch_all(&mut *conn)
+        .await?
+    };
+    for id in &ids {
+        let mut seen: Known = known
+            .get(id)
+            .map(|f| (*id, f.clone()))
+            .into_iter()
+            .collect();
+        loop {
+            match process_isolated(inner, routes, &seen, Some(std::slice::from_ref(id))).await? {
+                Processed::Done(_) => break,
+                Processed::Failed(id, failure) => {
+                    seen.insert(id, failure);
+                }
+                Processed::Refused(e) => {
+                    let attempts: i32 =
+                        sqlx::query_scalar("SELECT attempts FROM inbox_event WHERE event_id = $1")
+                            .bind(id)
+                            .fetch_one(&inner.pool)
+                            .await?;
+                    let failure = RowFailure::new(inner, *id, attempts, &refused_at_commit(&e));
+                    let mut tx = inner.pool.begin().await?;
+                    record_failures(&mut tx, &[failure]).await?;
+                    tx.commit().await?;
+                    break;
+                }
+                Processed::Aborted => unreachable!("only the optimistic attempt reports it"),
+            }
+        }
+    }
+    Ok(ids.len())
 }
 
 /// Inbox backlog figures.
