@@ -269,3 +269,18 @@ pub async fn write_receipt(
     }
     Ok(())
 }
+
+/// Records the payment in the ledger: a second run for one order would fail (its primary
+/// key), so the ledger shows each payment's effect exactly once.
+#[inbox_handler]
+pub async fn record_payment(
+    event: PaymentSucceeded,
+    tx: &mut sqlx::PgConnection,
+) -> Result<(), HandlerError> {
+    sqlx::query("INSERT INTO ledger (order_id, amount) VALUES ($1, $2)")
+        .bind(event.order_id)
+        .bind(event.amount)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}

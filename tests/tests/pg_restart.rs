@@ -1,5 +1,6 @@
 //! The PostgreSQL server restarts under load (`pg_ctlcluster ... restart`): nothing committed is
-//! lost, no key goes out of order, and the relays and consumers recover by themselves.
+//! lost, no key goes out of order, each message takes effect once, and the relays and
+//! consumers recover by themselves.
 //!
 //! Run alone (it breaks every connection to the server): `cargo test -p outbox-tests --test
 //! pg_restart`, as `.ci/run` does after the other tests.
@@ -9,10 +10,13 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
+use outbox_runtime::inbox::Mode;
 use outbox_runtime::relay::Relay;
 use outbox_runtime::Uow;
 use outbox_tests::deposits::{deposit, wait_until_published, PARTITIONS, TOPIC};
-use outbox_tests::kafka::{consume, Kafka};
+use outbox_tests::fixtures::{self, PAYMENTS};
+use outbox_tests::kafka::{committed_total, consume, Kafka};
+use outbox_tests::payments::{self, orders_with_payments, paid_counts, wait_for};
 use outbox_tests::{restart_postgres, TestDb};
 use tokio_util::sync::CancellationToken;
 
@@ -163,4 +167,105 @@ async fn relays_recover_from_a_postgres_restart_and_lose_nothing() {
     for r in relays {
         r.await.unwrap().unwrap();
     }
+}
+
+/// A dedup consumer and an inbox consumer (two processors) handle a stream of payments while
+/// the server restarts: each payment takes effect once in each, nothing is dead-lettered or
+/// dead, and neither consumer needed restarting.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn consumers_recover_from_a_postgres_restart_with_each_effect_once() {
+    const N: usize = 2000;
+    let (db, kafka) = payments::setup().await;
+    fixtures::create_ledger(&db.pool).await;
+    let all = orders_with_payments(&db.pool, N).await;
+    let cancel = CancellationToken::new();
+    let consumer = |group: &str, mode: Mode| {
+        let builder = payments::builder(&db, &kafka, group).mode(mode);
+        let builder = match mode {
+            Mode::Dedup => builder.handler(fixtures::mark_order_paid),
+            _ => builder.handler(fixtures::record_payment).processors(2),
+        };
+        builder.build().unwrap()
+    };
+    let dedup = consumer("dedup-svc", Mode::Dedup).spawn(cancel.clone());
+    let inbox = consumer("inbox-svc", Mode::Inbox).spawn(cancel.clone());
+
+    // The payments arrive over a few seconds; the server restarts once a quarter are applied.
+    let producer = {
+        let kafka_bootstrap = kafka.bootstrap();
+        let all = all.clone();
+        tokio::spawn(async move {
+            for chunk in all.chunks(50) {
+                outbox_tests::kafka::produce(&kafka_bootstrap, PAYMENTS, &payments::records(chunk))
+                    .await;
+                tokio::time::sleep(Duration::from_millis(25)).await;
+            }
+        })
+    };
+    let applied = |pool: sqlx::PgPool| async move {
+        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM ledger")
+            .fetch_one(&pool)
+            .await
+            .unwrap_or(0)
+    };
+    wait_for("a quarter applied", Duration::from_secs(60), || async {
+        applied(db.pool.clone()).await >= (N / 4) as i64
+    })
+    .await;
+    restart_postgres().await;
+    let after_restart = applied(db.pool.clone()).await;
+    producer.await.unwrap();
+    wait_for(
+        "every payment applied by both",
+        Duration::from_secs(120),
+        || async {
+            applied(db.pool.clone()).await == N as i64
+                && paid_counts(&db.pool).await.iter().sum::<i32>() == N as i32
+        },
+    )
+    .await;
+    for group in ["dedup-svc", "inbox-svc"] {
+        wait_for(group, Duration::from_secs(60), || async {
+            committed_total(&kafka.bootstrap(), group, PAYMENTS, payments::PARTITIONS) == N as i64
+        })
+        .await;
+    }
+    assert!(
+        !dedup.is_finished() && !inbox.is_finished(),
+        "both consumers still run"
+    );
+    cancel.cancel();
+    dedup.await.unwrap().unwrap();
+    inbox.await.unwrap().unwrap();
+
+    assert_eq!(
+        paid_counts(&db.pool).await,
+        vec![1; N],
+        "dedup: each effect once"
+    );
+    let (rows, dead, unprocessed): (i64, i64, i64) = sqlx::query_as(
+        "SELECT count(*), count(*) FILTER (WHERE dead_at IS NOT NULL), \
+                count(*) FILTER (WHERE NOT processed) FROM inbox_event",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (rows, dead, unprocessed),
+        (N as i64, 0, 0),
+        "inbox: each row once, none dead"
+    );
+    let dead_letters = consume(
+        &kafka.bootstrap(),
+        &format!("{PAYMENTS}.dlq"),
+        1,
+        Duration::from_secs(1),
+        |r| !r.is_empty(),
+    )
+    .await;
+    assert!(
+        dead_letters.is_empty(),
+        "dead letters: {}",
+        dead_letters.len()
+    );
 }
