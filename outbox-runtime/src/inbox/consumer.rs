@@ -12,7 +12,7 @@ use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 use super::dedup::{self, Checked};
-use super::forward::{self, Destination};
+use super::forward::{self, Destination, Forward};
 use super::handler::{Failure, Handler, Routes};
 use super::message;
 use super::store::{self, inbox_status, InboxStatus};
@@ -588,9 +588,12 @@ impl Consumer {
                 let Some(outcome) = inner.handle_dedup(&checked[start..], cancel).await else {
                     return Ok(());
                 };
-                let mut failed = outcome.failed.into_iter().peekable();
-                for (i, msg) in ready[start..start + outcome.done].iter().enumerate() {
-                    if let Some((_, failure)) = failed.next_if(|(j, _)| *j == i) {
+                let settled = &ready[start..start + outcome.done];
+                let forwards: Vec<Forward<'_, '_>> = outcome
+                    .failed
+                    .into_iter()
+                    .map(|(i, failure)| {
+                        let msg = settled[i];
                         let origin = message::origin(msg);
                         let attempts = match retrying {
                             Some((r, tries)) if r == start + i => tries + 1,
@@ -603,13 +606,22 @@ impl Consumer {
                             Destination::DeadLetter { .. } => dead_reason(&failure, attempts),
                             Destination::Retry { .. } => failure.message().to_owned(),
                         };
-                        let sent = inner
-                            .forward(consumer, msg, origin.topic, destination, &reason, cancel)
-                            .await;
-                        if sent.is_err() {
-                            return Ok(()); // cancelled: its offset stays unstored
+                        Forward {
+                            msg,
+                            source: origin.topic,
+                            destination,
+                            reason,
                         }
-                    }
+                    })
+                    .collect();
+                if inner
+                    .forward_all(consumer, &forwards, cancel)
+                    .await
+                    .is_err()
+                {
+                    return Ok(()); // cancelled: their offsets stay unstored
+                }
+                for msg in settled {
                     store_offset(consumer, msg);
                 }
                 start += outcome.done;
@@ -624,13 +636,13 @@ impl Consumer {
                 };
                 if tries >= inner.max_attempts {
                     let msg = ready[start];
-                    let reason = dead_reason(&failure, tries);
-                    let destination = Destination::DeadLetter { attempts: tries };
-                    let origin = message::origin(msg);
-                    let sent = inner
-                        .forward(consumer, msg, origin.topic, destination, &reason, cancel)
-                        .await;
-                    if sent.is_err() {
+                    let dead = Forward {
+                        msg,
+                        source: message::origin(msg).topic,
+                        destination: Destination::DeadLetter { attempts: tries },
+                        reason: dead_reason(&failure, tries),
+                    };
+                    if inner.forward(consumer, &dead, cancel).await.is_err() {
                         return Ok(());
                     }
                     store_offset(consumer, msg);
@@ -705,17 +717,22 @@ impl Consumer {
             for (row, reason) in received.refused {
                 bad[stored[row]] = Some(reason);
             }
-            for (msg, reason) in batch.iter().zip(bad) {
-                if let Some(reason) = reason {
-                    let origin = message::origin(msg);
-                    let destination = Destination::DeadLetter { attempts: 1 };
-                    let sent = inner
-                        .forward(consumer, msg, origin.topic, destination, &reason, cancel)
-                        .await;
-                    if sent.is_err() {
-                        return Ok(()); // cancelled: its offset stays unstored
-                    }
-                }
+            let dead: Vec<Forward<'_, '_>> = batch
+                .iter()
+                .zip(bad)
+                .filter_map(|(msg, reason)| {
+                    Some(Forward {
+                        msg,
+                        source: message::origin(msg).topic,
+                        destination: Destination::DeadLetter { attempts: 1 },
+                        reason: reason?,
+                    })
+                })
+                .collect();
+            if inner.forward_all(consumer, &dead, cancel).await.is_err() {
+                return Ok(()); // cancelled: the batch's offsets stay unstored
+            }
+            for msg in &batch {
                 store_offset(consumer, msg);
             }
         }

@@ -2,13 +2,17 @@
 //! handlers, in as few transactions as the handlers' faults allow.
 //!
 //! First all of it in one transaction (all dedup rows in one statement, every handler straight
-//! in the transaction). If a handler fails, panics, or leaves the transaction aborted, the
-//! batch is done again with a savepoint per message and handler, so a failure undoes only its
-//! own work (a failure already seen is reused, not run again; a panic is never run twice). If
-//! the commit itself is refused (a deferred constraint), each message gets a transaction of its
-//! own, to find the one it was.
+//! in the transaction). If a handler fails or panics, the transaction is rolled back, the
+//! messages before the failing one go again in one transaction, the failing message on its
+//! own (a savepoint per handler: a failure undoes only its own work; a failure already seen is
+//! reused, not run again, so a panic is never run twice), and the rest goes on in one
+//! transaction. So a failure costs about one more pass over the part of the batch before it,
+//! not a savepoint per message. If a handler returned `Ok` but left the transaction aborted
+//! (seen only at commit), the part is done again with a savepoint per message and handler, to
+//! find it. If the commit itself is refused (a deferred constraint), each message gets a
+//! transaction of its own, to find the one it was.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{BTreeSet, HashMap, HashSet};
 
 use sqlx::{Connection, PgPool};
 use tracing::Instrument;
@@ -39,6 +43,25 @@ impl Outcome {
         Outcome {
             done: messages,
             ..Outcome::default()
+        }
+    }
+
+    /// Adds `part`, the outcome of the messages from `offset` on. `false` if it stopped there
+    /// (in place): so does the whole.
+    fn absorb(&mut self, part: Outcome, offset: usize) -> bool {
+        self.processed += part.processed;
+        self.duplicates += part.duplicates;
+        for (i, failure) in part.failed {
+            self.fail(offset + i, failure);
+        }
+        match part.stopped {
+            Some(failure) => {
+                self.done = offset + part.done;
+                self.failed.retain(|(i, _)| *i < self.done);
+                self.stopped = Some(failure);
+                false
+            }
+            None => true,
         }
     }
 
@@ -75,29 +98,91 @@ pub(crate) async fn handle(
     messages: &[Checked<'_>],
     in_place: bool,
 ) -> Result<Outcome> {
+    let n = messages.len();
+    let mut outcome = Outcome::new(n);
+    // Failures seen, by (message, handler): reused, never run again.
     let mut known = Known::new();
-    let mut isolate = false;
-    loop {
-        let attempt = if isolate {
-            isolated(pool, routes, messages, &known, in_place).await?
-        } else {
-            optimistic(pool, routes, messages).await?
-        };
-        match attempt {
-            Attempt::Done(outcome) => return Ok(outcome),
-            Attempt::Failed(i, h, failure) => {
-                // In the shared transaction, "already aborted" may be an earlier handler's
-                // doing: find out in isolation.
-                if isolate || !matches!(failure, Failure::Transaction(_)) {
-                    known.insert((i, h), failure);
-                }
-                isolate = true;
+    // Messages to handle on their own, with a savepoint per handler.
+    let mut alone = BTreeSet::new();
+    // The messages from `start` to `end` go next, in one transaction.
+    let (mut start, mut end) = (0, n);
+    while start < n {
+        if alone.remove(&start) {
+            let one = &messages[start..=start];
+            let part =
+                isolated_all(pool, routes, one, slice_of(&known, start, 1), in_place).await?;
+            if !outcome.absorb(part, start) {
+                return Ok(outcome);
             }
-            Attempt::Aborted => isolate = true,
+            start += 1;
+            end = alone.range(start..).next().copied().unwrap_or(n);
+            continue;
+        }
+        let segment = &messages[start..end];
+        let part = match optimistic(pool, routes, segment).await? {
+            Attempt::Done(part) => part,
+            Attempt::Failed(i, h, failure) => {
+                // What came before it went well: it goes again on its own, then this message
+                // alone. A failure that may be the shared transaction's doing (an aborted
+                // transaction, a deadlock) is judged again there.
+                if !matches!(failure, Failure::Transaction(_)) {
+                    known.insert((start + i, h), failure);
+                }
+                alone.insert(start + i);
+                end = start + i;
+                continue;
+            }
+            // A handler left the transaction aborted and returned `Ok`: find it, a savepoint
+            // each.
+            Attempt::Aborted => {
+                let seen = slice_of(&known, start, segment.len());
+                isolated_all(pool, routes, segment, seen, in_place).await?
+            }
             Attempt::Refused(e) => {
                 tracing::info!(error = %e, "a batch was refused at commit; handling its messages one by one");
+                let seen = slice_of(&known, start, segment.len());
+                one_by_one(pool, routes, segment, &seen, in_place).await?
+            }
+        };
+        if !outcome.absorb(part, start) {
+            return Ok(outcome);
+        }
+        start = end;
+        end = alone.range(start..).next().copied().unwrap_or(n);
+    }
+    Ok(outcome)
+}
+
+/// The failures known of messages `start..start + len`, indexed from `start`.
+fn slice_of(known: &Known, start: usize, len: usize) -> Known {
+    known
+        .iter()
+        .filter(|((i, _), _)| (start..start + len).contains(i))
+        .map(|((i, h), f)| ((i - start, *h), f.clone()))
+        .collect()
+}
+
+/// The messages in one transaction, a savepoint per message and handler, until it commits or
+/// is refused (then one by one).
+async fn isolated_all(
+    pool: &PgPool,
+    routes: &Routes,
+    messages: &[Checked<'_>],
+    mut known: Known,
+    in_place: bool,
+) -> Result<Outcome> {
+    loop {
+        match isolated(pool, routes, messages, &known, in_place).await? {
+            Attempt::Done(outcome) => return Ok(outcome),
+            // A panic: its transaction is given up; never run it again.
+            Attempt::Failed(i, h, failure) => {
+                known.insert((i, h), failure);
+            }
+            Attempt::Refused(e) => {
+                tracing::info!(error = %e, "refused at commit; handling the messages one by one");
                 return one_by_one(pool, routes, messages, &known, in_place).await;
             }
+            Attempt::Aborted => unreachable!("only the optimistic attempt reports it"),
         }
     }
 }

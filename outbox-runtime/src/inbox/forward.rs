@@ -47,161 +47,221 @@ pub(crate) fn hold(consumer: &StreamConsumer, msg: &BorrowedMessage<'_>) {
     }
 }
 
-fn set_paused(consumer: &StreamConsumer, paused: bool) {
-    let Ok(assignment) = consumer.assignment() else {
-        return;
-    };
-    let result = if paused {
-        consumer.pause(&assignment)
-    } else {
-        consumer.resume(&assignment)
-    };
-    if let Err(e) = result {
-        tracing::debug!(error = %e, paused, "cannot pause or resume the assignment");
-    }
+/// The consumer while a send to `topic` is blocked: every partition paused, still polling (so
+/// it stays in its group), the `outbox_consumer_forward_blocked` gauge at 1. Dropping it
+/// resumes every partition it paused, assigned or not: librdkafka keeps an application's pause
+/// across a rebalance, so a partition revoked meanwhile and assigned again later would
+/// otherwise never be fetched again.
+struct Blocked<'c> {
+    consumer: &'c StreamConsumer,
+    paused: TopicPartitionList,
+    gauge: metrics::Gauge,
 }
 
-/// Awaits `future` while polling the consumer (its partitions paused): a message still comes
-/// from a partition assigned meanwhile, which is then held too. `None` if `cancel` fires first.
-async fn polling<F: std::future::Future>(
-    consumer: &StreamConsumer,
-    future: F,
-    cancel: &CancellationToken,
-) -> Option<F::Output> {
-    tokio::pin!(future);
-    loop {
-        tokio::select! {
-            () = cancel.cancelled() => return None,
-            out = &mut future => return Some(out),
-            polled = consumer.recv() => {
-                if let Ok(other) = polled {
-                    hold(consumer, &other);
+impl<'c> Blocked<'c> {
+    fn new(consumer: &'c StreamConsumer, topic: &str) -> Self {
+        let paused = consumer.assignment().unwrap_or_default();
+        if let Err(e) = consumer.pause(&paused) {
+            tracing::debug!(error = %e, "cannot pause the assignment");
+        }
+        let gauge = metrics::gauge!("outbox_consumer_forward_blocked", "topic" => topic.to_owned());
+        gauge.set(1.0);
+        Blocked {
+            consumer,
+            paused,
+            gauge,
+        }
+    }
+
+    /// Awaits `future` while polling: a message still comes from a partition assigned
+    /// meanwhile, which is then held (and resumed with the others). `None` if `cancel` fires
+    /// first.
+    async fn polling<F: std::future::Future>(
+        &mut self,
+        future: F,
+        cancel: &CancellationToken,
+    ) -> Option<F::Output> {
+        tokio::pin!(future);
+        loop {
+            tokio::select! {
+                () = cancel.cancelled() => return None,
+                out = &mut future => return Some(out),
+                polled = self.consumer.recv() => {
+                    if let Ok(msg) = polled {
+                        hold(self.consumer, &msg);
+                        self.paused.add_partition(msg.topic(), msg.partition());
+                    }
                 }
             }
         }
     }
 }
 
+impl Drop for Blocked<'_> {
+    fn drop(&mut self) {
+        if let Err(e) = self.consumer.resume(&self.paused) {
+            tracing::debug!(error = %e, "cannot resume a partition");
+        }
+        self.gauge.set(0.0);
+    }
+}
+
+/// A message to send on, and why.
+pub(crate) struct Forward<'a, 'm> {
+    pub msg: &'a BorrowedMessage<'m>,
+    /// The topic its handlers are routed by (its own, or the one it was retried from).
+    pub source: &'a str,
+    pub destination: Destination,
+    pub reason: String,
+}
+
+impl Forward<'_, '_> {
+    fn kind(&self) -> &'static str {
+        match self.destination {
+            Destination::Retry { .. } => "retry",
+            Destination::DeadLetter { .. } => "dead-letter",
+        }
+    }
+
+    /// Its key, value and headers (the consumer's own replaced), and the consumer's headers.
+    fn headers(&self) -> OwnedHeaders {
+        let mut out = OwnedHeaders::new();
+        if let Some(h) = self.msg.headers() {
+            for header in h.iter().filter(|h| !headers::ALL.contains(&h.key)) {
+                out = out.insert(header);
+            }
+        }
+        let ours: Vec<(&str, String)> = match self.destination {
+            Destination::Retry { attempts, due_ms } => vec![
+                (headers::SOURCE_TOPIC, self.source.to_owned()),
+                (headers::ATTEMPTS, attempts.to_string()),
+                (headers::DUE_MS, due_ms.to_string()),
+                (headers::ERROR, self.reason.clone()),
+            ],
+            Destination::DeadLetter { attempts } => vec![
+                ("dlq_error", self.reason.clone()),
+                ("dlq_attempts", attempts.to_string()),
+                ("dlq_source_topic", self.source.to_owned()),
+                ("dlq_source_partition", self.msg.partition().to_string()),
+                ("dlq_source_offset", self.msg.offset().to_string()),
+            ],
+        };
+        for (key, value) in &ours {
+            out = out.insert(Header {
+                key,
+                value: Some(value.as_bytes()),
+            });
+        }
+        out
+    }
+
+    fn record<'r>(&'r self, topic: &'r str) -> FutureRecord<'r, [u8], [u8]> {
+        let mut record = FutureRecord::to(topic).headers(self.headers());
+        if let Some(key) = self.msg.key() {
+            record = record.key(key);
+        }
+        if let Some(payload) = self.msg.payload() {
+            record = record.payload(payload);
+        }
+        record
+    }
+
+    fn delivered(&self) {
+        let msg = self.msg;
+        match self.destination {
+            Destination::Retry { attempts, .. } => {
+                metrics::counter!("outbox_consumer_retried_total").increment(1);
+                tracing::info!(topic = msg.topic(), partition = msg.partition(),
+                    offset = msg.offset(), attempts, reason = %self.reason,
+                    "message sent to its retry topic");
+            }
+            Destination::DeadLetter { .. } => {
+                metrics::counter!("outbox_consumer_dead_lettered_total").increment(1);
+                tracing::warn!(topic = msg.topic(), partition = msg.partition(),
+                    offset = msg.offset(), reason = %self.reason, "message dead-lettered");
+            }
+        }
+    }
+}
+
 impl Inner {
-    /// Sends `msg` (read from topic `source` for routing: its own, or the one it was retried
-    /// from) to `destination`, with its key, value and headers, and the consumer's own headers.
-    /// Returns once the broker acknowledged it; until then (a missing topic, say) consumption
-    /// waits, polling. `Err` only when `cancel` fires first.
+    fn destination_topic(&self, item: &Forward<'_, '_>) -> String {
+        match item.destination {
+            Destination::Retry { attempts, .. } => self.retry_topic(item.source, attempts),
+            Destination::DeadLetter { .. } => format!("{}{}", item.source, self.dlq_suffix),
+        }
+    }
+
+    /// Sends the messages on, all at once, and returns once the broker acknowledged each;
+    /// one that fails is sent again by [`forward`](Self::forward). `Err` only when `cancel`
+    /// fires first.
+    pub(crate) async fn forward_all(
+        &self,
+        consumer: &StreamConsumer,
+        items: &[Forward<'_, '_>],
+        cancel: &CancellationToken,
+    ) -> Result<(), Cancelled> {
+        // Queued together, they share the producer's requests.
+        let pending: Vec<_> = items
+            .iter()
+            .map(|item| {
+                let topic = self.destination_topic(item);
+                self.forwarder.send_result(item.record(&topic)).ok()
+            })
+            .collect();
+        for (item, delivery) in items.iter().zip(pending) {
+            let delivered = match delivery {
+                Some(delivery) => matches!(delivery.await, Ok(Ok(_))),
+                None => false,
+            };
+            if delivered {
+                item.delivered();
+            } else {
+                self.forward(consumer, item, cancel).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Sends the message on and returns once the broker acknowledged it; until then (a
+    /// missing topic, say) consumption waits, polling. `Err` only when `cancel` fires first.
     pub(crate) async fn forward(
         &self,
         consumer: &StreamConsumer,
-        msg: &BorrowedMessage<'_>,
-        source: &str,
-        destination: Destination,
-        reason: &str,
+        item: &Forward<'_, '_>,
         cancel: &CancellationToken,
     ) -> Result<(), Cancelled> {
-        let (topic, kind) = match destination {
-            Destination::Retry { attempts, .. } => (self.retry_topic(source, attempts), "retry"),
-            Destination::DeadLetter { .. } => {
-                (format!("{source}{}", self.dlq_suffix), "dead-letter")
-            }
-        };
-        let partition = msg.partition().to_string();
-        let offset = msg.offset().to_string();
+        let topic = self.destination_topic(item);
+        let kind = item.kind();
+        let mut blocked: Option<Blocked<'_>> = None;
         let mut failures = 0u32;
         loop {
-            let mut out = OwnedHeaders::new();
-            if let Some(h) = msg.headers() {
-                for header in h.iter().filter(|h| !headers::ALL.contains(&h.key)) {
-                    out = out.insert(header);
-                }
-            }
-            let attempts_text;
-            let due_text;
-            match destination {
-                Destination::Retry { attempts, due_ms } => {
-                    attempts_text = attempts.to_string();
-                    due_text = due_ms.to_string();
-                    for (key, value) in [
-                        (headers::SOURCE_TOPIC, source),
-                        (headers::ATTEMPTS, attempts_text.as_str()),
-                        (headers::DUE_MS, due_text.as_str()),
-                        (headers::ERROR, reason),
-                    ] {
-                        out = out.insert(Header {
-                            key,
-                            value: Some(value.as_bytes()),
-                        });
-                    }
-                }
-                Destination::DeadLetter { attempts } => {
-                    attempts_text = attempts.to_string();
-                    for (key, value) in [
-                        ("dlq_error", reason),
-                        ("dlq_attempts", attempts_text.as_str()),
-                        ("dlq_source_topic", source),
-                        ("dlq_source_partition", partition.as_str()),
-                        ("dlq_source_offset", offset.as_str()),
-                    ] {
-                        out = out.insert(Header {
-                            key,
-                            value: Some(value.as_bytes()),
-                        });
-                    }
-                }
-            }
-            let mut record: FutureRecord<'_, [u8], [u8]> = FutureRecord::to(&topic).headers(out);
-            if let Some(key) = msg.key() {
-                record = record.key(key);
-            }
-            if let Some(payload) = msg.payload() {
-                record = record.payload(payload);
-            }
-            let send = self.forwarder.send(record, Duration::from_secs(30));
-            // Once blocked, poll while waiting, so the consumer stays in its group.
-            let sent = if failures == 0 {
-                Some(send.await)
-            } else {
-                polling(consumer, send, cancel).await
-            };
-            let Some(sent) = sent else {
-                set_paused(consumer, false);
-                return Err(Cancelled);
+            let send = self
+                .forwarder
+                .send(item.record(&topic), Duration::from_secs(30));
+            let sent = match blocked.as_mut() {
+                None => send.await,
+                // Once blocked, poll while waiting, so the consumer stays in its group.
+                Some(b) => b.polling(send, cancel).await.ok_or(Cancelled)?,
             };
             match sent {
                 Ok(_) => {
-                    if failures > 0 {
+                    if blocked.take().is_some() {
                         tracing::info!(topic = %topic, "the {kind} topic takes messages again; consuming");
-                        metrics::gauge!("outbox_consumer_forward_blocked", "topic" => topic.clone())
-                            .set(0.0);
-                        set_paused(consumer, false);
                     }
-                    match destination {
-                        Destination::Retry { attempts, .. } => {
-                            metrics::counter!("outbox_consumer_retried_total").increment(1);
-                            tracing::info!(topic = msg.topic(), partition = msg.partition(),
-                                offset = msg.offset(), attempts, %reason, "message sent to its retry topic");
-                        }
-                        Destination::DeadLetter { .. } => {
-                            metrics::counter!("outbox_consumer_dead_lettered_total").increment(1);
-                            tracing::warn!(topic = msg.topic(), partition = msg.partition(),
-                                offset = msg.offset(), %reason, "message dead-lettered");
-                        }
-                    }
+                    item.delivered();
                     return Ok(());
                 }
                 Err((e, _)) => {
                     failures += 1;
-                    if failures == 1 {
+                    let b = blocked.get_or_insert_with(|| {
                         tracing::error!(error = %e, topic = %topic,
                             "cannot send a message to its {kind} topic (does it exist? may this \
                              consumer write to it?); consumption waits until it can");
-                        metrics::gauge!("outbox_consumer_forward_blocked", "topic" => topic.clone())
-                            .set(1.0);
-                        // Stay in the group: poll, with every partition paused.
-                        set_paused(consumer, true);
-                    }
+                        Blocked::new(consumer, &topic)
+                    });
                     let wait = tokio::time::sleep(self.backoff(failures));
-                    if polling(consumer, wait, cancel).await.is_none() {
-                        set_paused(consumer, false);
-                        return Err(Cancelled);
-                    }
+                    b.polling(wait, cancel).await.ok_or(Cancelled)?;
                 }
             }
         }

@@ -93,12 +93,19 @@ async fn insert(pool: &PgPool, rows: &[InboxRow<'_>]) -> std::result::Result<u64
     Ok(result.rows_affected())
 }
 
-/// Due rows, oldest first, optionally only those of `$2` (ids).
+/// Due rows, oldest first.
 const CLAIM_INBOX_SQL: &str = "\
 SELECT event_id, topic, event_type, payload::text AS payload, attempts FROM inbox_event \
 WHERE NOT processed AND dead_at IS NULL \
   AND (next_attempt_at IS NULL OR next_attempt_at <= now()) \
-  AND ($2::uuid[] IS NULL OR event_id = ANY($2)) \
+ORDER BY received_at LIMIT $1 FOR UPDATE SKIP LOCKED";
+
+/// The due rows of `$2` (ids). A query of its own: an optional filter (`$2 IS NULL OR ...`)
+/// would spoil the plan of the one above.
+const CLAIM_INBOX_IDS_SQL: &str = "\
+SELECT event_id, topic, event_type, payload::text AS payload, attempts FROM inbox_event \
+WHERE event_id = ANY($2) AND NOT processed AND dead_at IS NULL \
+  AND (next_attempt_at IS NULL OR next_attempt_at <= now()) \
 ORDER BY received_at LIMIT $1 FOR UPDATE SKIP LOCKED";
 
 /// A claimed inbox row.
@@ -115,11 +122,14 @@ async fn claim(
     limit: usize,
     only: Option<&[Uuid]>,
 ) -> Result<Vec<Claimed>> {
-    let rows = sqlx::query(CLAIM_INBOX_SQL)
-        .bind(limit as i64)
-        .bind(only)
-        .fetch_all(conn)
-        .await?;
+    let rows = match only {
+        None => sqlx::query(CLAIM_INBOX_SQL).bind(limit as i64),
+        Some(ids) => sqlx::query(CLAIM_INBOX_IDS_SQL)
+            .bind(limit as i64)
+            .bind(ids),
+    }
+    .fetch_all(conn)
+    .await?;
     rows.iter()
         .map(|r| {
             Ok(Claimed {
