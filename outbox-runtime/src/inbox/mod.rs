@@ -37,8 +37,9 @@
 //! (`ON CONFLICT DO NOTHING`); only if the row is new does the handler run, in the same
 //! transaction; then it commits; only then are the offsets stored
 //! (`enable.auto.offset.store=false`) and later committed. A duplicate is skipped. The
-//! handler's effect happens exactly once per event id. If a handler fails, the batch is done
-//! again with a savepoint per message and handler, so that only the failing message fails.
+//! handler's effect happens exactly once per event id. If a handler fails, the batch is rolled
+//! back and done again: what came before the failing message in one transaction, that message
+//! alone (a savepoint per handler), then the rest; so only the failing message fails.
 //!
 //! **Inbox**: the consumer only stores each message in `inbox_event`
 //! (`ON CONFLICT (event_id) DO NOTHING`, batched), commits, then stores the offsets, so receipt
@@ -62,7 +63,8 @@
 //! A retry or dead-letter topic that is missing stops consumption until it takes the message:
 //! logged as an error with the topic's name, reported by the gauge
 //! `outbox_consumer_forward_blocked{topic}`; the consumer keeps polling with its partitions
-//! paused, so it stays in its group.
+//! paused, so it stays in its group. Retries and dead letters are sent at least once: a
+//! rebalance before the offset's commit sends one again.
 //!
 //! # What handlers must know
 //!
@@ -78,8 +80,8 @@
 //! - **A panic** (in the handler, its future or its event's `Deserialize`) is caught and is a
 //!   failure like any other: retried with the panic's message, then dead-lettered.
 //! - A handler can run more than once for one delivery (when a batch-mate fails, the batch is
-//!   redone with savepoints): its database work commits once; whatever it does outside the
-//!   transaction must be idempotent.
+//!   redone): its database work commits once; whatever it does outside the transaction must
+//!   be idempotent.
 //! - **Dedup keys** are `<consumer group>/<handler name>`, so services (groups) sharing a
 //!   database never skip each other's work; `#[inbox_handler(name = "...")]` makes the key
 //!   that name exactly. To rename a handler without handling retained events again:
