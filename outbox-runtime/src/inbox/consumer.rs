@@ -244,9 +244,12 @@ impl ConsumerBuilder {
         }
         // Each send is awaited until acknowledged: a bounded message timeout lets the consumer
         // see (and say) that a topic is missing or refuses, then try again.
+        // The consumer waits for each send: no lingering for a batch to fill (a batch's sends
+        // are queued together anyway).
         producer_config
             .set("message.timeout.ms", "30000")
-            .set("topic.metadata.propagation.max.ms", "5000");
+            .set("topic.metadata.propagation.max.ms", "5000")
+            .set("linger.ms", "0");
         for (key, value) in self.producer_config.config_map() {
             producer_config.set(key, value);
         }
@@ -721,11 +724,12 @@ impl Consumer {
                 .iter()
                 .zip(bad)
                 .filter_map(|(msg, reason)| {
+                    let reason = reason?;
                     Some(Forward {
                         msg,
                         source: message::origin(msg).topic,
                         destination: Destination::DeadLetter { attempts: 1 },
-                        reason: reason?,
+                        reason,
                     })
                 })
                 .collect();

@@ -1,20 +1,23 @@
 //! Dedup mode's database work: a batch of messages, their `processed_event` rows and their
-//! handlers, in as few transactions as the handlers' faults allow.
+//! handlers, in one transaction and one commit whatever the handlers' faults.
 //!
-//! First all of it in one transaction (all dedup rows in one statement, every handler straight
-//! in the transaction). If a handler fails or panics, the transaction is rolled back, the
-//! messages before the failing one go again in one transaction, the failing message on its
-//! own (a savepoint per handler: a failure undoes only its own work; a failure already seen is
-//! reused, not run again, so a panic is never run twice), and the rest goes on in one
-//! transaction. So a failure costs about one more pass over the part of the batch before it,
-//! not a savepoint per message. If a handler returned `Ok` but left the transaction aborted
-//! (seen only at commit), the part is done again with a savepoint per message and handler, to
+//! The batch runs in segments, each straight in the transaction (all its dedup rows in one
+//! statement, every handler without a savepoint). The first segment is the whole batch. If a
+//! handler fails, its segment is undone (the transaction rolled back, or back to the savepoint
+//! taken before the segment once the transaction holds work to keep), the messages before the
+//! failing one run again as a segment, the failing message runs alone (a savepoint per
+//! handler: a failure undoes only its own work; a failure already seen is reused, not run
+//! again), and the next segment starts after it. So each message runs at most twice, and a
+//! failure costs a savepoint and a rerun of the part of its segment before it, not a commit.
+//! A panic gives the transaction up (the connection may be anywhere in a query) and starts
+//! over, the panic known (never run twice). If a handler returned `Ok` but left the
+//! transaction aborted, the batch is done again with a savepoint per message and handler, to
 //! find it. If the commit itself is refused (a deferred constraint), each message gets a
 //! transaction of its own, to find the one it was.
 
 use std::collections::{BTreeSet, HashMap, HashSet};
 
-use sqlx::{Connection, PgPool};
+use sqlx::{Connection, PgConnection, PgPool};
 use tracing::Instrument;
 use uuid::Uuid;
 
@@ -81,9 +84,19 @@ type Known = HashMap<(usize, usize), Failure>;
 
 enum Attempt {
     Done(Outcome),
-    /// A handler failed (or panicked) and its transaction is gone.
+    /// A handler panicked and its transaction is gone.
     Failed(usize, usize, Failure),
-    /// The transaction was left aborted, by a handler that returned `Ok`.
+    /// PostgreSQL refused the commit.
+    Refused(sqlx::Error),
+}
+
+/// What became of one pass over a batch in one transaction ([`chained`]).
+enum Pass {
+    Done(Outcome),
+    /// A handler panicked: the transaction was given up (the panic is known now, and never
+    /// run again).
+    Panicked,
+    /// A handler returned `Ok` but left the transaction aborted.
     Aborted,
     /// PostgreSQL refused the commit.
     Refused(sqlx::Error),
@@ -98,59 +111,136 @@ pub(crate) async fn handle(
     messages: &[Checked<'_>],
     in_place: bool,
 ) -> Result<Outcome> {
-    let n = messages.len();
-    let mut outcome = Outcome::new(n);
     // Failures seen, by (message, handler): reused, never run again.
     let mut known = Known::new();
-    // Messages to handle on their own, with a savepoint per handler.
-    let mut alone = BTreeSet::new();
-    // The messages from `start` to `end` go next, in one transaction.
-    let (mut start, mut end) = (0, n);
+    loop {
+        match chained(pool, routes, messages, &mut known, in_place).await? {
+            Pass::Done(outcome) => return Ok(outcome),
+            Pass::Panicked => {}
+            // Find the handler that did it: a savepoint each.
+            Pass::Aborted => return isolated_all(pool, routes, messages, known, in_place).await,
+            Pass::Refused(e) => {
+                tracing::info!(error = %e, "a batch was refused at commit; handling its messages one by one");
+                return one_by_one(pool, routes, messages, &known, in_place).await;
+            }
+        }
+    }
+}
+
+/// The batch in one transaction, in segments: each segment straight in the transaction
+/// (behind a savepoint once the transaction holds work to keep); a handler that fails ends its
+/// segment, which is undone and done again up to the failing message, which then goes alone
+/// (a savepoint per handler, its failure reused), and the next segment starts after it. Each
+/// message runs at most twice, and the batch commits once.
+async fn chained(
+    pool: &PgPool,
+    routes: &Routes,
+    messages: &[Checked<'_>],
+    known: &mut Known,
+    in_place: bool,
+) -> Result<Pass> {
+    let n = messages.len();
+    let mut outcome = Outcome::new(n);
+    // Messages to handle alone: those whose failure is known.
+    let mut alone: BTreeSet<usize> = known.keys().map(|(i, _)| *i).collect();
+    let mut tx = pool.begin().await?;
+    // Whether the transaction holds work to keep: a segment then runs behind a savepoint.
+    let mut kept = false;
+    let mut start = 0;
     while start < n {
         if alone.remove(&start) {
             let one = &messages[start..=start];
-            let part =
-                isolated_all(pool, routes, one, slice_of(&known, start, 1), in_place).await?;
-            if !outcome.absorb(part, start) {
-                return Ok(outcome);
+            let seen = slice_of(known, start, 1);
+            match aborted_as_none(isolated_in(&mut tx, routes, one, &seen, in_place).await)? {
+                None => {
+                    discard(tx).await;
+                    return Ok(Pass::Aborted);
+                }
+                Some(Isolated::Panicked(_, h, failure)) => {
+                    known.insert((start, h), failure);
+                    discard(tx).await;
+                    return Ok(Pass::Panicked);
+                }
+                Some(Isolated::Done(part)) => {
+                    kept = true;
+                    if !outcome.absorb(part, start) {
+                        break;
+                    }
+                }
             }
             start += 1;
-            end = alone.range(start..).next().copied().unwrap_or(n);
             continue;
         }
+        let end = alone.range(start..).next().copied().unwrap_or(n);
         let segment = &messages[start..end];
-        let part = match optimistic(pool, routes, segment).await? {
-            Attempt::Done(part) => part,
-            Attempt::Failed(i, h, failure) => {
-                // What came before it went well: it goes again on its own, then this message
-                // alone. A failure that may be the shared transaction's doing (an aborted
-                // transaction, a deadlock) is judged again there.
-                if !matches!(failure, Failure::Transaction(_)) {
-                    known.insert((start + i, h), failure);
+        let failed = if kept {
+            let Some(mut savepoint) = aborted_as_none(Connection::begin(&mut *tx).await)? else {
+                discard(tx).await;
+                return Ok(Pass::Aborted);
+            };
+            match optimistic_in(&mut savepoint, routes, segment).await? {
+                Ok(part) => {
+                    if aborted_as_none(savepoint.commit().await)?.is_none() {
+                        discard(tx).await;
+                        return Ok(Pass::Aborted);
+                    }
+                    outcome.absorb(part, start);
+                    None
                 }
-                alone.insert(start + i);
-                end = start + i;
-                continue;
+                Err(failed) => {
+                    if !matches!(failed.2, Failure::Panicked(_)) {
+                        savepoint.rollback().await?;
+                    }
+                    Some(failed)
+                }
             }
-            // A handler left the transaction aborted and returned `Ok`: find it, a savepoint
-            // each.
-            Attempt::Aborted => {
-                let seen = slice_of(&known, start, segment.len());
-                isolated_all(pool, routes, segment, seen, in_place).await?
-            }
-            Attempt::Refused(e) => {
-                tracing::info!(error = %e, "a batch was refused at commit; handling its messages one by one");
-                let seen = slice_of(&known, start, segment.len());
-                one_by_one(pool, routes, segment, &seen, in_place).await?
+        } else {
+            match optimistic_in(&mut tx, routes, segment).await? {
+                Ok(part) => {
+                    outcome.absorb(part, start);
+                    None
+                }
+                Err(failed) => Some(failed),
             }
         };
-        if !outcome.absorb(part, start) {
-            return Ok(outcome);
+        let Some((i, h, failure)) = failed else {
+            kept = true;
+            start = end;
+            continue;
+        };
+        if matches!(failure, Failure::Panicked(_)) {
+            // The connection may be anywhere in a query: give up this transaction.
+            known.insert((start + i, h), failure);
+            discard(tx).await;
+            return Ok(Pass::Panicked);
         }
-        start = end;
-        end = alone.range(start..).next().copied().unwrap_or(n);
+        if !kept {
+            discard(tx).await;
+            tx = pool.begin().await?;
+        }
+        // What came before it went well: it goes again, then this message alone. A failure
+        // that may be the transaction's doing (an aborted transaction, a deadlock) is judged
+        // again there.
+        if !matches!(failure, Failure::Transaction(_)) {
+            known.insert((start + i, h), failure);
+        }
+        alone.insert(start + i);
     }
-    Ok(outcome)
+    Ok(match crate::uow::commit_checked(tx).await {
+        Ok(()) => Pass::Done(outcome),
+        Err(Error::Aborted { .. }) => Pass::Aborted,
+        Err(Error::Commit { source, .. }) => Pass::Refused(source),
+        Err(e) => return Err(e),
+    })
+}
+
+/// `None` for an error that says the transaction is aborted.
+fn aborted_as_none<T, E: Into<Error>>(result: std::result::Result<T, E>) -> Result<Option<T>> {
+    match result.map_err(Into::into) {
+        Ok(value) => Ok(Some(value)),
+        Err(Error::Database(e)) if is_aborted(&e) => Ok(None),
+        Err(e) => Err(e),
+    }
 }
 
 /// The failures known of messages `start..start + len`, indexed from `start`.
@@ -182,13 +272,17 @@ async fn isolated_all(
                 tracing::info!(error = %e, "refused at commit; handling the messages one by one");
                 return one_by_one(pool, routes, messages, &known, in_place).await;
             }
-            Attempt::Aborted => unreachable!("only the optimistic attempt reports it"),
         }
     }
 }
 
-/// Everything in one transaction, no savepoints.
-async fn optimistic(pool: &PgPool, routes: &Routes, messages: &[Checked<'_>]) -> Result<Attempt> {
+/// The messages straight in the transaction, no savepoints: their outcome, or the first
+/// failure (message, handler), after which the transaction must be rolled back.
+async fn optimistic_in(
+    conn: &mut PgConnection,
+    routes: &Routes,
+    messages: &[Checked<'_>],
+) -> Result<std::result::Result<Outcome, (usize, usize, Failure)>> {
     let mut outcome = Outcome::new(messages.len());
     let mut work = Vec::new();
     for (i, message) in messages.iter().enumerate() {
@@ -206,11 +300,10 @@ async fn optimistic(pool: &PgPool, routes: &Routes, messages: &[Checked<'_>]) ->
         }
     }
     if work.is_empty() {
-        return Ok(Attempt::Done(outcome));
+        return Ok(Ok(outcome));
     }
     let ids: Vec<Uuid> = work.iter().map(|w| w.3.event_id).collect();
     let keys: Vec<&str> = work.iter().map(|w| w.2.key.as_str()).collect();
-    let mut tx = pool.begin().await?;
     let new: Vec<(Uuid, String)> = sqlx::query_as(
         "INSERT INTO processed_event (event_id, handler) \
          SELECT * FROM unnest($1::uuid[], $2::text[]) ON CONFLICT DO NOTHING \
@@ -218,7 +311,7 @@ async fn optimistic(pool: &PgPool, routes: &Routes, messages: &[Checked<'_>]) ->
     )
     .bind(&ids)
     .bind(&keys)
-    .fetch_all(&mut *tx)
+    .fetch_all(&mut *conn)
     .await?;
     let mut new: HashSet<(Uuid, String)> = new.into_iter().collect();
     for (i, h, route, incoming) in work {
@@ -231,21 +324,22 @@ async fn optimistic(pool: &PgPool, routes: &Routes, messages: &[Checked<'_>]) ->
             handler = route.handler.name());
         let result = route
             .handler
-            .handle_json(incoming.payload, &mut tx)
+            .handle_json(incoming.payload, &mut *conn)
             .instrument(span)
             .await;
         if let Err(failure) = result {
-            discard(tx).await;
-            return Ok(Attempt::Failed(i, h, failure));
+            return Ok(Err((i, h, failure)));
         }
         outcome.processed += 1;
     }
-    Ok(match crate::uow::commit_checked(tx).await {
-        Ok(()) => Attempt::Done(outcome),
-        Err(Error::Aborted { .. }) => Attempt::Aborted,
-        Err(Error::Commit { source, .. }) => Attempt::Refused(source),
-        Err(e) => return Err(e),
-    })
+    Ok(Ok(outcome))
+}
+
+/// What became of messages handled with a savepoint per message and handler.
+enum Isolated {
+    Done(Outcome),
+    /// A handler panicked (not known before): the transaction must be given up.
+    Panicked(usize, usize, Failure),
 }
 
 /// One transaction, a savepoint per message and handler.
@@ -256,8 +350,29 @@ async fn isolated(
     known: &Known,
     in_place: bool,
 ) -> Result<Attempt> {
-    let mut outcome = Outcome::new(messages.len());
     let mut tx = pool.begin().await?;
+    let outcome = match isolated_in(&mut tx, routes, messages, known, in_place).await? {
+        Isolated::Done(outcome) => outcome,
+        Isolated::Panicked(i, h, failure) => {
+            discard(tx).await;
+            return Ok(Attempt::Failed(i, h, failure));
+        }
+    };
+    Ok(match crate::uow::commit_checked(tx).await {
+        Ok(()) => Attempt::Done(outcome),
+        Err(Error::Commit { source, .. }) => Attempt::Refused(source),
+        Err(e) => return Err(e),
+    })
+}
+/// The messages with a savepoint per message and handler, in `conn`'s transaction.
+async fn isolated_in(
+    conn: &mut PgConnection,
+    routes: &Routes,
+    messages: &[Checked<'_>],
+    known: &Known,
+    in_place: bool,
+) -> Result<Isolated> {
+    let mut outcome = Outcome::new(messages.len());
     'messages: for (i, message) in messages.iter().enumerate() {
         let incoming = match message {
             Ok(incoming) => incoming,
@@ -271,7 +386,7 @@ async fn isolated(
             .iter()
             .enumerate()
         {
-            let mut savepoint = Connection::begin(&mut *tx).await?;
+            let mut savepoint = Connection::begin(&mut *conn).await?;
             let new = sqlx::query(
                 "INSERT INTO processed_event (event_id, handler) VALUES ($1, $2) \
                  ON CONFLICT DO NOTHING",
@@ -310,9 +425,7 @@ async fn isolated(
                 },
                 // The connection may be anywhere in a query: give up this transaction.
                 Err(failure @ Failure::Panicked(_)) if !known.contains_key(&(i, h)) => {
-                    drop(savepoint);
-                    discard(tx).await;
-                    return Ok(Attempt::Failed(i, h, failure));
+                    return Ok(Isolated::Panicked(i, h, failure));
                 }
                 Err(failure) => {
                     savepoint.rollback().await?;
@@ -328,11 +441,7 @@ async fn isolated(
             outcome.fail(i, failure);
         }
     }
-    Ok(match crate::uow::commit_checked(tx).await {
-        Ok(()) => Attempt::Done(outcome),
-        Err(Error::Commit { source, .. }) => Attempt::Refused(source),
-        Err(e) => return Err(e),
-    })
+    Ok(Isolated::Done(outcome))
 }
 
 /// After a refused commit: a transaction per message, so the refusal falls on its message.
@@ -368,7 +477,6 @@ async fn one_by_one(
                     seen.insert((0, h), failure);
                 }
                 Attempt::Refused(e) => break Some(refused_at_commit(&e)),
-                Attempt::Aborted => unreachable!("only the optimistic attempt reports it"),
             }
         };
         if let Some(failure) = failure {

@@ -31,17 +31,46 @@ pub(crate) struct Incoming<'m> {
     pub topic: &'m str,
 }
 
-pub(crate) fn header<'m>(msg: &'m BorrowedMessage<'_>, name: &str) -> Option<&'m [u8]> {
-    msg.headers()?.iter().find(|h| h.key == name)?.value
+/// The headers the consumer reads, found in one pass over the message's headers (each header
+/// read is a call into librdkafka, on the consumer's critical path).
+#[derive(Default)]
+struct Read<'m> {
+    event_id: Option<&'m [u8]>,
+    event_type: Option<&'m [u8]>,
+    source_topic: Option<&'m [u8]>,
+    attempts: Option<&'m [u8]>,
+    due_ms: Option<&'m [u8]>,
 }
 
-fn header_str<'m>(msg: &'m BorrowedMessage<'_>, name: &str) -> Option<&'m str> {
-    header(msg, name).and_then(|v| std::str::from_utf8(v).ok())
+fn text(value: Option<&[u8]>) -> Option<&str> {
+    value.and_then(|v| std::str::from_utf8(v).ok())
+}
+
+fn read<'m>(msg: &'m BorrowedMessage<'_>) -> Read<'m> {
+    let mut read = Read::default();
+    let Some(all) = msg.headers() else {
+        return read;
+    };
+    // Of a header given twice, the first counts.
+    for header in all.iter() {
+        let slot = match header.key {
+            "event_id" => &mut read.event_id,
+            "event_type" => &mut read.event_type,
+            headers::SOURCE_TOPIC => &mut read.source_topic,
+            headers::ATTEMPTS => &mut read.attempts,
+            headers::DUE_MS => &mut read.due_ms,
+            _ => continue,
+        };
+        if slot.is_none() {
+            *slot = header.value;
+        }
+    }
+    read
 }
 
 /// When a message from a retry topic may be tried again (`None`: now, or not a retry).
 pub(crate) fn due_ms(msg: &BorrowedMessage<'_>) -> Option<i64> {
-    header_str(msg, headers::DUE_MS)?.parse().ok()
+    text(read(msg).due_ms)?.parse().ok()
 }
 
 /// Milliseconds since the Unix epoch.
@@ -61,9 +90,13 @@ pub(crate) struct Origin<'m> {
 }
 
 pub(crate) fn origin<'m>(msg: &'m BorrowedMessage<'_>) -> Origin<'m> {
+    origin_of(msg, &read(msg))
+}
+
+fn origin_of<'m>(msg: &'m BorrowedMessage<'_>, read: &Read<'m>) -> Origin<'m> {
     Origin {
-        topic: header_str(msg, headers::SOURCE_TOPIC).unwrap_or(msg.topic()),
-        attempts: header_str(msg, headers::ATTEMPTS)
+        topic: text(read.source_topic).unwrap_or(msg.topic()),
+        attempts: text(read.attempts)
             .and_then(|a| a.parse().ok())
             .unwrap_or(0),
     }
@@ -76,18 +109,20 @@ pub(crate) fn check<'m>(msg: &'m BorrowedMessage<'_>) -> Result<Incoming<'m>, St
     let payload = msg.payload().unwrap_or_default();
     serde_json::from_slice::<serde::de::IgnoredAny>(payload)
         .map_err(|e| format!("payload is not JSON: {e}"))?;
-    let event_id = header(msg, "event_id").ok_or("message has no event_id header")?;
+    let read = read(msg);
+    let event_id = read.event_id.ok_or("message has no event_id header")?;
     let event_id = std::str::from_utf8(event_id)
         .ok()
         .and_then(|s| Uuid::parse_str(s).ok())
         .ok_or("event_id header is not a UUID")?;
-    let event_type = header(msg, "event_type")
+    let event_type = read
+        .event_type
         .map(|v| String::from_utf8_lossy(v).into_owned())
         .unwrap_or_default();
     Ok(Incoming {
         event_id,
         event_type,
         payload,
-        topic: origin(msg).topic,
+        topic: origin_of(msg, &read).topic,
     })
 }
