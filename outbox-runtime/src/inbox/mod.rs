@@ -37,9 +37,10 @@
 //! (`ON CONFLICT DO NOTHING`); only if the row is new does the handler run, in the same
 //! transaction; then it commits; only then are the offsets stored
 //! (`enable.auto.offset.store=false`) and later committed. A duplicate is skipped. The
-//! handler's effect happens exactly once per event id. If a handler fails, the batch is rolled
-//! back and done again: what came before the failing message in one transaction, that message
-//! alone (a savepoint per handler), then the rest; so only the failing message fails.
+//! handler's effect happens exactly once per event id. If a handler fails, the work since the
+//! last savepoint is undone and done again: what came before the failing message, that
+//! message alone (a savepoint per handler), then the rest; so only the failing message fails,
+//! and the batch still commits once.
 //!
 //! **Inbox**: the consumer only stores each message in `inbox_event`
 //! (`ON CONFLICT (event_id) DO NOTHING`, batched), commits, then stores the offsets, so receipt
