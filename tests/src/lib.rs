@@ -130,6 +130,17 @@ async fn admin_connection() -> PgConnection {
 /// accepts connections again. Every connection to it breaks. Only for tests that run alone (a
 /// step of their own in `.ci/run`).
 pub async fn restart_postgres() {
+    let url = database_url();
+    let started = |url: String| async move {
+        let mut conn = PgConnection::connect(&url).await.ok()?;
+        sqlx::query_scalar::<_, chrono::DateTime<chrono::Utc>>("SELECT pg_postmaster_start_time()")
+            .fetch_one(&mut conn)
+            .await
+            .ok()
+    };
+    let before = started(url.clone())
+        .await
+        .expect("PostgreSQL is up before its restart");
     let version = std::fs::read_dir("/etc/postgresql")
         .ok()
         .and_then(|mut dir| dir.next())
@@ -144,9 +155,9 @@ pub async fn restart_postgres() {
         .await
         .expect("run pg_ctlcluster");
     assert!(status.success(), "pg_ctlcluster restart failed: {status}");
-    let url = database_url();
     for _ in 0..600 {
-        if PgConnection::connect(&url).await.is_ok() {
+        if let Some(after) = started(url.clone()).await {
+            assert!(after > before, "PostgreSQL was not restarted");
             return;
         }
         tokio::time::sleep(std::time::Duration::from_millis(50)).await;

@@ -161,8 +161,9 @@ async fn relays_recover_from_a_postgres_restart_and_lose_nothing() {
         first.len(),
         lost.len()
     );
+    // Whether a unit of work was in flight when the server went down is timing (the emitters
+    // wait in the pool while it is down): `restart_postgres` checks the restart itself.
     assert!(lost.is_empty(), "lost: {lost:?}");
-    assert!(!failed.is_empty(), "the restart failed some units of work");
     cancel.cancel();
     for r in relays {
         r.await.unwrap().unwrap();
@@ -213,7 +214,6 @@ async fn consumers_recover_from_a_postgres_restart_with_each_effect_once() {
     })
     .await;
     restart_postgres().await;
-    let after_restart = applied(db.pool.clone()).await;
     producer.await.unwrap();
     wait_for(
         "every payment applied by both",
