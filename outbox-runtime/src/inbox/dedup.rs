@@ -386,50 +386,51 @@ async fn isolated_in(
             .iter()
             .enumerate()
         {
-            let mut savepoint = Connection::begin(&mut *conn).await?;
-            let new = sqlx::query(
-                "INSERT INTO processed_event (event_id, handler) VALUES ($1, $2) \
-                 ON CONFLICT DO NOTHING",
-            )
-            .bind(incoming.event_id)
-            .bind(&route.key)
-            .execute(&mut *savepoint)
-            .await?
-            .rows_affected()
-                == 1;
-            if !new {
-                savepoint.commit().await?;
-                outcome.duplicates += 1;
-                continue;
-            }
-            let result = match known.get(&(i, h)) {
-                Some(failure) => Err(failure.clone()),
-                None => {
-                    let span = tracing::info_span!("outbox_consume",
-                        event_id = %incoming.event_id, handler = route.handler.name());
-                    route
-                        .handler
-                        .handle_json(incoming.payload, &mut savepoint)
-                        .instrument(span)
-                        .await
+            let failure = if let Some(failure) = known.get(&(i, h)) {
+                // Seen failing in this batch: neither run again nor asked of the database (if
+                // another consumer handled the event meanwhile, its retry is a duplicate).
+                failure.clone()
+            } else {
+                let mut savepoint = Connection::begin(&mut *conn).await?;
+                let new = sqlx::query(
+                    "INSERT INTO processed_event (event_id, handler) VALUES ($1, $2) \
+                     ON CONFLICT DO NOTHING",
+                )
+                .bind(incoming.event_id)
+                .bind(&route.key)
+                .execute(&mut *savepoint)
+                .await?
+                .rows_affected()
+                    == 1;
+                if !new {
+                    savepoint.commit().await?;
+                    outcome.duplicates += 1;
+                    continue;
                 }
-            };
-            let failure = match result {
-                Ok(()) => match savepoint.commit().await {
-                    Ok(()) => {
-                        outcome.processed += 1;
-                        continue;
+                let span = tracing::info_span!("outbox_consume",
+                    event_id = %incoming.event_id, handler = route.handler.name());
+                let result = route
+                    .handler
+                    .handle_json(incoming.payload, &mut savepoint)
+                    .instrument(span)
+                    .await;
+                match result {
+                    Ok(()) => match savepoint.commit().await {
+                        Ok(()) => {
+                            outcome.processed += 1;
+                            continue;
+                        }
+                        Err(e) if is_aborted(&e) => Failure::left_aborted(route.handler.name()),
+                        Err(e) => return Err(e.into()),
+                    },
+                    // The connection may be anywhere in a query: give up this transaction.
+                    Err(failure @ Failure::Panicked(_)) => {
+                        return Ok(Isolated::Panicked(i, h, failure));
                     }
-                    Err(e) if is_aborted(&e) => Failure::left_aborted(route.handler.name()),
-                    Err(e) => return Err(e.into()),
-                },
-                // The connection may be anywhere in a query: give up this transaction.
-                Err(failure @ Failure::Panicked(_)) if !known.contains_key(&(i, h)) => {
-                    return Ok(Isolated::Panicked(i, h, failure));
-                }
-                Err(failure) => {
-                    savepoint.rollback().await?;
-                    failure
+                    Err(failure) => {
+                        savepoint.rollback().await?;
+                        failure
+                    }
                 }
             };
             if in_place && !failure.is_permanent() {
