@@ -409,10 +409,11 @@ fn dead_reason(failure: &Failure, attempts: u32) -> String {
     )
 }
 
-/// Partitions of retry topics paused until their next message is due.
+/// Partitions of retry topics paused until their next message is due: topic, partition, when
+/// it is due, its offset.
 #[derive(Default)]
 struct Held {
-    partitions: Vec<(String, i32, i64)>,
+    partitions: Vec<(String, i32, i64, i64)>,
 }
 
 impl Held {
@@ -420,20 +421,42 @@ impl Held {
     fn hold(&mut self, consumer: &StreamConsumer, msg: &BorrowedMessage<'_>, due_ms: i64) {
         forward::hold(consumer, msg);
         self.partitions
-            .retain(|(t, p, _)| (t.as_str(), *p) != (msg.topic(), msg.partition()));
-        self.partitions
-            .push((msg.topic().to_owned(), msg.partition(), due_ms));
+            .retain(|(t, p, _, _)| (t.as_str(), *p) != (msg.topic(), msg.partition()));
+        self.partitions.push((
+            msg.topic().to_owned(),
+            msg.partition(),
+            due_ms,
+            msg.offset(),
+        ));
     }
 
-    fn is_held(&self, msg: &BorrowedMessage<'_>) -> bool {
-        self.partitions
+    /// Whether `msg`'s partition is held. A message of a held partition can still come (one
+    /// fetched before the pause, or after a blocked send resumed every partition): the
+    /// partition is paused and rewound to its held message again, once per `batch` (a fresh
+    /// list per batch).
+    fn is_held(
+        &self,
+        consumer: &StreamConsumer,
+        msg: &BorrowedMessage<'_>,
+        batch: &mut Vec<(String, i32)>,
+    ) -> bool {
+        let Some((topic, partition, _, offset)) = self
+            .partitions
             .iter()
-            .any(|(t, p, _)| (t.as_str(), *p) == (msg.topic(), msg.partition()))
+            .find(|(t, p, _, _)| (t.as_str(), *p) == (msg.topic(), msg.partition()))
+        else {
+            return false;
+        };
+        if !batch.iter().any(|(t, p)| t == topic && p == partition) {
+            forward::hold_at(consumer, topic, *partition, *offset);
+            batch.push((topic.clone(), *partition));
+        }
+        true
     }
 
     /// How long until the first held partition is due.
     fn next_due(&self) -> Option<Duration> {
-        let due = self.partitions.iter().map(|(_, _, due)| *due).min()?;
+        let due = self.partitions.iter().map(|(_, _, due, _)| *due).min()?;
         Some(Duration::from_millis(
             u64::try_from(due - message::now_ms()).unwrap_or(0),
         ))
@@ -443,7 +466,7 @@ impl Held {
     fn resume_due(&mut self, consumer: &StreamConsumer) {
         let now = message::now_ms();
         let mut tpl = TopicPartitionList::new();
-        self.partitions.retain(|(topic, partition, due)| {
+        self.partitions.retain(|(topic, partition, due, _)| {
             let due = *due <= now;
             if due {
                 tpl.add_partition(topic, *partition);
@@ -574,8 +597,9 @@ impl Consumer {
         while let Some(batch) = self.next_batch(consumer, &mut held, cancel).await {
             let now = message::now_ms();
             let mut ready: Vec<&BorrowedMessage<'_>> = Vec::with_capacity(batch.len());
+            let mut reheld = Vec::new();
             for msg in &batch {
-                if held.is_held(msg) {
+                if held.is_held(consumer, msg, &mut reheld) {
                     continue; // read again once its partition resumes
                 }
                 match message::due_ms(msg) {

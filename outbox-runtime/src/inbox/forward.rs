@@ -30,19 +30,19 @@ pub(crate) enum Destination {
 /// Stops consuming `msg`'s partition and rewinds it to `msg`, so that it is read again once
 /// resumed.
 pub(crate) fn hold(consumer: &StreamConsumer, msg: &BorrowedMessage<'_>) {
+    hold_at(consumer, msg.topic(), msg.partition(), msg.offset());
+}
+
+/// Stops consuming a partition and rewinds it to `offset`.
+pub(crate) fn hold_at(consumer: &StreamConsumer, topic: &str, partition: i32, offset: i64) {
     let mut tpl = TopicPartitionList::new();
-    tpl.add_partition(msg.topic(), msg.partition());
+    tpl.add_partition(topic, partition);
     if let Err(e) = consumer.pause(&tpl) {
         tracing::debug!(error = %e, "cannot pause a partition");
     }
     // Asynchronously (a zero timeout): the call must not block the runtime.
-    if let Err(e) = consumer.seek(
-        msg.topic(),
-        msg.partition(),
-        Offset::Offset(msg.offset()),
-        Duration::ZERO,
-    ) {
-        tracing::warn!(error = %e, topic = msg.topic(), partition = msg.partition(),
+    if let Err(e) = consumer.seek(topic, partition, Offset::Offset(offset), Duration::ZERO) {
+        tracing::warn!(error = %e, topic, partition,
             "cannot rewind a partition; its messages come again after a rebalance");
     }
 }
