@@ -117,8 +117,13 @@ pub(crate) async fn handle(
         match chained(pool, routes, messages, &mut known, in_place).await? {
             Pass::Done(outcome) => return Ok(outcome),
             Pass::Panicked => {}
-            // Find the handler that did it: a savepoint each.
-            Pass::Aborted => return isolated_all(pool, routes, messages, known, in_place).await,
+            // Find the handler that did it: a savepoint each. A failure seen in the aborted
+            // transaction may be its doing, not its handler's: judged again (a panic is not
+            // run twice).
+            Pass::Aborted => {
+                known.retain(|_, failure| matches!(failure, Failure::Panicked(_)));
+                return isolated_all(pool, routes, messages, known, in_place).await;
+            }
             Pass::Refused(e) => {
                 tracing::info!(error = %e, "a batch was refused at commit; handling its messages one by one");
                 return one_by_one(pool, routes, messages, &known, in_place).await;

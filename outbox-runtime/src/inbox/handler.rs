@@ -158,11 +158,17 @@ struct Erased<H>(H);
 /// A database error of the transaction rather than of the message: in an aborted transaction
 /// (25P02), a deadlock or serialization failure (class 40).
 fn is_transaction_failure(error: &(dyn std::error::Error + 'static)) -> bool {
-    let code = match error.downcast_ref::<sqlx::Error>() {
-        Some(sqlx::Error::Database(e)) => e.code(),
-        _ => None,
-    };
-    code.is_some_and(|c| c == "25P02" || c.starts_with("40"))
+    // The database error may be wrapped (by this crate's `Error`, or the application's own).
+    let mut next = Some(error);
+    while let Some(e) = next {
+        if let Some(sqlx::Error::Database(db)) = e.downcast_ref::<sqlx::Error>() {
+            return db
+                .code()
+                .is_some_and(|c| c == "25P02" || c.starts_with("40"));
+        }
+        next = e.source();
+    }
+    false
 }
 
 #[cfg(feature = "kafka")]
@@ -227,7 +233,10 @@ impl<H: Handler> ErasedHandler for Erased<H> {
             .await
             .map_err(panicked)?;
             result.map_err(|e| match e {
-                HandlerError::Retryable(e) if is_transaction_failure(e.as_ref()) => {
+                // Whatever the handler called it: the transaction's failure, judged again alone.
+                HandlerError::Retryable(e) | HandlerError::Permanent(e)
+                    if is_transaction_failure(e.as_ref()) =>
+                {
                     let hint = if e.to_string().contains("transaction is aborted") {
                         " (a statement before it failed and the error was caught: run a \
                          statement whose failure the handler handles in a savepoint \
