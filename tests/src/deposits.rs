@@ -37,6 +37,45 @@ pub fn deposit(account: usize, seq: u64) -> Deposited {
     }
 }
 
+/// What emitters did, per event `(key, seq)`: committed, failed (nothing written), or of
+/// unknown outcome (the connection broke after `COMMIT` was sent).
+#[derive(Default, Debug)]
+pub struct Emitted {
+    pub committed: HashSet<(String, u64)>,
+    pub failed: HashSet<(String, u64)>,
+    pub unknown: HashSet<(String, u64)>,
+}
+
+impl Emitted {
+    /// Emits `events` in one unit of work and records how it ended; `false` if it failed (the
+    /// caller should not spin: the server may be away).
+    pub async fn unit_of_work(&mut self, pool: &PgPool, events: &[Deposited]) -> bool {
+        let ids = events.iter().map(|e| (e.account.clone(), e.seq));
+        let result = async {
+            let mut uow = Uow::begin(pool).await?;
+            uow.emit_all(events).await?;
+            uow.commit().await
+        }
+        .await;
+        match result {
+            Ok(()) => self.committed.extend(ids),
+            Err(e) if e.is_outcome_unknown() => self.unknown.extend(ids),
+            Err(_) => {
+                self.failed.extend(ids);
+                return false;
+            }
+        }
+        true
+    }
+
+    /// Adds what another emitter did.
+    pub fn absorb(&mut self, other: Emitted) {
+        self.committed.extend(other.committed);
+        self.failed.extend(other.failed);
+        self.unknown.extend(other.unknown);
+    }
+}
+
 /// Emits `per_key` events for each of `keys` keys, `batch` events per transaction, keys
 /// interleaved; returns how many.
 pub async fn emit_events(pool: &PgPool, keys: usize, per_key: u64, batch: usize) -> usize {

@@ -3,6 +3,8 @@
 
 use std::time::Duration;
 
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::MetricKind;
 use outbox_runtime::inbox::{Consumer, ConsumerBuilder};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -89,4 +91,33 @@ pub async fn setup_on(kafka: Kafka) -> (TestDb, Kafka) {
         .await;
     kafka.create_topic(&format!("{PAYMENTS}.dlq"), 1).await;
     (db, kafka)
+}
+
+/// Installs this test process's metrics recorder (one per test binary) and returns a reader of
+/// the gauge `outbox_consumer_forward_blocked`: of `topic`, or of any topic if `None`.
+pub fn forward_blocked_gauge(topic: Option<String>) -> impl Fn() -> Option<f64> {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder
+        .install()
+        .expect("the only recorder of this test binary");
+    move || {
+        snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .find(|(key, _, _, _)| {
+                key.kind() == MetricKind::Gauge
+                    && key.key().name() == "outbox_consumer_forward_blocked"
+                    && topic.as_deref().is_none_or(|topic| {
+                        key.key()
+                            .labels()
+                            .any(|l| l.key() == "topic" && l.value() == topic)
+                    })
+            })
+            .map(|(_, _, _, value)| match value {
+                DebugValue::Gauge(g) => g.into_inner(),
+                other => panic!("not a gauge: {other:?}"),
+            })
+    }
 }

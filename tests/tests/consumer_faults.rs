@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use outbox_runtime::inbox::Mode;
 use outbox_tests::fixtures::{self, PaymentSucceeded, PAYMENTS};
-use outbox_tests::kafka::{committed_total, consume, produce, Outgoing};
+use outbox_tests::kafka::{committed_total, consume, produce, Kafka, Outgoing};
 use outbox_tests::payments::{
     builder, orders_with_payments, paid_counts, publish, records, setup, wait_for, PARTITIONS,
 };
@@ -16,6 +16,43 @@ use uuid::Uuid;
 
 async fn count(pool: &PgPool, sql: &str) -> i64 {
     sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
+}
+
+/// The reasons of `n` dead letters: read off the dead-letter topic (dedup mode) or from the
+/// dead inbox rows (inbox mode), once there are `n`.
+async fn dead_reasons(pool: &PgPool, kafka: &Kafka, mode: Mode, n: usize) -> Vec<String> {
+    match mode {
+        Mode::Dedup => consume(
+            &kafka.bootstrap(),
+            &format!("{PAYMENTS}.dlq"),
+            1,
+            Duration::from_secs(30),
+            |r| r.len() >= n,
+        )
+        .await
+        .iter()
+        .map(|r| r.header("dlq_error").to_owned())
+        .collect(),
+        Mode::Inbox => {
+            wait_for(
+                &format!("{n} dead rows"),
+                Duration::from_secs(30),
+                || async {
+                    count(
+                        pool,
+                        "SELECT count(*) FROM inbox_event WHERE dead_at IS NOT NULL",
+                    )
+                    .await
+                        == n as i64
+                },
+            )
+            .await;
+            sqlx::query_scalar("SELECT last_error FROM inbox_event WHERE dead_at IS NOT NULL")
+                .fetch_all(pool)
+                .await
+                .unwrap()
+        }
+    }
 }
 
 /// 200 payments, every 50th already in the ledger: a handler that swallows the unique
@@ -48,36 +85,7 @@ async fn swallowed_errors(mode: Mode) {
         || async { count(&db.pool, "SELECT count(*) FROM ledger WHERE amount = 100").await == 196 },
     )
     .await;
-    let reasons: Vec<String> = match mode {
-        Mode::Dedup => {
-            let dead = consume(
-                &kafka.bootstrap(),
-                &format!("{PAYMENTS}.dlq"),
-                1,
-                Duration::from_secs(30),
-                |r| r.len() >= 4,
-            )
-            .await;
-            dead.iter()
-                .map(|r| r.header("dlq_error").to_owned())
-                .collect()
-        }
-        _ => {
-            wait_for("4 dead rows", Duration::from_secs(30), || async {
-                count(
-                    &db.pool,
-                    "SELECT count(*) FROM inbox_event WHERE dead_at IS NOT NULL",
-                )
-                .await
-                    == 4
-            })
-            .await;
-            sqlx::query_scalar("SELECT last_error FROM inbox_event WHERE dead_at IS NOT NULL")
-                .fetch_all(&db.pool)
-                .await
-                .unwrap()
-        }
-    };
+    let reasons = dead_reasons(&db.pool, &kafka, mode, 4).await;
     cancel.cancel();
     handle.await.unwrap().unwrap();
     assert_eq!(reasons.len(), 4, "{reasons:?}");
@@ -381,34 +389,7 @@ async fn refused_at_commit(mode: Mode) {
         count(&db.pool, "SELECT count(*) FROM receipt").await == 18
     })
     .await;
-    let reasons: Vec<String> = match mode {
-        Mode::Dedup => consume(
-            &kafka.bootstrap(),
-            &format!("{PAYMENTS}.dlq"),
-            1,
-            Duration::from_secs(30),
-            |r| r.len() >= 2,
-        )
-        .await
-        .iter()
-        .map(|r| r.header("dlq_error").to_owned())
-        .collect(),
-        _ => {
-            wait_for("2 dead rows", Duration::from_secs(30), || async {
-                count(
-                    &db.pool,
-                    "SELECT count(*) FROM inbox_event WHERE dead_at IS NOT NULL",
-                )
-                .await
-                    == 2
-            })
-            .await;
-            sqlx::query_scalar("SELECT last_error FROM inbox_event WHERE dead_at IS NOT NULL")
-                .fetch_all(&db.pool)
-                .await
-                .unwrap()
-        }
-    };
+    let reasons = dead_reasons(&db.pool, &kafka, mode, 2).await;
     cancel.cancel();
     handle.await.unwrap().unwrap();
     assert_eq!(reasons.len(), 2, "{reasons:?}");

@@ -5,12 +5,11 @@
 
 use std::time::Duration;
 
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use metrics_util::MetricKind;
 use outbox_tests::fixtures::{self, PAYMENTS};
 use outbox_tests::kafka::{consume, produce, Kafka, Outgoing};
 use outbox_tests::payments::{
-    builder, orders_with_payments, paid_counts, publish, wait_for, PARTITIONS,
+    builder, forward_blocked_gauge, orders_with_payments, paid_counts, publish, wait_for,
+    PARTITIONS,
 };
 use outbox_tests::TestDb;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
@@ -19,30 +18,8 @@ use tokio_util::sync::CancellationToken;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_dead_letter_topic_blocks_visibly_keeps_the_membership_and_recovers() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    recorder
-        .install()
-        .expect("the only recorder of this test binary");
+    let blocked = forward_blocked_gauge(Some(format!("{PAYMENTS}.dlq")));
     let dlq = format!("{PAYMENTS}.dlq");
-    let blocked = || -> Option<f64> {
-        snapshotter
-            .snapshot()
-            .into_vec()
-            .into_iter()
-            .find(|(key, _, _, _)| {
-                key.kind() == MetricKind::Gauge
-                    && key.key().name() == "outbox_consumer_forward_blocked"
-                    && key
-                        .key()
-                        .labels()
-                        .any(|l| l.key() == "topic" && l.value() == dlq)
-            })
-            .map(|(_, _, _, value)| match value {
-                DebugValue::Gauge(g) => g.into_inner(),
-                other => panic!("not a gauge: {other:?}"),
-            })
-    };
 
     let db = TestDb::new().await;
     fixtures::create_orders(&db.pool).await;

@@ -12,22 +12,12 @@ use std::time::Duration;
 
 use outbox_runtime::inbox::Mode;
 use outbox_runtime::relay::Relay;
-use outbox_runtime::Uow;
-use outbox_tests::deposits::{deposit, wait_until_published, PARTITIONS, TOPIC};
+use outbox_tests::deposits::{deposit, wait_until_published, Emitted, PARTITIONS, TOPIC};
 use outbox_tests::fixtures::{self, PAYMENTS};
 use outbox_tests::kafka::{committed_total, consume, Kafka};
 use outbox_tests::payments::{self, orders_with_payments, paid_counts, wait_for};
 use outbox_tests::{restart_postgres, TestDb};
 use tokio_util::sync::CancellationToken;
-
-/// What one emitter task did: per key, the seqs that committed, those that definitely did not,
-/// and those whose commit outcome is unknown (the connection broke after COMMIT was sent).
-#[derive(Default, Debug)]
-struct Emitted {
-    committed: Vec<(String, u64)>,
-    failed: Vec<(String, u64)>,
-    unknown: Vec<(String, u64)>,
-}
 
 /// Emits units of work of 1 to 3 events over keys of its own until `stop`, numbering each key's
 /// events; a failed unit of work is counted, not retried (its numbers are simply skipped).
@@ -40,23 +30,11 @@ async fn emitter(pool: sqlx::PgPool, task: usize, keys: usize, stop: Arc<AtomicB
         let account = task * keys + k;
         let n = 1 + (i % 3) as u64;
         let events: Vec<_> = (0..n).map(|j| deposit(account, seq[k] + j)).collect();
-        let ids: Vec<(String, u64)> = events.iter().map(|e| (e.account.clone(), e.seq)).collect();
         seq[k] += n;
         i += 1;
-        let result = async {
-            let mut uow = Uow::begin(&pool).await?;
-            uow.emit_all(&events).await?;
-            uow.commit().await
-        }
-        .await;
-        match result {
-            Ok(()) => emitted.committed.extend(ids),
-            Err(e) if e.is_outcome_unknown() => emitted.unknown.extend(ids),
-            Err(_) => {
-                emitted.failed.extend(ids);
-                // The server is away: do not spin.
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+        if !emitted.unit_of_work(&pool, &events).await {
+            // The server is away: do not spin.
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
     }
     emitted
@@ -105,16 +83,12 @@ async fn relays_recover_from_a_postgres_restart_and_lose_nothing() {
     stop.store(true, Ordering::SeqCst);
     let mut emitted = Emitted::default();
     for e in emitters {
-        let e = e.await.unwrap();
-        emitted.committed.extend(e.committed);
-        emitted.failed.extend(e.failed);
-        emitted.unknown.extend(e.unknown);
+        emitted.absorb(e.await.unwrap());
     }
     // The relays were not restarted: they drain everything by themselves.
     wait_until_published(&db.pool, Duration::from_secs(60)).await;
 
-    let committed: HashSet<(String, u64)> = emitted.committed.iter().cloned().collect();
-    let failed: HashSet<(String, u64)> = emitted.failed.iter().cloned().collect();
+    let (committed, failed) = (&emitted.committed, &emitted.failed);
     let received = consume(
         &kafka.bootstrap(),
         TOPIC,

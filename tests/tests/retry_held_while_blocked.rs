@@ -5,12 +5,11 @@
 
 use std::time::Duration;
 
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use metrics_util::MetricKind;
 use outbox_tests::fixtures::{self, PaymentSucceeded, PAYMENTS};
 use outbox_tests::kafka::{consume, produce, Kafka, Outgoing};
 use outbox_tests::payments::{
-    builder, orders_with_payments, paid_counts, publish, wait_for, PARTITIONS,
+    builder, forward_blocked_gauge, orders_with_payments, paid_counts, publish, wait_for,
+    PARTITIONS,
 };
 use outbox_tests::TestDb;
 use rdkafka::ClientConfig;
@@ -19,25 +18,7 @@ use uuid::Uuid;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_waiting_in_the_retry_topic_survives_a_blocked_send() {
-    let recorder = DebuggingRecorder::new();
-    let snapshotter = recorder.snapshotter();
-    recorder
-        .install()
-        .expect("the only recorder of this test binary");
-    let blocked = || -> Option<f64> {
-        snapshotter
-            .snapshot()
-            .into_vec()
-            .into_iter()
-            .find(|(key, _, _, _)| {
-                key.kind() == MetricKind::Gauge
-                    && key.key().name() == "outbox_consumer_forward_blocked"
-            })
-            .map(|(_, _, _, value)| match value {
-                DebugValue::Gauge(g) => g.into_inner(),
-                other => panic!("not a gauge: {other:?}"),
-            })
-    };
+    let blocked = forward_blocked_gauge(None);
 
     let db = TestDb::new().await;
     fixtures::create_orders(&db.pool).await;

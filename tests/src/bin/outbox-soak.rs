@@ -19,8 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use outbox_runtime::relay::Relay;
-use outbox_runtime::Uow;
-use outbox_tests::deposits::deposit;
+use outbox_tests::deposits::{deposit, Emitted};
 use outbox_tests::kafka::Kafka;
 use outbox_tests::{restart_postgres, ChildGuard, TestDb};
 use rdkafka::consumer::{Consumer, StreamConsumer};
@@ -126,19 +125,11 @@ fn start_relay(url: &str, brokers: &str) -> ChildGuard {
     )
 }
 
-/// What the emitters did, per event `(key, seq)`.
-#[derive(Default)]
-struct Ledger {
-    committed: HashSet<(String, u64)>,
-    failed: HashSet<(String, u64)>,
-    unknown: HashSet<(String, u64)>,
-}
-
 /// Emits units of work of 1 to 3 events over its own keys until `stop`, numbering each key's
 /// events in order; a unit of work that fails is recorded, not retried.
-async fn emitter(pool: sqlx::PgPool, task: usize, seed: u64, stop: Arc<AtomicBool>) -> Ledger {
+async fn emitter(pool: sqlx::PgPool, task: usize, seed: u64, stop: Arc<AtomicBool>) -> Emitted {
     let mut rng = Rng(seed);
-    let mut ledger = Ledger::default();
+    let mut ledger = Emitted::default();
     let mut seq = [0u64; KEYS_PER_EMITTER];
     while !stop.load(Ordering::SeqCst) {
         let k = rng.below(KEYS_PER_EMITTER as u64) as usize;
@@ -147,20 +138,8 @@ async fn emitter(pool: sqlx::PgPool, task: usize, seed: u64, stop: Arc<AtomicBoo
             .map(|j| deposit(task * KEYS_PER_EMITTER + k, seq[k] + j))
             .collect();
         seq[k] += n;
-        let ids: Vec<(String, u64)> = events.iter().map(|e| (e.account.clone(), e.seq)).collect();
-        let result = async {
-            let mut uow = Uow::begin(&pool).await?;
-            uow.emit_all(&events).await?;
-            uow.commit().await
-        }
-        .await;
-        match result {
-            Ok(()) => ledger.committed.extend(ids),
-            Err(e) if e.is_outcome_unknown() => ledger.unknown.extend(ids),
-            Err(_) => {
-                ledger.failed.extend(ids);
-                tokio::time::sleep(Duration::from_millis(20)).await;
-            }
+        if !ledger.unit_of_work(&pool, &events).await {
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
         tokio::time::sleep(rng.millis(1, 4)).await;
     }
@@ -369,12 +348,9 @@ async fn main() {
         }
     }
     stop.store(true, Ordering::SeqCst);
-    let mut ledger = Ledger::default();
+    let mut ledger = Emitted::default();
     for e in emitters {
-        let e = e.await.expect("emitter");
-        ledger.committed.extend(e.committed);
-        ledger.failed.extend(e.failed);
-        ledger.unknown.extend(e.unknown);
+        ledger.absorb(e.await.expect("emitter"));
     }
     // Every relay back up; the outbox drains, and the consumer catches up.
     for (i, _) in down.drain(..) {
