@@ -1056,3 +1056,34 @@ async fn a_drop_never_deletes_a_row_retried_meanwhile() {
         .unwrap();
     assert_eq!(left, vec![ids[0]]);
 }
+
+/// `outbox status | head -1`: the reader is gone before anything is written. Like any Unix
+/// filter, the command ends as if its output had been read: exit 0, nothing on stderr.
+#[tokio::test]
+async fn a_closed_stdout_is_an_ordinary_end() {
+    let db = TestDb::new().await;
+    insert_rows(&db.pool, "a.events", 3, "1 hour", None, false).await;
+    insert_rows(&db.pool, "a.events", 2, "2 hours", None, true).await;
+    for args in [
+        &["status"][..],
+        &["status", "--json"],
+        &["parked", "list"],
+        &["inbox", "dead", "list"],
+        &["migrate"],
+    ] {
+        let mut cmd = outbox(args);
+        cmd.env("DATABASE_URL", &db.url)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped());
+        let out = tokio::task::spawn_blocking(move || {
+            let mut child = cmd.spawn().expect("run outbox");
+            // Closed before the command has even connected to the database.
+            drop(child.stdout.take());
+            child.wait_with_output().expect("wait")
+        })
+        .await
+        .expect("join");
+        assert_eq!(out.status.code(), Some(0), "{args:?}: {}", stderr(&out));
+        assert_eq!(stderr(&out), "", "{args:?}");
+    }
+}

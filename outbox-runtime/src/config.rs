@@ -45,3 +45,30 @@ pub(crate) fn check_common(
     };
     Err(Error::Config(problem))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Relays and consumers that failed together (a broker or database outage) must not retry
+    /// in lockstep: each wait is drawn at random up to the exponential cap (full jitter).
+    #[test]
+    fn backoff_is_jittered_up_to_its_exponential_cap() {
+        let backoff = Backoff {
+            first: Duration::from_millis(100),
+            max: Duration::from_secs(10),
+        };
+        for (attempt, cap) in [(1, 100), (3, 400), (8, 10_000), (u32::MAX, 10_000)] {
+            let cap = Duration::from_millis(cap);
+            let delays: Vec<Duration> = (0..1000).map(|_| backoff.jittered(attempt)).collect();
+            let (min, max) = (delays.iter().min().unwrap(), delays.iter().max().unwrap());
+            assert!(*max <= cap, "attempt {attempt}: {max:?} > {cap:?}");
+            // 1,000 uniform draws: all above a quarter of the cap, or all below three quarters,
+            // has a chance of 0.75^1000.
+            assert!(
+                *min < cap / 4 && *max > cap * 3 / 4,
+                "attempt {attempt}: {min:?}..{max:?}"
+            );
+        }
+    }
+}
