@@ -12,10 +12,21 @@ pub(crate) struct Backoff {
 }
 
 impl Backoff {
-    /// The wait after failed attempt number `attempt` (1 for the first).
+    /// The wait after failed attempt number `attempt` (1 for the first): a message's retry
+    /// schedule, the same every time.
     pub(crate) fn delay(&self, attempt: u32) -> Duration {
         let factor = 2u32.saturating_pow(attempt.saturating_sub(1).min(20));
         self.first.saturating_mul(factor).min(self.max)
+    }
+
+    /// The wait of a worker after its `failures`-th failure in a row (an outage): drawn at
+    /// random between zero and [`delay`](Self::delay) ("full jitter"), so that the relays and
+    /// consumers an outage stopped together do not all come back at the same moment.
+    pub(crate) fn jittered(&self, failures: u32) -> Duration {
+        let cap = self.delay(failures);
+        // uuid's v4 draws from the OS's generator; 64 bits of it are plenty here.
+        let unit = (uuid::Uuid::new_v4().as_u64_pair().0 >> 11) as f64 / (1u64 << 53) as f64;
+        cap.mul_f64(unit)
     }
 }
 

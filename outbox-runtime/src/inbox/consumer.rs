@@ -129,7 +129,10 @@ impl ConsumerBuilder {
         self
     }
 
-    /// Wait before a retry, doubling up to `max` (defaults 200 ms and 30 s).
+    /// Wait before a message's retry, doubling up to `max` (defaults 200 ms and 30 s). While
+    /// the database or a retry/dead-letter topic is unreachable, the consumer waits a random
+    /// time below the same schedule ("full jitter"), so that consumers an outage stopped
+    /// together do not retry in lockstep.
     pub fn retry_backoff(mut self, first: Duration, max: Duration) -> Self {
         self.backoff = Backoff { first, max };
         self
@@ -325,8 +328,15 @@ fn store_offset(consumer: &StreamConsumer, msg: &BorrowedMessage<'_>) {
 }
 
 impl Inner {
+    /// The wait before a message's next attempt after its `attempt`-th failure.
     pub(super) fn backoff(&self, attempt: u32) -> Duration {
         self.backoff.delay(attempt)
+    }
+
+    /// The wait after the `failures`-th failure in a row of the database or the broker: jittered,
+    /// so that the consumers an outage stopped together do not retry in lockstep.
+    pub(super) fn outage_backoff(&self, failures: u32) -> Duration {
+        self.backoff.jittered(failures)
     }
 
     /// Where a message that failed its `attempts`-th attempt goes.
@@ -392,7 +402,7 @@ impl Inner {
                     tracing::warn!(error = %e, "consumer cannot reach the database; retrying");
                     tokio::select! {
                         () = cancel.cancelled() => return None,
-                        () = tokio::time::sleep(self.backoff(failures)) => {}
+                        () = tokio::time::sleep(self.outage_backoff(failures)) => {}
                     }
                 }
             }
@@ -732,7 +742,7 @@ impl Consumer {
                         tracing::warn!(error = %e, "cannot store received messages; retrying");
                         tokio::select! {
                             () = cancel.cancelled() => return Ok(()),
-                            () = tokio::time::sleep(inner.backoff(failures)) => {}
+                            () = tokio::time::sleep(inner.outage_backoff(failures)) => {}
                         }
                     }
                 }
@@ -797,7 +807,7 @@ impl Consumer {
                 }
                 tokio::select! {
                     () = cancel.cancelled() => return Ok(()),
-                    () = tokio::time::sleep(consumer.inner.backoff(restarts)) => {}
+                    () = tokio::time::sleep(consumer.inner.outage_backoff(restarts)) => {}
                 }
             }
         })
@@ -836,7 +846,7 @@ impl Consumer {
                     tracing::warn!(error = %e, "inbox processor batch failed; retrying");
                     tokio::select! {
                         () = cancel.cancelled() => {}
-                        () = tokio::time::sleep(inner.backoff(failures)) => {}
+                        () = tokio::time::sleep(inner.outage_backoff(failures)) => {}
                     }
                 }
             }

@@ -260,7 +260,7 @@ impl Inner {
                              consumer write to it?); consumption waits until it can");
                         Blocked::new(consumer, &topic)
                     });
-                    let wait = tokio::time::sleep(self.backoff(failures));
+                    let wait = tokio::time::sleep(self.outage_backoff(failures));
                     b.polling(wait, cancel).await.ok_or(Cancelled)?;
                 }
             }

@@ -92,7 +92,9 @@ impl RelayBuilder {
     }
 
     /// First wait before retrying a refused record, and after a failed batch; doubles each
-    /// time up to `max_backoff` (defaults 1 s and 60 s).
+    /// time up to `max` (defaults 1 s and 60 s). After a failed batch (database or broker
+    /// down) the wait is drawn at random below that ("full jitter"), so that relays an outage
+    /// stopped together do not retry in lockstep.
     pub fn retry_backoff(mut self, first: Duration, max: Duration) -> Self {
         self.backoff = Backoff { first, max };
         self
@@ -404,7 +406,7 @@ impl Relay {
                 }
                 Err(e) => {
                     failures = failures.saturating_add(1);
-                    let backoff = inner.backoff.delay(failures);
+                    let backoff = inner.backoff.jittered(failures);
                     tracing::warn!(error = %e, ?backoff, "outbox relay batch failed; retrying");
                     metrics::counter!("outbox_relay_batch_failures_total").increment(1);
                     instance.reset();
