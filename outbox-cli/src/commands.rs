@@ -199,15 +199,15 @@ async fn migrate(db: &Db) -> Result {
         .await
         .map_err(|e| e.to_string())?;
     if pending.is_empty() {
-        println!(
+        out!(
             "schema up to date ({} migrations applied)",
             outbox_runtime::migrate::MIGRATIONS.len()
         );
     } else {
         for m in &pending {
-            println!("applied {} {}", m.version, m.description);
+            out!("applied {} {}", m.version, m.description);
         }
-        println!("applied {} migrations", pending.len());
+        out!("applied {} migrations", pending.len());
     }
     Ok(())
 }
@@ -256,12 +256,12 @@ fn age(secs: Option<f64>) -> String {
 }
 
 fn print_status(status: &Status) {
-    println!(
+    out!(
         "outbox ({} relay instances running)",
         status.relay_instances
     );
     if status.outbox.is_empty() {
-        println!("  nothing unpublished or parked, nothing published in the last minute");
+        out!("  nothing unpublished or parked, nothing published in the last minute");
     } else {
         let rows: Vec<Vec<String>> = status
             .outbox
@@ -292,10 +292,10 @@ fn print_status(status: &Status) {
             &rows,
         );
     }
-    println!();
-    println!("inbox");
+    out!();
+    out!("inbox");
     if status.inbox.is_empty() {
-        println!("  nothing unprocessed or dead");
+        out!("  nothing unprocessed or dead");
     } else {
         let rows: Vec<Vec<String>> = status
             .inbox
@@ -316,8 +316,8 @@ fn print_status(status: &Status) {
             &rows,
         );
     }
-    println!();
-    println!("processed_event rows: {}", status.processed_event_rows);
+    out!();
+    out!("processed_event rows: {}", status.processed_event_rows);
 }
 
 async fn relay(
@@ -342,7 +342,7 @@ async fn relay(
     let handles: Vec<_> = (0..instances)
         .map(|_| relay.spawn(cancel.clone()))
         .collect();
-    println!(
+    out!(
         "outbox relay: {instances} instance(s) publishing to {}; stop with Ctrl-C or SIGTERM",
         brokers.brokers
     );
@@ -361,9 +361,10 @@ async fn relay(
         return Err(format!("a relay instance failed to stop cleanly: {e}"));
     }
     let status = relay.status().await.map_err(|e| e.to_string())?;
-    println!(
+    out!(
         "stopped; {} unpublished, {} parked",
-        status.unpublished, status.parked
+        status.unpublished,
+        status.parked
     );
     Ok(())
 }
@@ -434,14 +435,14 @@ async fn replay(
     let counts = replay.count(filter).await.map_err(|e| e.to_string())?;
     let total = counts.published;
     if dry_run {
-        println!(
+        out!(
             "dry run: would replay {total} events from `{topic}` to `{target}`{}",
             unpublished_note(counts.unpublished)
         );
         return Ok(());
     }
     let done = if total == 0 {
-        println!("no published events of `{topic}` match; nothing replayed");
+        out!("no published events of `{topic}` match; nothing replayed");
         counts
     } else {
         let mut progress = Progress::new(format!("replaying to {target}"), Some(total));
@@ -451,7 +452,7 @@ async fn replay(
         progress.finish();
         let done = result.map_err(|e| e.to_string())?;
         let secs = progress.elapsed().as_secs_f64();
-        println!(
+        out!(
             "replayed {} events from `{topic}` to `{target}` in {secs:.2} s ({:.0}/s), with their original event ids",
             done.published,
             done.published as f64 / secs.max(1e-3)
@@ -461,7 +462,7 @@ async fn replay(
     match (done.unpublished, to_topic) {
         (0, _) => Ok(()),
         (n, None) => {
-            println!(
+            out!(
                 "{n} events of the range are not published yet: the relay sends them to `{topic}`"
             );
             Ok(())
@@ -526,17 +527,17 @@ async fn cleanup(
         .collect::<Vec<_>>()
         .join(", ");
     if dry_run {
-        println!("dry run: would delete {total} rows: {summary}");
+        out!("dry run: would delete {total} rows: {summary}");
         return Ok(());
     }
     if total == 0 {
-        println!("nothing past the retention; nothing deleted");
+        out!("nothing past the retention; nothing deleted");
         return Ok(());
     }
     ui::confirm(&format!("delete {total} rows: {summary}"), yes)?;
     for (table, cleanup, cutoff, expected) in plan {
         if expected == 0 {
-            println!("{}: nothing to delete", table.table_name());
+            out!("{}: nothing to delete", table.table_name());
             continue;
         }
         let mut progress =
@@ -546,7 +547,7 @@ async fn cleanup(
             .await;
         progress.finish();
         let deleted = result.map_err(|e| e.to_string())?;
-        println!(
+        out!(
             "{}: deleted {deleted} rows older than {} in {:.2} s",
             table.table_name(),
             when(cutoff),
@@ -603,7 +604,7 @@ fn require_selection(select: &Selection, all: bool) -> Result {
 
 fn print_json<T: serde::Serialize>(value: &T) -> Result {
     let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
-    println!("{text}");
+    out!("{text}");
     Ok(())
 }
 
@@ -657,7 +658,7 @@ async fn parked(action: ParkedAction) -> Result {
         .await
         .map_err(|e| e.to_string())?;
     if rows.is_empty() {
-        println!("no parked events match; nothing changed");
+        out!("no parked events match; nothing changed");
         return Ok(());
     }
     print_breakdown(
@@ -677,12 +678,12 @@ async fn parked(action: ParkedAction) -> Result {
         let n = admin::retry_parked(&pool, &exact)
             .await
             .map_err(|e| e.to_string())?;
-        println!("un-parked {n} events; running relays publish them now");
+        out!("un-parked {n} events; running relays publish them now");
     } else {
         let n = admin::drop_parked(&pool, &exact)
             .await
             .map_err(|e| e.to_string())?;
-        println!("dropped {n} parked events");
+        out!("dropped {n} parked events");
     }
     Ok(())
 }
@@ -728,7 +729,7 @@ fn print_list<T: serde::Serialize>(
         return print_json(&rows);
     }
     if rows.is_empty() {
-        println!("{empty}");
+        out!("{empty}");
         return Ok(());
     }
     let header: Vec<&str> = columns.iter().map(|c| c.0).collect();
@@ -736,9 +737,9 @@ fn print_list<T: serde::Serialize>(
     let table: Vec<Vec<String>> = rows.iter().map(cells).collect();
     ui::table(&header, &right, &table);
     if cut {
-        println!("({shown} shown, the oldest first; there may be more: raise --limit)");
+        out!("({shown} shown, the oldest first; there may be more: raise --limit)");
     } else {
-        println!("({shown} rows)");
+        out!("({shown} rows)");
     }
     Ok(())
 }
@@ -788,7 +789,7 @@ async fn dead(action: DeadAction) -> Result {
                 .await
                 .map_err(|e| e.to_string())?;
             if rows.is_empty() {
-                println!("no dead inbox rows match; nothing changed");
+                out!("no dead inbox rows match; nothing changed");
                 return Ok(());
             }
             print_breakdown(
@@ -808,7 +809,7 @@ async fn dead(action: DeadAction) -> Result {
             let n = admin::retry_dead(&pool, &exact)
                 .await
                 .map_err(|e| e.to_string())?;
-            println!("revived {n} dead inbox rows; running inbox processors handle them now");
+            out!("revived {n} dead inbox rows; running inbox processors handle them now");
             Ok(())
         }
     }

@@ -44,15 +44,15 @@ pub async fn run(port: u16, partitions: i32, topics: &[String]) -> Result<(), St
             .create_topic(topic, partitions, 1)
             .map_err(|e| format!("cannot create topic `{topic}`: {e}"))?;
     }
-    println!("dev broker (librdkafka mock cluster, in memory) listening on 127.0.0.1:{port}");
-    println!("  export KAFKA_BROKERS=127.0.0.1:{port}");
+    out!("dev broker (librdkafka mock cluster, in memory) listening on 127.0.0.1:{port}");
+    out!("  export KAFKA_BROKERS=127.0.0.1:{port}");
     if !topics.is_empty() {
-        println!(
+        out!(
             "  created {} with {partitions} partitions; other topics are created on first use",
             topics.join(", ")
         );
     }
-    println!("  everything is lost when it stops; stop with Ctrl-C");
+    out!("  everything is lost when it stops; stop with Ctrl-C");
     let accept = async {
         loop {
             let (mut client, _) = match listener.accept().await {

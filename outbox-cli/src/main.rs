@@ -1,13 +1,26 @@
 //! `outbox`: the operator's tool for the transactional outbox and inbox. See `outbox --help`
 //! and the README's "Operations" section.
 
+/// `println!` for a command's results. A closed stdout (`outbox status | head -1`) ends the
+/// output, not the command: the rest is dropped, the command finishes its work and exits as it
+/// would have, like any Unix filter.
+macro_rules! out {
+    () => {
+        $crate::print_line(format_args!(""))
+    };
+    ($($arg:tt)*) => {
+        $crate::print_line(format_args!($($arg)*))
+    };
+}
+
 mod commands;
 mod dev_broker;
 mod parse;
 mod ui;
 
-use std::io::IsTerminal;
+use std::io::{ErrorKind, IsTerminal, Write};
 use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
@@ -231,6 +244,20 @@ enum DeadAction {
     List(List),
     /// Revive dead rows: the inbox processors handle them again, attempts reset
     Retry(Act),
+}
+
+/// Writes one line to stdout, unless stdout was found closed (see [`out!`]).
+fn print_line(line: std::fmt::Arguments<'_>) {
+    static CLOSED: AtomicBool = AtomicBool::new(false);
+    if CLOSED.load(Ordering::Relaxed) {
+        return;
+    }
+    if let Err(e) = writeln!(std::io::stdout().lock(), "{line}") {
+        CLOSED.store(true, Ordering::Relaxed);
+        if e.kind() != ErrorKind::BrokenPipe {
+            tracing::warn!(error = %e, "cannot write to stdout; the rest of the output is dropped");
+        }
+    }
 }
 
 fn main() -> ExitCode {

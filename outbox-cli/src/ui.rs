@@ -115,7 +115,7 @@ pub fn table(header: &[&str], right: &[bool], rows: &[Vec<String>]) {
                 }
             }
         }
-        println!("{out}");
+        out!("{out}");
     };
     line(header.to_vec());
     for row in rows {
