@@ -22,6 +22,11 @@ type Result<T = ()> = std::result::Result<T, String>;
 /// Rows `list` shows unless `--limit` says otherwise.
 const DEFAULT_LIST_LIMIT: u32 = 100;
 
+/// An error and its causes, on one line.
+fn chain<E: std::error::Error + 'static>(error: E) -> String {
+    outbox_runtime::error_chain(&error).to_string()
+}
+
 pub async fn run(command: Command) -> Result {
     match command {
         Command::Migrate { db } => migrate(&db).await,
@@ -150,7 +155,7 @@ async fn connect_migrated(db: &Db, max_connections: u32) -> Result<PgPool> {
     let pool = connect(db, max_connections).await?;
     let pending = outbox_runtime::migrate::pending(&pool)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(chain)?;
     if !pending.is_empty() {
         return Err(format!(
             "the database is not migrated ({} of {} outbox migrations pending); run `outbox migrate`",
@@ -186,7 +191,7 @@ async fn check_kafka(config: &ClientConfig) -> Result {
             .map(drop)
     })
     .await
-    .map_err(|e| e.to_string())?
+    .map_err(chain)?
     .map_err(|e| format!("cannot reach Kafka at {brokers}: {e}"))
 }
 
@@ -194,10 +199,8 @@ async fn migrate(db: &Db) -> Result {
     let pool = connect(db, 2).await?;
     let pending = outbox_runtime::migrate::pending(&pool)
         .await
-        .map_err(|e| e.to_string())?;
-    outbox_runtime::migrate(&pool)
-        .await
-        .map_err(|e| e.to_string())?;
+        .map_err(chain)?;
+    outbox_runtime::migrate(&pool).await.map_err(chain)?;
     if pending.is_empty() {
         out!(
             "schema up to date ({} migrations applied)",
@@ -214,7 +217,7 @@ async fn migrate(db: &Db) -> Result {
 
 async fn status(db: &Db, json: bool, max_age: Option<Duration>) -> Result {
     let pool = connect_migrated(db, 2).await?;
-    let status = admin::status(&pool).await.map_err(|e| e.to_string())?;
+    let status = admin::status(&pool).await.map_err(chain)?;
     if json {
         print_json(&status)?;
     } else {
@@ -337,7 +340,7 @@ async fn relay(
         .poll_interval(poll_interval)
         .max_attempts(max_attempts)
         .build()
-        .map_err(|e| e.to_string())?;
+        .map_err(chain)?;
     let cancel = CancellationToken::new();
     let handles: Vec<_> = (0..instances)
         .map(|_| relay.spawn(cancel.clone()))
@@ -353,14 +356,14 @@ async fn relay(
     for handle in handles {
         match handle.await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => failed = Some(e.to_string()),
-            Err(e) => failed = Some(e.to_string()),
+            Ok(Err(e)) => failed = Some(chain(e)),
+            Err(e) => failed = Some(chain(e)),
         }
     }
     if let Some(e) = failed {
         return Err(format!("a relay instance failed to stop cleanly: {e}"));
     }
-    let status = relay.status().await.map_err(|e| e.to_string())?;
+    let status = relay.status().await.map_err(chain)?;
     out!(
         "stopped; {} unpublished, {} parked",
         status.unpublished,
@@ -409,13 +412,13 @@ async fn replay(
             .bind(topic)
             .fetch_one(&pool)
             .await
-            .map_err(|e| e.to_string())?;
+            .map_err(chain)?;
     if !known {
         let topics: Vec<String> =
             sqlx::query_scalar("SELECT DISTINCT topic FROM outbox_event ORDER BY 1 LIMIT 20")
                 .fetch_all(&pool)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(chain)?;
         let known = if topics.is_empty() {
             "the outbox is empty".to_owned()
         } else {
@@ -430,9 +433,9 @@ async fn replay(
         check_kafka(&config).await?;
     }
     let replay = Replay::with_producer_config(pool, config)
-        .map_err(|e| e.to_string())?
+        .map_err(chain)?
         .batch_size(batch_size);
-    let counts = replay.count(filter).await.map_err(|e| e.to_string())?;
+    let counts = replay.count(filter).await.map_err(chain)?;
     let total = counts.published;
     if dry_run {
         out!(
@@ -450,7 +453,7 @@ async fn replay(
             .run(filter, to_topic, |sent| progress.update(sent))
             .await;
         progress.finish();
-        let done = result.map_err(|e| e.to_string())?;
+        let done = result.map_err(chain)?;
         let secs = progress.elapsed().as_secs_f64();
         out!(
             "replayed {} events from `{topic}` to `{target}` in {secs:.2} s ({:.0}/s), with their original event ids",
@@ -506,18 +509,15 @@ async fn cleanup(
     let pool = connect_migrated(db, 2).await?;
     let outbox = Cleanup::new(pool.clone(), older_than).batch_size(batch);
     let dedup = Cleanup::new(pool, dedup_older_than.unwrap_or(older_than)).batch_size(batch);
-    let outbox_cut = outbox.cutoff().await.map_err(|e| e.to_string())?;
-    let dedup_cut = dedup.cutoff().await.map_err(|e| e.to_string())?;
+    let outbox_cut = outbox.cutoff().await.map_err(chain)?;
+    let dedup_cut = dedup.cutoff().await.map_err(chain)?;
     let mut plan = Vec::new();
     for &table in &tables {
         let (cleanup, cutoff) = match table {
             CleanupTable::Outbox => (&outbox, outbox_cut),
             _ => (&dedup, dedup_cut),
         };
-        let n = cleanup
-            .count(table, cutoff)
-            .await
-            .map_err(|e| e.to_string())?;
+        let n = cleanup.count(table, cutoff).await.map_err(chain)?;
         plan.push((table, cleanup, cutoff, n));
     }
     let total: u64 = plan.iter().map(|p| p.3).sum();
@@ -546,7 +546,7 @@ async fn cleanup(
             .run(table, cutoff, |done| progress.update(done))
             .await;
         progress.finish();
-        let deleted = result.map_err(|e| e.to_string())?;
+        let deleted = result.map_err(chain)?;
         out!(
             "{}: deleted {deleted} rows older than {} in {:.2} s",
             table.table_name(),
@@ -603,7 +603,7 @@ fn require_selection(select: &Selection, all: bool) -> Result {
 }
 
 fn print_json<T: serde::Serialize>(value: &T) -> Result {
-    let text = serde_json::to_string_pretty(value).map_err(|e| e.to_string())?;
+    let text = serde_json::to_string_pretty(value).map_err(chain)?;
     out!("{text}");
     Ok(())
 }
@@ -617,9 +617,7 @@ async fn parked(action: ParkedAction) -> Result {
         ParkedAction::List(List { db, select, json }) => {
             let pool = connect_migrated(&db, 2).await?;
             let filter = filter_of(&select, true, Some(DEFAULT_LIST_LIMIT))?;
-            let rows = admin::list_parked(&pool, &filter)
-                .await
-                .map_err(|e| e.to_string())?;
+            let rows = admin::list_parked(&pool, &filter).await.map_err(chain)?;
             return print_list(
                 &rows,
                 json,
@@ -656,7 +654,7 @@ async fn parked(action: ParkedAction) -> Result {
     let pool = connect_migrated(&act.db, 2).await?;
     let rows = admin::list_parked(&pool, &filter_of(&act.select, true, None)?)
         .await
-        .map_err(|e| e.to_string())?;
+        .map_err(chain)?;
     if rows.is_empty() {
         out!("no parked events match; nothing changed");
         return Ok(());
@@ -675,14 +673,10 @@ async fn parked(action: ParkedAction) -> Result {
     // Exactly the rows listed to the user, even if more were parked meanwhile.
     let exact = rows.iter().fold(PoisonFilter::all(), |f, r| f.id(r.id));
     if retry {
-        let n = admin::retry_parked(&pool, &exact)
-            .await
-            .map_err(|e| e.to_string())?;
+        let n = admin::retry_parked(&pool, &exact).await.map_err(chain)?;
         out!("un-parked {n} events; running relays publish them now");
     } else {
-        let n = admin::drop_parked(&pool, &exact)
-            .await
-            .map_err(|e| e.to_string())?;
+        let n = admin::drop_parked(&pool, &exact).await.map_err(chain)?;
         out!("dropped {n} parked events");
     }
     Ok(())
@@ -749,9 +743,7 @@ async fn dead(action: DeadAction) -> Result {
         DeadAction::List(List { db, select, json }) => {
             let pool = connect_migrated(&db, 2).await?;
             let filter = filter_of(&select, false, Some(DEFAULT_LIST_LIMIT))?;
-            let rows = admin::list_dead(&pool, &filter)
-                .await
-                .map_err(|e| e.to_string())?;
+            let rows = admin::list_dead(&pool, &filter).await.map_err(chain)?;
             print_list(
                 &rows,
                 json,
@@ -787,7 +779,7 @@ async fn dead(action: DeadAction) -> Result {
             let pool = connect_migrated(&db, 2).await?;
             let rows = admin::list_dead(&pool, &filter_of(&select, false, None)?)
                 .await
-                .map_err(|e| e.to_string())?;
+                .map_err(chain)?;
             if rows.is_empty() {
                 out!("no dead inbox rows match; nothing changed");
                 return Ok(());
@@ -806,9 +798,7 @@ async fn dead(action: DeadAction) -> Result {
             let exact = rows
                 .iter()
                 .fold(PoisonFilter::all(), |f, r| f.event_id(r.event_id));
-            let n = admin::retry_dead(&pool, &exact)
-                .await
-                .map_err(|e| e.to_string())?;
+            let n = admin::retry_dead(&pool, &exact).await.map_err(chain)?;
             out!("revived {n} dead inbox rows; running inbox processors handle them now");
             Ok(())
         }

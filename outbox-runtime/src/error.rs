@@ -27,7 +27,7 @@ pub enum Error {
     },
 
     /// The event's payload does not serialize to JSON.
-    #[error("cannot emit `{event_type}`: payload does not serialize to JSON: {source}")]
+    #[error("cannot emit `{event_type}`: its payload does not serialize to JSON")]
     Payload {
         event_type: Cow<'static, str>,
         #[source]
@@ -35,7 +35,7 @@ pub enum Error {
     },
 
     /// The database refused the outbox insert. The transaction is aborted.
-    #[error("cannot emit `{event_type}`: {source}")]
+    #[error("cannot emit `{event_type}`: the database refused the outbox insert")]
     Emit {
         event_type: Cow<'static, str>,
         #[source]
@@ -44,7 +44,7 @@ pub enum Error {
 
     /// The database refused the pending outbox rows or the commit (a constraint checked at
     /// commit, a serialization failure, ...): nothing of the unit of work was written.
-    #[error("unit of work not committed{}: {source}", emitted(.event_types))]
+    #[error("unit of work not committed{}", emitted(.event_types))]
     Commit {
         event_types: Cow<'static, str>,
         #[source]
@@ -67,7 +67,7 @@ pub enum Error {
     /// committed. Check (by a key the unit of work wrote) before doing it again.
     #[error(
         "the connection failed during commit: the unit of work may have committed or not{}; \
-         check before retrying: {source}",
+         check before retrying",
         emitted(.event_types)
     )]
     CommitOutcomeUnknown {
@@ -83,7 +83,7 @@ pub enum Error {
     EmitFailedEarlier { first_error: String },
 
     /// A migration failed to apply; nothing of it (or of those after it) was applied.
-    #[error("migration {version} ({description}) failed: {source}")]
+    #[error("migration {version} ({description}) failed")]
     Migration {
         version: i64,
         description: &'static str,
@@ -104,27 +104,84 @@ pub enum Error {
         embedded: i64,
     },
 
-    /// Invalid configuration, found by a builder's `build`.
+    /// Invalid configuration, found by a builder's `build`: the message says which setting
+    /// and why.
     #[error("invalid configuration: {0}")]
     Config(String),
 
+    /// librdkafka refused to create a client (a setting it does not know or accept).
+    #[cfg(feature = "kafka")]
+    #[error("cannot create the Kafka {client}")]
+    KafkaClient {
+        /// "producer" or "consumer".
+        client: &'static str,
+        #[source]
+        source: rdkafka::error::KafkaError,
+    },
+
     /// Records were not acknowledged by Kafka for a passing reason (broker down, timeout); they
     /// stay unpublished and are retried.
-    #[error("publishing to Kafka failed, will retry: {0}")]
-    Publish(String),
+    #[cfg(feature = "kafka")]
+    #[error("publishing to Kafka failed, will retry")]
+    Publish(#[source] PublishError),
 
-    /// A replay stopped: a record was not acknowledged. The message says how far it got.
-    #[error("replay stopped: {0}")]
-    Replay(String),
+    /// A replay stopped: a record was not acknowledged. The records before it were sent.
+    #[cfg(feature = "kafka")]
+    #[error(
+        "replay stopped: outbox row {id} (event {event_id}) was not acknowledged, after {sent} \
+         records"
+    )]
+    Replay {
+        /// The outbox row that was not acknowledged.
+        id: i64,
+        /// Its event id.
+        event_id: uuid::Uuid,
+        /// Records acknowledged before it.
+        sent: u64,
+        #[source]
+        source: PublishError,
+    },
 
     /// A Kafka client error.
     #[cfg(feature = "kafka")]
-    #[error("kafka error: {0}")]
+    #[error("the Kafka client failed")]
     Kafka(#[from] rdkafka::error::KafkaError),
+
+    /// A background task of a consumer (an inbox processor) panicked or was cancelled.
+    #[error("{task} panicked or was cancelled")]
+    Task {
+        /// Which task.
+        task: &'static str,
+        #[source]
+        source: tokio::task::JoinError,
+    },
 
     /// Any other database error (its message says so).
     #[error(transparent)]
     Database(#[from] sqlx::Error),
+}
+
+/// Why a record was not acknowledged by Kafka.
+#[cfg(feature = "kafka")]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum PublishError {
+    /// The broker or the client refused or failed it.
+    #[error(transparent)]
+    Kafka(rdkafka::error::KafkaError),
+    /// Sent, not acknowledged within the publish timeout.
+    #[error("no acknowledgement within the publish timeout ({0:?})")]
+    Timeout(std::time::Duration),
+    /// Not sent within the publish timeout (an earlier record of its key was still in flight).
+    #[error("not sent within the publish timeout")]
+    NotSent,
+    /// The producer was dropped before the record was acknowledged.
+    #[error("the producer was dropped")]
+    ProducerDropped,
+    /// Acknowledged without an offset (librdkafka does so for an idempotent retry it takes for
+    /// a duplicate): not proof enough that the broker has it.
+    #[error("acknowledged without an offset")]
+    NoOffset,
 }
 
 impl Error {
@@ -136,6 +193,7 @@ impl Error {
             Error::Emit { source, .. } | Error::Commit { source, .. } | Error::Database(source) => {
                 is_transient_sqlx(source)
             }
+            #[cfg(feature = "kafka")]
             Error::Publish(_) => true,
             _ => false,
         }
@@ -147,16 +205,44 @@ impl Error {
     }
 }
 
+/// Displays an error and its sources on one line, `error: cause: cause's cause`: for a log
+/// line or a message that has one line for it. (This crate's errors display only themselves, as
+/// `anyhow` and `eyre` expect: printed through them, each cause appears once.)
+pub fn error_chain<'a>(
+    error: &'a (dyn std::error::Error + 'static),
+) -> impl std::fmt::Display + 'a {
+    struct Chain<'a>(&'a (dyn std::error::Error + 'static));
+    impl std::fmt::Display for Chain<'_> {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            let mut last = self.0.to_string();
+            f.write_str(&last)?;
+            let mut next = self.0.source();
+            while let Some(cause) = next {
+                let text = cause.to_string();
+                // Some errors (sqlx's) repeat their source in their own text: say it once.
+                if !last.contains(&text) {
+                    write!(f, ": {text}")?;
+                }
+                last = text;
+                next = cause.source();
+            }
+            Ok(())
+        }
+    }
+    Chain(error)
+}
+
 /// Errors that say nothing about the work itself: the same statements may succeed again.
 pub(crate) fn is_transient_sqlx(error: &sqlx::Error) -> bool {
     match error {
         sqlx::Error::Database(e) => e.code().is_some_and(|code| {
             // 40001 serialization_failure, 40P01 deadlock_detected, 08*** connection
             // exceptions, 53300 too_many_connections, 57P01..57P03 shutdown or starting up,
-            // 55P03 lock_not_available.
+            // 55P03 lock_not_available (lock_timeout), 57014 query_canceled (statement_timeout,
+            // or a cancel request).
             matches!(
                 code.as_ref(),
-                "40001" | "40P01" | "53300" | "57P01" | "57P02" | "57P03" | "55P03"
+                "40001" | "40P01" | "53300" | "57P01" | "57P02" | "57P03" | "55P03" | "57014"
             ) || code.starts_with("08")
         }),
         sqlx::Error::Io(_)

@@ -11,7 +11,9 @@ pub mod migrate;
 pub mod relay;
 mod uow;
 
-pub use error::{Error, Result};
+#[cfg(feature = "kafka")]
+pub use error::PublishError;
+pub use error::{error_chain, Error, Result};
 pub use event::{IntoRecord, OutboxEvent, OutboxRecord};
 pub use migrate::{migrate, migrate_on};
 pub use uow::{emit, emit_all, EmitFuture, Uow};

@@ -201,7 +201,8 @@ impl<'c> Uow<'c> {
     /// Spoils the unit of work if `result` is an error.
     fn record_failure<T>(&mut self, result: Result<T>) -> Result<T> {
         if let Err(e) = &result {
-            self.failed.get_or_insert_with(|| e.to_string());
+            self.failed
+                .get_or_insert_with(|| crate::error_chain(e).to_string());
         }
         result
     }
@@ -286,7 +287,7 @@ async fn commit_after(
             if !error.is_outcome_unknown() {
                 // Release its locks now, not when the connection is next used.
                 if let Err(e) = tx.rollback().await {
-                    tracing::debug!(error = %e, "cannot roll back a failed transaction");
+                    tracing::debug!(error = %crate::error_chain(&e), "cannot roll back a failed transaction");
                 }
             }
             Err(error)

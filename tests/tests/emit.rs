@@ -189,7 +189,7 @@ where
     assert!(matches!(again, Error::EmitFailedEarlier { .. }), "{again}");
     let refused = uow.commit().await.unwrap_err();
     assert!(
-        matches!(&refused, Error::EmitFailedEarlier { first_error } if *first_error == err.to_string()),
+        matches!(&refused, Error::EmitFailedEarlier { first_error } if *first_error == outbox_runtime::error_chain(&err).to_string()),
         "{refused}"
     );
     assert_eq!(count(&db.pool, "orders").await, 0);
@@ -250,9 +250,9 @@ async fn payload_that_fails_to_serialize_is_an_error_naming_the_event_type() {
     };
     let err = assert_emit_fails(&db, [&event]).await;
     assert!(matches!(err, Error::Payload { .. }));
-    let msg = err.to_string();
+    let msg = outbox_runtime::error_chain(&err).to_string();
     assert!(
-        msg.starts_with("cannot emit `Unserializable`: payload does not serialize to JSON: key must be a string"),
+        msg.starts_with("cannot emit `Unserializable`: its payload does not serialize to JSON: key must be a string"),
         "{msg}"
     );
 }
@@ -274,7 +274,7 @@ async fn database_error_at_commit_names_the_event_type_and_commits_nothing() {
     uow.emit_all(&clashing_payments()).await.unwrap();
     let err = uow.commit().await.unwrap_err();
     assert!(matches!(err, Error::Commit { .. }), "{err}");
-    let msg = err.to_string();
+    let msg = outbox_runtime::error_chain(&err).to_string();
     assert!(
         msg.starts_with(
             "unit of work not committed (it emitted `OrderCreated`, `PaymentRequested`): "
@@ -297,7 +297,7 @@ async fn database_error_in_flush_names_the_event_type_and_spoils_the_unit_of_wor
     uow.emit_all(&clashing_payments()).await.unwrap();
     let err = uow.flush().await.unwrap_err();
     assert!(matches!(err, Error::Emit { .. }), "{err}");
-    let msg = err.to_string();
+    let msg = outbox_runtime::error_chain(&err).to_string();
     assert!(msg.starts_with("cannot emit `PaymentRequested`: "), "{msg}");
     assert!(msg.contains("outbox_event_event_id_key"), "{msg}");
     let refused = uow.commit().await.unwrap_err();

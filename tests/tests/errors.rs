@@ -83,11 +83,13 @@ async fn a_timeout_during_emit_in_a_handler_is_retryable() {
     assert!(!HandlerError::from(duplicate).is_retryable());
 }
 
-/// The lines of `anyhow`'s `{:?}`: the error, then each cause ("Caused by:" and "N: " dropped).
+/// The lines of `anyhow`'s `{:?}`: the error, then each cause ("Caused by:" and "N: " dropped,
+/// and the backtrace when `RUST_BACKTRACE` asks for one).
 fn report_lines(error: anyhow::Error) -> Vec<String> {
     format!("{error:?}")
         .lines()
         .map(str::trim)
+        .take_while(|l| *l != "Stack backtrace:")
         .filter(|l| !l.is_empty() && *l != "Caused by:")
         .map(|l| {
             l.split_once(": ")

@@ -94,10 +94,12 @@ async fn a_failing_migration_applies_nothing() {
         .unwrap();
     let err = outbox_runtime::migrate(&db.pool).await.unwrap_err();
     assert!(
-        err.to_string().starts_with(&format!(
-            "migration {} (outbox_event) failed:",
-            MIGRATIONS[0].version
-        )),
+        outbox_runtime::error_chain(&err)
+            .to_string()
+            .starts_with(&format!(
+                "migration {} (outbox_event) failed:",
+                MIGRATIONS[0].version
+            )),
         "{err}"
     );
     let ledger_exists: bool =

@@ -233,7 +233,12 @@ async fn a_deadlock_between_flushing_units_of_work_is_a_transient_error() {
         other => panic!("exactly one side must lose the deadlock: {other:?}"),
     };
     assert!(matches!(failed, Error::Emit { .. }), "{failed}");
-    assert!(failed.to_string().contains("deadlock"), "{failed}");
+    assert!(
+        outbox_runtime::error_chain(&failed)
+            .to_string()
+            .contains("deadlock"),
+        "{failed:?}"
+    );
     assert!(failed.is_transient(), "a deadlock is worth a retry");
     winner.commit().await.unwrap();
     assert_eq!(counts(&db.pool).await.2, 2);

@@ -7,7 +7,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::producer::FutureProducer;
 use sqlx::{PgPool, Row};
 
-use crate::error::{Error, Result};
+use crate::error::{Error, PublishError, Result};
 use crate::relay::publish::{self, Outcome, PerKey};
 use crate::relay::store::{claimed_columns, Claimed};
 
@@ -245,19 +245,21 @@ impl Replay {
             )
             .await;
             for (row, outcome) in batch.iter().zip(outcomes) {
-                match outcome {
-                    Outcome::Published => sent += 1,
-                    Outcome::Rejected(reason)
-                    | Outcome::Held(reason)
-                    | Outcome::Deferred(reason) => {
-                        return Err(Error::Replay(format!(
-                            "outbox row {} (event {}) was not acknowledged, after {sent} \
-                             records: {reason}",
-                            row.id, row.event_id
-                        )))
+                let source = match outcome {
+                    Outcome::Published => {
+                        sent += 1;
+                        continue;
                     }
-                    Outcome::Skipped => {}
-                }
+                    Outcome::Skipped => continue,
+                    Outcome::Rejected(e) | Outcome::Held(e) => PublishError::Kafka(e),
+                    Outcome::Deferred(e) => e,
+                };
+                return Err(Error::Replay {
+                    id: row.id,
+                    event_id: row.event_id,
+                    sent,
+                    source,
+                });
             }
             progress(sent);
         }

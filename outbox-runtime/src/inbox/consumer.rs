@@ -259,11 +259,13 @@ impl ConsumerBuilder {
         producer_config
             .set("enable.idempotence", "true")
             .set("acks", "all");
-        let forwarder: FutureProducer = producer_config.create().map_err(|e| {
-            Error::Config(format!(
-                "cannot create the retry and dead-letter producer: {e}"
-            ))
-        })?;
+        let forwarder: FutureProducer =
+            producer_config
+                .create()
+                .map_err(|source| Error::KafkaClient {
+                    client: "retry and dead-letter producer",
+                    source,
+                })?;
         Ok(Consumer {
             inner: Arc::new(Inner {
                 pool: self.pool,
@@ -322,7 +324,7 @@ pub(crate) struct Inner {
 /// again and deduplicates it, so this only logs.
 fn store_offset(consumer: &StreamConsumer, msg: &BorrowedMessage<'_>) {
     if let Err(e) = consumer.store_offset(msg.topic(), msg.partition(), msg.offset()) {
-        tracing::info!(error = %e, topic = msg.topic(), partition = msg.partition(),
+        tracing::info!(error = %crate::error_chain(&e), topic = msg.topic(), partition = msg.partition(),
             offset = msg.offset(), "offset not stored; the message will be seen again");
     }
 }
@@ -399,7 +401,7 @@ impl Inner {
                 }
                 Err(e) => {
                     failures += 1;
-                    tracing::warn!(error = %e, "consumer cannot reach the database; retrying");
+                    tracing::warn!(error = %crate::error_chain(&e), "consumer cannot reach the database; retrying");
                     tokio::select! {
                         () = cancel.cancelled() => return None,
                         () = tokio::time::sleep(self.outage_backoff(failures)) => {}
@@ -486,7 +488,7 @@ impl Held {
         if tpl.count() > 0 {
             // A partition no longer assigned cannot be resumed; its new owner reads it.
             if let Err(e) = consumer.resume(&tpl) {
-                tracing::debug!(error = %e, "cannot resume a retry partition");
+                tracing::debug!(error = %crate::error_chain(&e), "cannot resume a retry partition");
             }
         }
     }
@@ -529,10 +531,11 @@ impl Consumer {
     /// logged and restarted.
     pub async fn run(&self, cancel: CancellationToken) -> Result<()> {
         let inner = &self.inner;
-        let consumer: StreamConsumer = inner
-            .config
-            .create()
-            .map_err(|e| Error::Config(format!("cannot create the Kafka consumer: {e}")))?;
+        let consumer: StreamConsumer =
+            inner.config.create().map_err(|source| Error::KafkaClient {
+                client: "consumer",
+                source,
+            })?;
         let topics = inner.subscriptions();
         let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
@@ -548,12 +551,14 @@ impl Consumer {
         };
         // Commit what was stored (the database has committed all of it).
         if let Err(e) = consumer.commit_consumer_state(CommitMode::Sync) {
-            tracing::debug!(error = %e, "no offsets to commit on shutdown");
+            tracing::debug!(error = %crate::error_chain(&e), "no offsets to commit on shutdown");
         }
         cancel.cancel();
         for p in processors {
-            p.await
-                .map_err(|e| Error::Config(format!("inbox processor supervisor failed: {e}")))??;
+            p.await.map_err(|source| Error::Task {
+                task: "the inbox processor supervisor",
+                source,
+            })??;
         }
         result
     }
@@ -579,7 +584,7 @@ impl Consumer {
             match first {
                 Ok(msg) => batch.push(msg),
                 Err(e) => {
-                    tracing::warn!(error = %e, "kafka consumer error");
+                    tracing::warn!(error = %crate::error_chain(&e), "kafka consumer error");
                     continue;
                 }
             }
@@ -739,7 +744,7 @@ impl Consumer {
                     Ok(received) => break received,
                     Err(e) => {
                         failures += 1;
-                        tracing::warn!(error = %e, "cannot store received messages; retrying");
+                        tracing::warn!(error = %crate::error_chain(&e), "cannot store received messages; retrying");
                         tokio::select! {
                             () = cancel.cancelled() => return Ok(()),
                             () = tokio::time::sleep(inner.outage_backoff(failures)) => {}
@@ -791,7 +796,10 @@ impl Consumer {
                 if cancel.is_cancelled() {
                     return match ended {
                         Ok(result) => result,
-                        Err(e) => Err(Error::Config(format!("inbox processor panicked: {e}"))),
+                        Err(source) => Err(Error::Task {
+                            task: "an inbox processor",
+                            source,
+                        }),
                     };
                 }
                 restarts += 1;
@@ -799,10 +807,10 @@ impl Consumer {
                 match ended {
                     Ok(Ok(())) => tracing::error!("an inbox processor stopped; restarting it"),
                     Ok(Err(e)) => {
-                        tracing::error!(error = %e, "an inbox processor failed; restarting it")
+                        tracing::error!(error = %crate::error_chain(&e), "an inbox processor failed; restarting it")
                     }
                     Err(e) => {
-                        tracing::error!(error = %e, "an inbox processor panicked; restarting it")
+                        tracing::error!(error = %crate::error_chain(&e), "an inbox processor panicked; restarting it")
                     }
                 }
                 tokio::select! {
@@ -829,7 +837,9 @@ impl Consumer {
                         metrics::gauge!("outbox_inbox_lag_seconds")
                             .set(s.oldest_unprocessed_age.map_or(0.0, |a| a.as_secs_f64()));
                     }
-                    Err(e) => tracing::debug!(error = %e, "cannot read the inbox backlog"),
+                    Err(e) => {
+                        tracing::debug!(error = %crate::error_chain(&e), "cannot read the inbox backlog")
+                    }
                 }
             }
             match store::process_batch(inner, &inner.routes).await {
@@ -843,7 +853,7 @@ impl Consumer {
                 }
                 Err(e) => {
                     failures += 1;
-                    tracing::warn!(error = %e, "inbox processor batch failed; retrying");
+                    tracing::warn!(error = %crate::error_chain(&e), "inbox processor batch failed; retrying");
                     tokio::select! {
                         () = cancel.cancelled() => {}
                         () = tokio::time::sleep(inner.outage_backoff(failures)) => {}

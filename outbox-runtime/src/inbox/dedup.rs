@@ -125,7 +125,7 @@ pub(crate) async fn handle(
                 return isolated_all(pool, routes, messages, known, in_place).await;
             }
             Pass::Refused(e) => {
-                tracing::info!(error = %e, "a batch was refused at commit; handling its messages one by one");
+                tracing::info!(error = %crate::error_chain(&e), "a batch was refused at commit; handling its messages one by one");
                 return one_by_one(pool, routes, messages, &known, in_place).await;
             }
         }
@@ -274,7 +274,7 @@ async fn isolated_all(
                 known.insert((i, h), failure);
             }
             Attempt::Refused(e) => {
-                tracing::info!(error = %e, "refused at commit; handling the messages one by one");
+                tracing::info!(error = %crate::error_chain(&e), "refused at commit; handling the messages one by one");
                 return one_by_one(pool, routes, messages, &known, in_place).await;
             }
         }
@@ -514,7 +514,7 @@ pub(crate) fn refused_at_commit(error: &sqlx::Error) -> Failure {
 /// connection, would skip or wait for them.
 pub(crate) async fn discard(tx: sqlx::Transaction<'_, sqlx::Postgres>) {
     if let Err(e) = tx.rollback().await {
-        tracing::debug!(error = %e, "cannot roll back a transaction given up on; its connection is closed");
+        tracing::debug!(error = %crate::error_chain(&e), "cannot roll back a transaction given up on; its connection is closed");
     }
 }
 

@@ -38,11 +38,11 @@ pub(crate) fn hold_at(consumer: &StreamConsumer, topic: &str, partition: i32, of
     let mut tpl = TopicPartitionList::new();
     tpl.add_partition(topic, partition);
     if let Err(e) = consumer.pause(&tpl) {
-        tracing::debug!(error = %e, "cannot pause a partition");
+        tracing::debug!(error = %crate::error_chain(&e), "cannot pause a partition");
     }
     // Asynchronously (a zero timeout): the call must not block the runtime.
     if let Err(e) = consumer.seek(topic, partition, Offset::Offset(offset), Duration::ZERO) {
-        tracing::warn!(error = %e, topic, partition,
+        tracing::warn!(error = %crate::error_chain(&e), topic, partition,
             "cannot rewind a partition; its messages come again after a rebalance");
     }
 }
@@ -62,7 +62,7 @@ impl<'c> Blocked<'c> {
     fn new(consumer: &'c StreamConsumer, topic: &str) -> Self {
         let paused = consumer.assignment().unwrap_or_default();
         if let Err(e) = consumer.pause(&paused) {
-            tracing::debug!(error = %e, "cannot pause the assignment");
+            tracing::debug!(error = %crate::error_chain(&e), "cannot pause the assignment");
         }
         let gauge = metrics::gauge!("outbox_consumer_forward_blocked", "topic" => topic.to_owned());
         gauge.set(1.0);
@@ -100,7 +100,7 @@ impl<'c> Blocked<'c> {
 impl Drop for Blocked<'_> {
     fn drop(&mut self) {
         if let Err(e) = self.consumer.resume(&self.paused) {
-            tracing::debug!(error = %e, "cannot resume a partition");
+            tracing::debug!(error = %crate::error_chain(&e), "cannot resume a partition");
         }
         self.gauge.set(0.0);
     }
@@ -255,7 +255,7 @@ impl Inner {
                 Err((e, _)) => {
                     failures += 1;
                     let b = blocked.get_or_insert_with(|| {
-                        tracing::error!(error = %e, topic = %topic,
+                        tracing::error!(error = %crate::error_chain(&e), topic = %topic,
                             "cannot send a message to its {kind} topic (does it exist? may this \
                              consumer write to it?); consumption waits until it can");
                         Blocked::new(consumer, &topic)

@@ -21,38 +21,66 @@ type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// consumer's `max_attempts`), a permanent one goes to the dead letters at once.
 ///
 /// `?` converts database errors: integrity violations (SQLSTATE class 23) are permanent,
-/// everything else (lost connections, serialization failures, deadlocks, ...) retryable.
-#[derive(Debug, thiserror::Error)]
+/// everything else (lost connections, serialization failures, deadlocks, timeouts, ...)
+/// retryable. It converts this crate's [`Error`](crate::Error) the same way: what
+/// [`is_transient`](crate::Error::is_transient) (a timeout or deadlock during an emit, a lost
+/// connection) and other database errors are retryable; an event that cannot be emitted
+/// (invalid, not serializable, a duplicate event id) is permanent.
+///
+/// It displays as the error it wraps, and its [`source`](std::error::Error::source) is that
+/// error's source: printed through `anyhow`, nothing repeats.
+#[derive(Debug)]
 pub enum HandlerError {
     /// May succeed if tried again.
-    #[error("{0}")]
-    Retryable(#[source] BoxError),
+    Retryable(BoxError),
     /// Will fail however often it is tried.
-    #[error("{0}")]
-    Permanent(#[source] BoxError),
+    Permanent(BoxError),
 }
 
 impl HandlerError {
+    /// A failure that may pass if the message is handled again.
     pub fn retryable(error: impl Into<BoxError>) -> Self {
         HandlerError::Retryable(error.into())
     }
 
+    /// A failure that will not pass: the message goes to the dead letters.
     pub fn permanent(error: impl Into<BoxError>) -> Self {
         HandlerError::Permanent(error.into())
     }
 
+    /// Whether the message is tried again.
     pub fn is_retryable(&self) -> bool {
         matches!(self, HandlerError::Retryable(_))
     }
+
+    /// The error it wraps.
+    pub fn inner(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+        match self {
+            HandlerError::Retryable(e) | HandlerError::Permanent(e) => e.as_ref(),
+        }
+    }
+}
+
+impl std::fmt::Display for HandlerError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Display::fmt(self.inner(), f)
+    }
+}
+
+impl std::error::Error for HandlerError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.inner().source()
+    }
+}
+
+/// Database errors that will fail again: integrity violations (SQLSTATE class 23).
+fn is_integrity_violation(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Database(e) if e.code().is_some_and(|c| c.starts_with("23")))
 }
 
 impl From<sqlx::Error> for HandlerError {
     fn from(error: sqlx::Error) -> Self {
-        let integrity = matches!(
-            &error,
-            sqlx::Error::Database(e) if e.code().is_some_and(|c| c.starts_with("23"))
-        );
-        if integrity {
+        if is_integrity_violation(&error) {
             HandlerError::Permanent(error.into())
         } else {
             HandlerError::Retryable(error.into())
@@ -62,9 +90,18 @@ impl From<sqlx::Error> for HandlerError {
 
 impl From<crate::Error> for HandlerError {
     fn from(error: crate::Error) -> Self {
-        match error {
-            crate::Error::Database(e) => e.into(),
-            other => HandlerError::Permanent(other.into()),
+        use crate::Error;
+        let retryable = error.is_transient()
+            || match &error {
+                Error::Emit { source, .. }
+                | Error::Commit { source, .. }
+                | Error::Database(source) => !is_integrity_violation(source),
+                _ => false,
+            };
+        if retryable {
+            HandlerError::Retryable(error.into())
+        } else {
+            HandlerError::Permanent(error.into())
         }
     }
 }
@@ -232,25 +269,29 @@ impl<H: Handler> ErasedHandler for Erased<H> {
             })
             .await
             .map_err(panicked)?;
-            result.map_err(|e| match e {
-                // Whatever the handler called it: the transaction's failure, judged again alone.
-                HandlerError::Retryable(e) | HandlerError::Permanent(e)
-                    if is_transaction_failure(e.as_ref()) =>
-                {
-                    let hint = if e.to_string().contains("transaction is aborted") {
-                        " (a statement before it failed and the error was caught: run a \
-                         statement whose failure the handler handles in a savepoint \
-                         (`tx.begin()`), or avoid the error (`ON CONFLICT`))"
-                    } else {
-                        ""
-                    };
-                    Failure::Transaction(format!("handler `{}` failed: {e}{hint}", H::NAME))
-                }
-                HandlerError::Retryable(e) => {
-                    Failure::Retryable(format!("handler `{}` failed: {e}", H::NAME))
-                }
-                HandlerError::Permanent(e) => {
-                    Failure::Permanent(format!("handler `{}` failed for good: {e}", H::NAME))
+            result.map_err(|error| {
+                let transaction_failure = is_transaction_failure(error.inner());
+                let e = crate::error_chain(error.inner());
+                match error {
+                    // Whatever the handler called it: the transaction's failure, judged again
+                    // alone.
+                    _ if transaction_failure => {
+                        let e = e.to_string();
+                        let hint = if e.contains("transaction is aborted") {
+                            " (a statement before it failed and the error was caught: run a \
+                             statement whose failure the handler handles in a savepoint \
+                             (`tx.begin()`), or avoid the error (`ON CONFLICT`))"
+                        } else {
+                            ""
+                        };
+                        Failure::Transaction(format!("handler `{}` failed: {e}{hint}", H::NAME))
+                    }
+                    HandlerError::Retryable(_) => {
+                        Failure::Retryable(format!("handler `{}` failed: {e}", H::NAME))
+                    }
+                    HandlerError::Permanent(_) => {
+                        Failure::Permanent(format!("handler `{}` failed for good: {e}", H::NAME))
+                    }
                 }
             })
         })

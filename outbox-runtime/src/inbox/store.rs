@@ -181,7 +181,7 @@ pub(crate) async fn process_batch(inner: &Inner, routes: &Routes) -> Result<usiz
             }
             Processed::Aborted => isolate = true,
             Processed::Refused(e) => {
-                tracing::info!(error = %e, "an inbox batch was refused at commit; processing its rows one by one");
+                tracing::info!(error = %crate::error_chain(&e), "an inbox batch was refused at commit; processing its rows one by one");
                 return process_one_by_one(inner, routes, &known).await;
             }
         }

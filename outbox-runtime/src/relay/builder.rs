@@ -226,9 +226,10 @@ pub(crate) fn create_producer(mut producer: ClientConfig) -> Result<FutureProduc
     if producer.get("topic.metadata.propagation.max.ms").is_none() {
         producer.set("topic.metadata.propagation.max.ms", "1000");
     }
-    producer
-        .create()
-        .map_err(|e| Error::Config(format!("cannot create the Kafka producer: {e}")))
+    producer.create().map_err(|source| Error::KafkaClient {
+        client: "producer",
+        source,
+    })
 }
 
 /// The producer every instance of a relay shares, replaced when it fails for good.
@@ -271,7 +272,7 @@ impl ProducerSlot {
                 metrics::counter!("outbox_relay_producer_recreated_total").increment(1);
                 *current = Arc::new(producer);
             }
-            Err(e) => tracing::error!(error = %e, fatal = %reason,
+            Err(e) => tracing::error!(error = %crate::error_chain(&e), fatal = %reason,
                 "the outbox relay's Kafka producer failed for good and cannot be replaced"),
         }
     }
@@ -368,7 +369,7 @@ impl Relay {
                     failures = 0;
                     // Busy: emitters need not notify (NOTIFY serializes their commits).
                     if let Err(e) = instance.set_waiting(false).await {
-                        tracing::warn!(error = %e, "outbox relay could not clear its waiting mark");
+                        tracing::warn!(error = %crate::error_chain(&e), "outbox relay could not clear its waiting mark");
                         instance.reset();
                     }
                     continue;
@@ -381,7 +382,7 @@ impl Relay {
                         match instance.set_waiting(true).await {
                             Ok(()) => continue,
                             Err(e) => {
-                                tracing::warn!(error = %e, "outbox relay could not mark itself waiting");
+                                tracing::warn!(error = %crate::error_chain(&e), "outbox relay could not mark itself waiting");
                                 instance.reset();
                             }
                         }
@@ -407,7 +408,7 @@ impl Relay {
                 Err(e) => {
                     failures = failures.saturating_add(1);
                     let backoff = inner.backoff.jittered(failures);
-                    tracing::warn!(error = %e, ?backoff, "outbox relay batch failed; retrying");
+                    tracing::warn!(error = %crate::error_chain(&e), ?backoff, "outbox relay batch failed; retrying");
                     metrics::counter!("outbox_relay_batch_failures_total").increment(1);
                     instance.reset();
                     if e.is_transient() {
@@ -422,7 +423,7 @@ impl Relay {
             }
         }
         if let Err(e) = instance.set_waiting(false).await {
-            tracing::debug!(error = %e, "outbox relay could not clear its waiting mark on shutdown");
+            tracing::debug!(error = %crate::error_chain(&e), "outbox relay could not clear its waiting mark on shutdown");
         }
         // Every batch waited for its own acknowledgements: nothing to flush. Records a timed-out
         // batch left with the producer stay unpublished in the outbox; whoever publishes them
@@ -516,7 +517,9 @@ async fn report_backlog(pool: &PgPool) {
             metrics::gauge!("outbox_relay_oldest_unpublished_age_seconds")
                 .set(s.oldest_unpublished_age.map_or(0.0, |a| a.as_secs_f64()));
         }
-        Err(e) => tracing::debug!(error = %e, "cannot read the outbox backlog"),
+        Err(e) => {
+            tracing::debug!(error = %crate::error_chain(&e), "cannot read the outbox backlog")
+        }
     }
 }
 

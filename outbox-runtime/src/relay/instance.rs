@@ -9,7 +9,7 @@ use tracing::Instrument;
 use super::builder::{Inner, REBALANCE_EVERY};
 use super::publish::{self, Outcome};
 use super::store::{self, Claim, Table};
-use crate::error::{Error, Result};
+use crate::error::{Error, PublishError, Result};
 
 /// `$work.await`, or an error once `$limit` (the failover timeout) passed without an answer: a
 /// database that does not answer for that long has ended the session (or will), and the shards
@@ -237,7 +237,7 @@ impl<'r> Instance<'r> {
         };
         let mut published = Vec::with_capacity(claim.rows.len());
         let mut failed = Vec::new();
-        let mut deferred: Option<String> = None;
+        let mut deferred: Option<PublishError> = None;
         let mut unsettled: Option<i64> = None;
         for (row, outcome) in claim.rows.iter().zip(outcomes) {
             match outcome {
@@ -248,7 +248,7 @@ impl<'r> Instance<'r> {
                         attempt, %error, "broker refused an outbox record");
                     failed.push(store::Failure {
                         id: row.id,
-                        error,
+                        error: error.to_string(),
                         backoff_secs: relay.backoff.delay(attempt).as_secs_f64(),
                         held: false,
                     });
@@ -259,7 +259,7 @@ impl<'r> Instance<'r> {
                          its key waits until an operator fixes it");
                     failed.push(store::Failure {
                         id: row.id,
-                        error,
+                        error: error.to_string(),
                         backoff_secs: relay.backoff.max.min(HELD_RETRY).as_secs_f64(),
                         held: true,
                     });
@@ -268,7 +268,7 @@ impl<'r> Instance<'r> {
                     let attempt = u32::try_from(row.attempts).unwrap_or(0) + 1;
                     failed.push(store::Failure {
                         id: row.id,
-                        error,
+                        error: error.to_string(),
                         backoff_secs: relay.backoff.delay(attempt).as_secs_f64(),
                         held: false,
                     });

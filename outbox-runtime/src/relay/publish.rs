@@ -9,6 +9,7 @@ use rdkafka::message::{Header, OwnedHeaders};
 use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 
 use super::store::Claimed;
+use crate::error::PublishError;
 
 /// What became of one record.
 #[derive(Debug, PartialEq, Eq)]
@@ -18,13 +19,13 @@ pub(crate) enum Outcome {
     /// Refused: counts as an attempt (the record is parked after `max_attempts`). Errors known
     /// to be permanent (too large, invalid, policy), and errors nobody classified, which must
     /// not be retried forever either.
-    Rejected(String),
+    Rejected(KafkaError),
     /// Refused for an operator's reason (unknown topic, not authorized): the key waits until
     /// it is fixed; not an attempt, never parked (unless the relay is told to).
-    Held(String),
+    Held(KafkaError),
     /// Not sent, or not acknowledged, for a passing reason (broker down, publish timeout, a
     /// producer that failed for good): stays unpublished, for a later batch.
-    Deferred(String),
+    Deferred(PublishError),
     /// Not sent, or sent and not counted, because an earlier record of its key did not go
     /// through: stays unpublished, behind it.
     Skipped,
@@ -117,12 +118,11 @@ pub(crate) fn classify(error: &KafkaError) -> Class {
 }
 
 /// The outcome of a record that failed with `error`.
-fn failed(error: &KafkaError) -> Outcome {
-    let text = error.to_string();
-    match classify(error) {
-        Class::Transient | Class::Fatal => Outcome::Deferred(text),
-        Class::Operator => Outcome::Held(text),
-        Class::Refused => Outcome::Rejected(text),
+fn failed(error: KafkaError) -> Outcome {
+    match classify(&error) {
+        Class::Transient | Class::Fatal => Outcome::Deferred(PublishError::Kafka(error)),
+        Class::Operator => Outcome::Held(error),
+        Class::Refused => Outcome::Rejected(error),
     }
 }
 
@@ -226,7 +226,7 @@ pub(crate) async fn publish(
                 }
                 Err(error) => {
                     failed_keys.insert(key);
-                    outcomes[i] = Some(failed(&error));
+                    outcomes[i] = Some(failed(error));
                 }
             }
         }
@@ -243,7 +243,7 @@ pub(crate) async fn publish(
                         "a record was acknowledged without an offset; it will be sent again"
                     );
                     metrics::counter!("outbox_relay_unconfirmed_acks_total").increment(1);
-                    Outcome::Deferred("acknowledged without an offset".into())
+                    Outcome::Deferred(PublishError::NoOffset)
                 }
                 Ok(Ok(Ok(delivery))) => {
                     tracing::trace!(
@@ -254,11 +254,9 @@ pub(crate) async fn publish(
                     );
                     Outcome::Published
                 }
-                Ok(Ok(Err((error, _)))) => failed(&error),
-                Ok(Err(_canceled)) => Outcome::Deferred("the producer was dropped".into()),
-                Err(_) => Outcome::Deferred(format!(
-                    "no acknowledgement within the publish timeout ({timeout:?})"
-                )),
+                Ok(Ok(Err((error, _)))) => failed(error),
+                Ok(Err(_canceled)) => Outcome::Deferred(PublishError::ProducerDropped),
+                Err(_) => Outcome::Deferred(PublishError::Timeout(timeout)),
             };
             if outcome != Outcome::Published {
                 failed_keys.insert(rows[i].partition_key.as_str());
@@ -272,9 +270,7 @@ pub(crate) async fn publish(
     }
     let mut outcomes: Vec<Outcome> = outcomes
         .into_iter()
-        .map(|o| {
-            o.unwrap_or_else(|| Outcome::Deferred("not sent within the publish timeout".into()))
-        })
+        .map(|o| o.unwrap_or(Outcome::Deferred(PublishError::NotSent)))
         .collect();
     keep_key_order(rows, &mut outcomes);
     outcomes
