@@ -45,6 +45,8 @@ use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
+use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::EnvFilter;
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
@@ -319,6 +321,16 @@ async fn charge_order(event: OrderCreated, tx: &mut PgConnection) -> Result<(), 
 
 #[tokio::main]
 async fn main() -> Result<(), Report> {
+    // The relay's and consumers' warnings (a broker down, a retried handler) on stderr;
+    // RUST_LOG=info (or debug) shows more.
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            EnvFilter::builder()
+                .with_default_directive(LevelFilter::WARN.into())
+                .from_env_lossy(),
+        )
+        .with_writer(std::io::stderr)
+        .init();
     let Some(args) = Args::parse(std::env::args().skip(1)).map_err(Report::usage)? else {
         println!("{USAGE}");
         return Ok(());
@@ -851,7 +863,7 @@ impl Args {
 }
 
 /// What a failed `main` returns. Rust prints it with `{:?}` after `Error: `, so its `Debug` is
-/// the message (and causes the message does not already include), not a data structure.
+/// the message and its causes, not a data structure.
 struct Report(BoxError);
 
 impl Report {
@@ -862,15 +874,6 @@ impl Report {
 
 impl fmt::Debug for Report {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let mut message = self.0.to_string();
-        let mut source = self.0.source();
-        while let Some(cause) = source {
-            let cause_text = cause.to_string();
-            if !message.contains(&cause_text) {
-                message = format!("{message}: {cause_text}");
-            }
-            source = cause.source();
-        }
-        f.write_str(&message)
+        write!(f, "{}", outbox_runtime::error_chain(&*self.0))
     }
 }

@@ -15,7 +15,9 @@ use tokio_util::sync::CancellationToken;
 
 use crate::parse::human;
 use crate::ui::{self, Progress};
-use crate::{Act, Brokers, Command, Db, DeadAction, InboxAction, List, ParkedAction, Selection};
+use crate::{
+    Act, Brokers, Command, Db, DeadAction, InboxAction, List, ParkedAction, RelayArgs, Selection,
+};
 
 type Result<T = ()> = std::result::Result<T, String>;
 
@@ -31,24 +33,7 @@ pub async fn run(command: Command) -> Result {
     match command {
         Command::Migrate { db } => migrate(&db).await,
         Command::Status { db, json, max_age } => status(&db, json, max_age).await,
-        Command::Relay {
-            db,
-            brokers,
-            instances,
-            batch_size,
-            poll_interval,
-            max_attempts,
-        } => {
-            relay(
-                &db,
-                &brokers,
-                instances,
-                batch_size,
-                poll_interval,
-                max_attempts,
-            )
-            .await
-        }
+        Command::Relay(args) => relay(args).await,
         Command::Replay {
             db,
             brokers,
@@ -323,17 +308,22 @@ fn print_status(status: &Status) {
     out!("processed_event rows: {}", status.processed_event_rows);
 }
 
-async fn relay(
-    db: &Db,
-    brokers: &Brokers,
-    instances: u16,
-    batch_size: usize,
-    poll_interval: Duration,
-    max_attempts: u32,
-) -> Result {
-    let config = producer_config(brokers)?;
+async fn relay(args: RelayArgs) -> Result {
+    let RelayArgs {
+        db,
+        brokers,
+        instances,
+        batch_size,
+        poll_interval,
+        max_attempts,
+        metrics_addr,
+    } = args;
+    if let Some(addr) = metrics_addr {
+        outbox_runtime::serve_prometheus(addr).map_err(chain)?;
+    }
+    let config = producer_config(&brokers)?;
     // Each instance holds a connection, and a listening one for notifications.
-    let pool = connect_migrated(db, u32::from(instances) * 2 + 2).await?;
+    let pool = connect_migrated(&db, u32::from(instances) * 2 + 2).await?;
     let relay = Relay::builder(pool)
         .producer_config(config)
         .batch_size(batch_size)
@@ -345,12 +335,18 @@ async fn relay(
     let handles: Vec<_> = (0..instances)
         .map(|_| relay.spawn(cancel.clone()))
         .collect();
+    tracing::info!(
+        instances,
+        brokers = %brokers.brokers,
+        metrics = ?metrics_addr,
+        "outbox relay started"
+    );
     out!(
         "outbox relay: {instances} instance(s) publishing to {}; stop with Ctrl-C or SIGTERM",
         brokers.brokers
     );
     shutdown_signal().await;
-    eprintln!("stopping: finishing the batches in flight");
+    tracing::info!("outbox relay stopping: finishing the batches in flight");
     cancel.cancel();
     let mut failed = None;
     for handle in handles {

@@ -24,6 +24,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
+use tracing_subscriber::filter::LevelFilter;
+use tracing_subscriber::EnvFilter;
 
 /// Operate the transactional outbox and inbox: migrations, status, relays, replay, retention
 /// and poison events.
@@ -32,6 +34,19 @@ use clap::{Args, Parser, Subcommand};
 struct Cli {
     #[command(subcommand)]
     command: Command,
+    /// How log lines (on stderr) look; which are shown is RUST_LOG's to say (by default
+    /// `info` for `relay` and `dev-broker`, `warn` for the others)
+    #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "OUTBOX_LOG_FORMAT")]
+    log_format: LogFormat,
+}
+
+/// How log lines look.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum LogFormat {
+    /// One line of text per event, coloured on a terminal
+    Text,
+    /// One JSON object per line, for a log collector
+    Json,
 }
 
 /// Where the database is.
@@ -51,6 +66,31 @@ struct Brokers {
     /// A producer setting (librdkafka's names), e.g. -X security.protocol=SASL_SSL; repeatable
     #[arg(short = 'X', long = "producer-config", value_name = "KEY=VALUE", value_parser = parse::key_value)]
     producer_config: Vec<(String, String)>,
+}
+
+/// `outbox relay`'s options.
+#[derive(Debug, Args)]
+struct RelayArgs {
+    #[command(flatten)]
+    db: Db,
+    #[command(flatten)]
+    brokers: Brokers,
+    /// Relay instances in this process (they share the shards with every other relay);
+    /// each holds two database connections
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
+    instances: u16,
+    /// Rows claimed per batch
+    #[arg(long, default_value_t = 500)]
+    batch_size: usize,
+    /// How often an idle relay looks for work without a notification
+    #[arg(long, default_value = "500ms", value_parser = parse::duration)]
+    poll_interval: Duration,
+    /// Refusals of a record before it is parked
+    #[arg(long, default_value_t = 5)]
+    max_attempts: u32,
+    /// Serve Prometheus metrics at http://HOST:PORT/metrics, e.g. 127.0.0.1:9464
+    #[arg(long, env = "OUTBOX_METRICS_ADDR", value_name = "HOST:PORT")]
+    metrics_addr: Option<std::net::SocketAddr>,
 }
 
 #[derive(Debug, Subcommand)]
@@ -74,25 +114,7 @@ enum Command {
         max_age: Option<Duration>,
     },
     /// Run relays as a standalone process until Ctrl-C or SIGTERM
-    Relay {
-        #[command(flatten)]
-        db: Db,
-        #[command(flatten)]
-        brokers: Brokers,
-        /// Relay instances in this process (they share the shards with every other relay);
-        /// each holds two database connections
-        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]
-        instances: u16,
-        /// Rows claimed per batch
-        #[arg(long, default_value_t = 500)]
-        batch_size: usize,
-        /// How often an idle relay looks for work without a notification
-        #[arg(long, default_value = "500ms", value_parser = parse::duration)]
-        poll_interval: Duration,
-        /// Refusals of a record before it is parked
-        #[arg(long, default_value_t = 5)]
-        max_attempts: u32,
-    },
+    Relay(RelayArgs),
     /// Publish stored events again (with their original event_id), to rebuild a projection
     Replay {
         #[command(flatten)]
@@ -246,6 +268,25 @@ enum DeadAction {
     Retry(Act),
 }
 
+/// Installs the log subscriber: RUST_LOG's filter (`default` when it is not set), lines on
+/// stderr in `format`.
+fn init_logging(default: LevelFilter, format: LogFormat) -> Result<(), String> {
+    let filter = match std::env::var_os(EnvFilter::DEFAULT_ENV) {
+        None => EnvFilter::default().add_directive(default.into()),
+        Some(_) => EnvFilter::try_from_default_env()
+            .map_err(|e| format!("invalid RUST_LOG: {}", outbox_runtime::error_chain(&e)))?,
+    };
+    let logs = tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false);
+    match format {
+        LogFormat::Text => logs.with_ansi(std::io::stderr().is_terminal()).init(),
+        LogFormat::Json => logs.json().with_ansi(false).init(),
+    }
+    Ok(())
+}
+
 /// Writes one line to stdout, unless stdout was found closed (see [`out!`]).
 fn print_line(line: std::fmt::Arguments<'_>) {
     static CLOSED: AtomicBool = AtomicBool::new(false);
@@ -263,17 +304,15 @@ fn print_line(line: std::fmt::Arguments<'_>) {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     // The long-running commands log what they do; the others print their results and log
-    // only problems.
+    // only problems. RUST_LOG says otherwise.
     let level = match cli.command {
-        Command::Relay { .. } | Command::DevBroker { .. } => tracing::Level::INFO,
-        _ => tracing::Level::WARN,
+        Command::Relay { .. } | Command::DevBroker { .. } => LevelFilter::INFO,
+        _ => LevelFilter::WARN,
     };
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_max_level(level)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_target(false)
-        .init();
+    if let Err(message) = init_logging(level, cli.log_format) {
+        eprintln!("error: {message}");
+        return ExitCode::from(2);
+    }
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()

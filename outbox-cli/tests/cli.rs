@@ -1210,3 +1210,18 @@ async fn relay_serves_prometheus_metrics_and_logs_json_filtered_by_rust_log() {
         "{logs}"
     );
 }
+
+#[tokio::test]
+async fn an_invalid_rust_log_is_a_clear_error() {
+    let mut cmd = outbox(&["status", "--database-url", "postgres://127.0.0.1:1/none"]);
+    cmd.env("RUST_LOG", "outbox_runtime=loud");
+    let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2), "{}", stderr(&out));
+    assert!(
+        stderr(&out).starts_with("error: invalid RUST_LOG: "),
+        "{}",
+        stderr(&out)
+    );
+}

@@ -147,6 +147,17 @@ pub enum Error {
     #[error("the Kafka client failed")]
     Kafka(#[from] rdkafka::error::KafkaError),
 
+    /// The Prometheus endpoint could not be served (its address is taken, or a `metrics`
+    /// recorder is installed already).
+    #[cfg(feature = "prometheus")]
+    #[error("cannot serve metrics on {addr}")]
+    Metrics {
+        /// The address asked for.
+        addr: std::net::SocketAddr,
+        #[source]
+        source: metrics_exporter_prometheus::BuildError,
+    },
+
     /// A background task of a consumer (an inbox processor) panicked or was cancelled.
     #[error("{task} panicked or was cancelled")]
     Task {

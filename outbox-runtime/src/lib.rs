@@ -8,6 +8,8 @@ mod error;
 mod event;
 pub mod inbox;
 pub mod migrate;
+#[cfg(feature = "prometheus")]
+mod prometheus;
 pub mod relay;
 mod uow;
 
@@ -16,6 +18,8 @@ pub use error::PublishError;
 pub use error::{error_chain, Error, Result};
 pub use event::{IntoRecord, OutboxEvent, OutboxRecord};
 pub use migrate::{migrate, migrate_on};
+#[cfg(feature = "prometheus")]
+pub use prometheus::serve_prometheus;
 pub use uow::{emit, emit_all, EmitFuture, Uow};
 
 /// `#[derive(OutboxEvent)]`: see the [`OutboxEvent`](trait@OutboxEvent) trait for its attributes.
