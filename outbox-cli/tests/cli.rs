@@ -1225,3 +1225,147 @@ async fn an_invalid_rust_log_is_a_clear_error() {
         stderr(&out)
     );
 }
+
+/// `url` with `params` added to its query string.
+fn with_params(url: &str, params: &str) -> String {
+    let separator = if url.contains('?') { '&' } else { '?' };
+    format!("{url}{separator}{params}")
+}
+
+/// The certificate the local server presents (self-signed), turning TLS on if it is off (a
+/// reload: nothing else notices).
+async fn server_certificate(pool: &PgPool) -> String {
+    let ssl: String = sqlx::query_scalar("SHOW ssl").fetch_one(pool).await.unwrap();
+    if ssl != "on" {
+        sqlx::query("ALTER SYSTEM SET ssl = on")
+            .execute(pool)
+            .await
+            .unwrap();
+        sqlx::query("SELECT pg_reload_conf()")
+            .execute(pool)
+            .await
+            .unwrap();
+    }
+    let (cert, data): (String, String) = sqlx::query_as(
+        "SELECT current_setting('ssl_cert_file'), current_setting('data_directory')",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let cert = std::path::Path::new(&data).join(cert);
+    assert!(
+        cert.exists(),
+        "the server's certificate {} (TLS needs one)",
+        cert.display()
+    );
+    cert.display().to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_talks_tls_to_postgres_and_verifies_the_server() {
+    let db = TestDb::new().await;
+    let cert = server_certificate(&db.pool).await;
+
+    // Verified against the server's own certificate: works, and the sessions are encrypted.
+    let verified = with_params(
+        &db.url,
+        &format!("sslmode=verify-ca&sslrootcert={cert}&application_name=outbox-over-tls"),
+    );
+    assert_ok(&run(&verified, &["status"]).await);
+    let kafka = Kafka::mock();
+    kafka.create_topic(TOPIC, 1).await;
+    let mut cmd = outbox(&["relay"]);
+    cmd.env("DATABASE_URL", &verified)
+        .env("KAFKA_BROKERS", kafka.bootstrap())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut child = ChildGuard(cmd.spawn().expect("start relay"));
+    let mut out = BufReader::new(child.0.stdout.take().unwrap());
+    tokio::task::spawn_blocking(move || wait_line(&mut out, "outbox relay:"))
+        .await
+        .unwrap();
+    let (sessions, encrypted): (i64, Option<bool>) = sqlx::query_as(
+        "SELECT count(*), bool_and(s.ssl) FROM pg_stat_activity a JOIN pg_stat_ssl s USING (pid) \
+         WHERE a.application_name = 'outbox-over-tls'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(sessions >= 1, "the relay's sessions");
+    assert_eq!(encrypted, Some(true), "every session of the relay is TLS");
+    signal(&child, "-TERM");
+    assert_eq!(
+        wait_exit(&mut child, Duration::from_secs(20)).await,
+        Some(0)
+    );
+
+    // Verified against CAs that did not sign it: refused, so the check is real.
+    let wrong_ca = with_params(
+        &db.url,
+        "sslmode=verify-ca&sslrootcert=/etc/ssl/certs/ca-certificates.crt",
+    );
+    assert_error(
+        &run(&wrong_ca, &["status"]).await,
+        "cannot connect to PostgreSQL",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_cli_passes_sasl_ssl_settings_to_kafka() {
+    let db = TestDb::new().await;
+    // Nothing listens there: the relay starts (librdkafka took the settings) and keeps trying.
+    let nowhere = {
+        let l = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        l.local_addr().unwrap().to_string()
+    };
+    let secured = [
+        "-X",
+        "security.protocol=SASL_SSL",
+        "-X",
+        "sasl.mechanisms=SCRAM-SHA-512",
+        "-X",
+        "sasl.username=relay",
+        "-X",
+        "sasl.password=secret",
+    ];
+    let mut cmd = outbox(&[&["relay", "--brokers", &nowhere][..], &secured].concat());
+    cmd.env("DATABASE_URL", &db.url)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    let mut child = ChildGuard(cmd.spawn().expect("start relay"));
+    let mut out = BufReader::new(child.0.stdout.take().unwrap());
+    let mut err = child.0.stderr.take().unwrap();
+    let started = tokio::task::spawn_blocking(move || {
+        let mut line = String::new();
+        out.read_line(&mut line).unwrap();
+        line
+    })
+    .await
+    .unwrap();
+    if !started.contains("outbox relay:") {
+        let mut logs = String::new();
+        std::io::Read::read_to_string(&mut err, &mut logs).unwrap();
+        panic!("the relay did not start with SASL_SSL settings: {logs}");
+    }
+    signal(&child, "-TERM");
+    assert_eq!(
+        wait_exit(&mut child, Duration::from_secs(20)).await,
+        Some(0)
+    );
+
+    // A mechanism librdkafka does not know is refused when the producer is created.
+    let mut cmd = outbox(&[
+        "relay",
+        "--brokers",
+        &nowhere,
+        "-X",
+        "security.protocol=SASL_SSL",
+        "-X",
+        "sasl.mechanisms=NO-SUCH-MECHANISM",
+    ]);
+    cmd.env("DATABASE_URL", &db.url);
+    let refused = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+        .await
+        .unwrap();
+    assert_error(&refused, "cannot create the Kafka producer");
+}
