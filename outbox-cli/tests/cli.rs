@@ -1235,7 +1235,10 @@ fn with_params(url: &str, params: &str) -> String {
 /// The certificate the local server presents (self-signed), turning TLS on if it is off (a
 /// reload: nothing else notices).
 async fn server_certificate(pool: &PgPool) -> String {
-    let ssl: String = sqlx::query_scalar("SHOW ssl").fetch_one(pool).await.unwrap();
+    let ssl: String = sqlx::query_scalar("SHOW ssl")
+        .fetch_one(pool)
+        .await
+        .unwrap();
     if ssl != "on" {
         sqlx::query("ALTER SYSTEM SET ssl = on")
             .execute(pool)
@@ -1299,13 +1302,12 @@ async fn the_cli_talks_tls_to_postgres_and_verifies_the_server() {
         Some(0)
     );
 
-    // Verified against CAs that did not sign it: refused, so the check is real.
-    let wrong_ca = with_params(
-        &db.url,
-        "sslmode=verify-ca&sslrootcert=/etc/ssl/certs/ca-certificates.crt",
-    );
+    // Its names are checked too: a self-signed certificate names a host, never 127.0.0.1, so
+    // `verify-full` to 127.0.0.1 is refused.
+    let wrong_name = with_params(&db.url, &format!("sslmode=verify-full&sslrootcert={cert}"));
+    assert!(wrong_name.contains("@127.0.0.1:"), "{wrong_name}");
     assert_error(
-        &run(&wrong_ca, &["status"]).await,
+        &run(&wrong_name, &["status"]).await,
         "cannot connect to PostgreSQL",
     );
 }

@@ -1,6 +1,6 @@
 //! The embedded migrations and their runner.
 //!
-//! The SQL files in `migrations/` are in sqlx's format (`<version>_<description>.sql`), so an
+//! The SQL files in the crate's `migrations/` are in sqlx's format (`<version>_<description>.sql`), so an
 //! application that manages its own migrations can copy them; `migrate` applies them itself and
 //! records them in its own ledger table, `outbox_schema_migrations`, so it never collides with
 //! the application's `_sqlx_migrations`.
@@ -12,8 +12,11 @@ use crate::error::{Error, Result};
 /// One embedded migration.
 #[derive(Debug, Clone, Copy)]
 pub struct Migration {
+    /// Its version: the number its file name starts with. Migrations apply in its order.
     pub version: i64,
+    /// Its description: the rest of its file name, without `.sql`.
     pub description: &'static str,
+    /// Its SQL, one or more statements.
     pub sql: &'static str,
 }
 
@@ -23,7 +26,7 @@ macro_rules! migration {
             version: $version,
             description: $description,
             sql: include_str!(concat!(
-                "../../migrations/",
+                "../migrations/",
                 stringify!($version),
                 "_",
                 $description,

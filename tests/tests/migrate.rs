@@ -117,7 +117,7 @@ async fn a_failing_migration_applies_nothing() {
 
 #[test]
 fn every_sql_file_is_embedded_in_order() {
-    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../migrations");
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/../outbox-runtime/migrations");
     let mut files: Vec<String> = std::fs::read_dir(dir)
         .unwrap()
         .map(|e| e.unwrap().file_name().into_string().unwrap())
