@@ -1,66 +1,45 @@
 //! Terminal output: progress lines, confirmations, tables.
 
 use std::io::{BufRead, IsTerminal, Write};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-/// A progress line on stderr, redrawn at most every 100 ms, only when stderr is a terminal
-/// (logs and pipes get the final summary alone).
+use indicatif::{ProgressBar, ProgressDrawTarget, ProgressStyle};
+
+/// A progress bar on stderr (indicatif), redrawn at most 10 times a second, only when stderr
+/// is a terminal (logs and pipes get the final summary alone).
 pub struct Progress {
-    label: String,
-    total: Option<u64>,
-    started: Instant,
-    drawn: Option<Instant>,
-    tty: bool,
+    bar: ProgressBar,
 }
+
+/// `label [#####>----] done/total (rate)`, or without a total `label done (rate)`.
+const WITH_TOTAL: &str = "{msg} [{bar:30}] {pos}/{len} ({per_sec})";
+const WITHOUT_TOTAL: &str = "{msg} {pos} ({per_sec})";
 
 impl Progress {
     pub fn new(label: impl Into<String>, total: Option<u64>) -> Self {
-        Progress {
-            label: label.into(),
-            total,
-            started: Instant::now(),
-            drawn: None,
-            tty: std::io::stderr().is_terminal(),
+        let (bar, template) = match total {
+            Some(total) if total > 0 => (ProgressBar::new(total), WITH_TOTAL),
+            _ => (ProgressBar::no_length(), WITHOUT_TOTAL),
+        };
+        bar.set_draw_target(ProgressDrawTarget::stderr_with_hz(10));
+        if let Ok(style) = ProgressStyle::with_template(template) {
+            bar.set_style(style.progress_chars("#>-"));
         }
+        bar.set_message(label.into());
+        Progress { bar }
     }
 
     pub fn update(&mut self, done: u64) {
-        if !self.tty
-            || self
-                .drawn
-                .is_some_and(|t| t.elapsed() < Duration::from_millis(100))
-        {
-            return;
-        }
-        self.drawn = Some(Instant::now());
-        let rate = done as f64 / self.started.elapsed().as_secs_f64().max(1e-3);
-        let line = match self.total {
-            Some(total) if total > 0 => {
-                let width = 30;
-                let filled = ((done.min(total) * width) / total) as usize;
-                format!(
-                    "{} [{}{}] {done}/{total} ({:.0}/s)",
-                    self.label,
-                    "#".repeat(filled),
-                    "-".repeat(width as usize - filled),
-                    rate
-                )
-            }
-            _ => format!("{} {done} ({rate:.0}/s)", self.label),
-        };
-        eprint!("\r{line}\x1b[K");
-        let _ = std::io::stderr().flush();
+        self.bar.set_position(done);
     }
 
-    /// Clears the line; the caller prints the summary.
+    /// Clears the bar; the caller prints the summary.
     pub fn finish(&self) {
-        if self.tty && self.drawn.is_some() {
-            eprint!("\r\x1b[K");
-        }
+        self.bar.finish_and_clear();
     }
 
     pub fn elapsed(&self) -> Duration {
-        self.started.elapsed()
+        self.bar.elapsed()
     }
 }
 
@@ -134,5 +113,17 @@ pub fn short(text: &str, max: usize) -> String {
     } else {
         let cut: String = one_line.chars().take(max.saturating_sub(1)).collect();
         format!("{cut}…")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn progress_templates_are_valid() {
+        for template in [WITH_TOTAL, WITHOUT_TOTAL] {
+            assert!(ProgressStyle::with_template(template).is_ok(), "{template}");
+        }
     }
 }
