@@ -80,14 +80,7 @@ mod tests {
         assert_eq!(duration("2w"), Ok(Duration::from_secs(1_209_600)));
         assert_eq!(duration("0s"), Ok(Duration::ZERO));
         assert_eq!(duration("1.5h"), Ok(Duration::from_secs(5_400)));
-        for bad in [
-            "",
-            "30",
-            "d",
-            "30x",
-            "-1d",
-            "99999999999999999999d",
-        ] {
+        for bad in ["", "30", "d", "30x", "-1d", "99999999999999999999d"] {
             let err = duration(bad).unwrap_err();
             assert!(err.contains("invalid duration"), "{bad}: {err}");
         }

@@ -1,9 +1,11 @@
 //! Procedural macros for `outbox-runtime`. Use them through `outbox_runtime`, which re-exports
 //! them; this crate only parses, validates and expands, and never does I/O.
 //!
-//! Each stage has its own module: [`attr`] parses `#[outbox(...)]` attributes, [`ast`] reads the
-//! input into a model, [`valid`] checks it and [`expand`] generates the impl. [`ctxt`] collects
-//! every error so that all of them are reported at once.
+//! Each stage has its own (private) module: `attr` parses `#[outbox(...)]` attributes, `ast`
+//! reads the input into a model, `valid` checks it and `expand` generates the impl. `ctxt`
+//! collects every error so that all of them are reported at once.
+
+#![warn(missing_docs)]
 
 mod ast;
 mod attr;

@@ -22,14 +22,18 @@ pub enum Error {
     /// The event is not valid: an empty partition key or aggregate id, say.
     #[error("cannot emit `{event_type}`: {reason}")]
     InvalidEvent {
+        /// The event's type.
         event_type: Cow<'static, str>,
+        /// What is wrong with it, e.g. "partition key is empty".
         reason: Cow<'static, str>,
     },
 
     /// The event's payload does not serialize to JSON.
     #[error("cannot emit `{event_type}`: its payload does not serialize to JSON")]
     Payload {
+        /// The event's type.
         event_type: Cow<'static, str>,
+        /// serde_json's error.
         #[source]
         source: serde_json::Error,
     },
@@ -37,7 +41,10 @@ pub enum Error {
     /// The database refused the outbox insert. The transaction is aborted.
     #[error("cannot emit `{event_type}`: the database refused the outbox insert")]
     Emit {
+        /// The event's type; for rows written together, their distinct types, separated by
+        /// `` `, ` ``.
         event_type: Cow<'static, str>,
+        /// The database's error.
         #[source]
         source: sqlx::Error,
     },
@@ -46,7 +53,10 @@ pub enum Error {
     /// commit, a serialization failure, ...): nothing of the unit of work was written.
     #[error("unit of work not committed{}", emitted(.event_types))]
     Commit {
+        /// The distinct types of the events still pending at commit, separated by `` `, ` ``
+        /// (empty if there were none).
         event_types: Cow<'static, str>,
+        /// The database's error.
         #[source]
         source: sqlx::Error,
     },
@@ -61,7 +71,11 @@ pub enum Error {
          handle in a savepoint (`conn.begin()`) or avoid the error (`ON CONFLICT`)",
         emitted(.event_types)
     )]
-    Aborted { event_types: Cow<'static, str> },
+    Aborted {
+        /// The distinct types of the events still pending at commit, separated by `` `, ` ``
+        /// (empty if there were none).
+        event_types: Cow<'static, str>,
+    },
 
     /// The connection failed after `COMMIT` was sent: the unit of work may or may not have
     /// committed. Check (by a key the unit of work wrote) before doing it again.
@@ -71,7 +85,10 @@ pub enum Error {
         emitted(.event_types)
     )]
     CommitOutcomeUnknown {
+        /// The distinct types of the events still pending at commit, separated by `` `, ` ``
+        /// (empty if there were none).
         event_types: Cow<'static, str>,
+        /// The error the commit failed with.
         #[source]
         source: sqlx::Error,
     },
@@ -80,13 +97,19 @@ pub enum Error {
     #[error(
         "unit of work rolled back, not committed: an emit in it failed earlier ({first_error})"
     )]
-    EmitFailedEarlier { first_error: String },
+    EmitFailedEarlier {
+        /// The first failed emit's error and its causes, on one line (see [`error_chain`]).
+        first_error: String,
+    },
 
     /// A migration failed to apply; nothing of it (or of those after it) was applied.
     #[error("migration {version} ({description}) failed")]
     Migration {
+        /// The migration's version (the number its file name starts with).
         version: i64,
+        /// The migration's description (the rest of its file name).
         description: &'static str,
+        /// The database's error.
         #[source]
         source: sqlx::Error,
     },
@@ -98,9 +121,13 @@ pub enum Error {
          applied migrations must never be edited"
     )]
     MigrationChanged {
+        /// The migration's version (the number its file name starts with).
         version: i64,
+        /// The migration's description (the rest of its file name).
         description: &'static str,
+        /// The checksum recorded in `outbox_schema_migrations` when it was applied.
         applied: i64,
+        /// The [checksum](crate::migrate::Migration::checksum) of this build's copy of it.
         embedded: i64,
     },
 
@@ -111,10 +138,12 @@ pub enum Error {
 
     /// librdkafka refused to create a client (a setting it does not know or accept).
     #[cfg(feature = "kafka")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
     #[error("cannot create the Kafka {client}")]
     KafkaClient {
         /// "producer" or "consumer".
         client: &'static str,
+        /// librdkafka's error.
         #[source]
         source: rdkafka::error::KafkaError,
     },
@@ -122,11 +151,13 @@ pub enum Error {
     /// Records were not acknowledged by Kafka for a passing reason (broker down, timeout); they
     /// stay unpublished and are retried.
     #[cfg(feature = "kafka")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
     #[error("publishing to Kafka failed, will retry")]
     Publish(#[source] PublishError),
 
     /// A replay stopped: a record was not acknowledged. The records before it were sent.
     #[cfg(feature = "kafka")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
     #[error(
         "replay stopped: outbox row {id} (event {event_id}) was not acknowledged, after {sent} \
          records"
@@ -138,22 +169,26 @@ pub enum Error {
         event_id: uuid::Uuid,
         /// Records acknowledged before it.
         sent: u64,
+        /// Why it was not acknowledged.
         #[source]
         source: PublishError,
     },
 
     /// A Kafka client error.
     #[cfg(feature = "kafka")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
     #[error("the Kafka client failed")]
     Kafka(#[from] rdkafka::error::KafkaError),
 
     /// The Prometheus endpoint could not be served (its address is taken, or a `metrics`
     /// recorder is installed already).
     #[cfg(feature = "prometheus")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
     #[error("cannot serve metrics on {addr}")]
     Metrics {
         /// The address asked for.
         addr: std::net::SocketAddr,
+        /// The exporter's error.
         #[source]
         source: metrics_exporter_prometheus::BuildError,
     },
@@ -163,6 +198,7 @@ pub enum Error {
     Task {
         /// Which task.
         task: &'static str,
+        /// How it ended: its panic or cancellation.
         #[source]
         source: tokio::task::JoinError,
     },
@@ -174,6 +210,7 @@ pub enum Error {
 
 /// Why a record was not acknowledged by Kafka.
 #[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum PublishError {

@@ -156,21 +156,27 @@ impl OutboxRecord {
         })
     }
 
+    /// The event's id: its own, or a UUIDv7 generated when the record was made.
     pub fn event_id(&self) -> Uuid {
         self.event_id
     }
+    /// The Kafka topic the relay publishes it to.
     pub fn topic(&self) -> &str {
         &self.topic
     }
+    /// The aggregate's type, e.g. `"Order"`.
     pub fn aggregate_type(&self) -> &str {
         &self.aggregate_type
     }
+    /// The aggregate's id, as text (never empty).
     pub fn aggregate_id(&self) -> &str {
         &self.aggregate_id
     }
+    /// The event's type, e.g. `"OrderCreated"`; sent as the `event_type` header.
     pub fn event_type(&self) -> &str {
         &self.event_type
     }
+    /// The Kafka record key (never empty): events with the same key keep their order.
     pub fn partition_key(&self) -> &str {
         &self.partition_key
     }
@@ -188,6 +194,8 @@ impl OutboxRecord {
     note = "derive `OutboxEvent` on the event type, and pass events by reference"
 )]
 pub trait IntoRecord {
+    /// The outbox row: an event validated and serialized as by
+    /// [`OutboxRecord::from_event`], or a record as it is.
     fn into_record(self) -> Result<OutboxRecord>;
 }
 

@@ -1,5 +1,11 @@
 #![doc = include_str!("lib.md")]
-#![warn(missing_debug_implementations, rust_2018_idioms, unreachable_pub)]
+#![warn(
+    missing_debug_implementations,
+    missing_docs,
+    rust_2018_idioms,
+    unreachable_pub
+)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod admin;
 #[cfg(feature = "kafka")]
@@ -11,23 +17,30 @@ pub mod migrate;
 #[cfg(feature = "prometheus")]
 mod prometheus;
 pub mod relay;
+#[cfg(feature = "testing")]
+#[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
+pub mod testing;
 mod uow;
 
 #[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub use error::PublishError;
 pub use error::{error_chain, Error, Result};
 pub use event::{IntoRecord, OutboxEvent, OutboxRecord};
 pub use migrate::{migrate, migrate_on};
 #[cfg(feature = "prometheus")]
+#[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
 pub use prometheus::serve_prometheus;
 pub use uow::{emit, emit_all, EmitFuture, Uow};
 
 /// `#[derive(OutboxEvent)]`: see the [`OutboxEvent`](trait@OutboxEvent) trait for its attributes.
 #[cfg(feature = "derive")]
+#[cfg_attr(docsrs, doc(cfg(feature = "derive")))]
 pub use outbox_derive::OutboxEvent;
 
 /// `#[inbox_handler]`: see the [`inbox`] module.
 #[cfg(feature = "derive")]
+#[cfg_attr(docsrs, doc(cfg(feature = "derive")))]
 pub use outbox_derive::inbox_handler;
 
 /// Used by the code that `#[derive(OutboxEvent)]` generates. Not public API.

@@ -1,5 +1,15 @@
 //! Test support: a fresh PostgreSQL database per test, and a proxy that counts round trips.
 
+/// The README's Rust code blocks, compiled as doc-tests (`cargo test --doc -p outbox-tests`).
+#[cfg(doctest)]
+#[doc = include_str!("../../README.md")]
+pub struct ReadmeDoctests;
+
+/// The runtime crate's README (crates.io's page), compiled the same way.
+#[cfg(doctest)]
+#[doc = include_str!("../../outbox-runtime/README.md")]
+pub struct RuntimeReadmeDoctests;
+
 pub mod bench;
 pub mod deposits;
 pub mod fixtures;

@@ -19,5 +19,6 @@ pub use poison::{
     PoisonFilter,
 };
 #[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub use replay::{Replay, ReplayCounts, ReplayFilter};
 pub use status::{status, InboxTopicStatus, Status, TopicStatus};

@@ -96,17 +96,29 @@ ORDER BY received_at, event_id LIMIT $5";
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct ParkedEvent {
+    /// The outbox row's id (`outbox_event.id`).
     pub id: i64,
+    /// The event's id.
     pub event_id: Uuid,
+    /// The Kafka topic it is to be published to.
     pub topic: String,
+    /// Its Kafka record key.
     pub partition_key: String,
+    /// The aggregate's type.
     pub aggregate_type: String,
+    /// The aggregate's id, as text.
     pub aggregate_id: String,
+    /// The event's type.
     pub event_type: String,
+    /// Publish attempts the broker refused.
     pub attempts: i32,
+    /// The error of its last refused attempt.
     pub last_error: Option<String>,
+    /// When it was written to the outbox (the emitting transaction's `now()`).
     pub created_at: DateTime<Utc>,
+    /// When the relay parked it.
     pub parked_at: DateTime<Utc>,
+    /// The event's payload.
     pub payload: serde_json::Value,
 }
 
@@ -114,14 +126,23 @@ pub struct ParkedEvent {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct DeadInboxEvent {
+    /// The event's id (its message's `event_id` header).
     pub event_id: Uuid,
+    /// The topic its handlers are routed by: the one the message was first read from.
     pub topic: String,
+    /// Its message's `event_type` header (empty if there was none).
     pub event_type: String,
+    /// Its message's key, as text; `None` if it had none.
     pub partition_key: Option<String>,
+    /// Handling attempts that failed.
     pub attempts: i32,
+    /// The error of its last failed attempt.
     pub last_error: Option<String>,
+    /// When the consumer stored it in the inbox.
     pub received_at: DateTime<Utc>,
+    /// When it was declared dead.
     pub dead_at: DateTime<Utc>,
+    /// The event's payload.
     pub payload: serde_json::Value,
 }
 

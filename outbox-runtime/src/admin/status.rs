@@ -26,6 +26,7 @@ pub struct Status {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct TopicStatus {
+    /// The Kafka topic these figures are about.
     pub topic: String,
     /// Rows waiting to be published (not parked).
     pub unpublished: i64,
@@ -54,6 +55,7 @@ impl TopicStatus {
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[non_exhaustive]
 pub struct InboxTopicStatus {
+    /// The topic these figures are about: the one the rows' messages were first read from.
     pub topic: String,
     /// Rows received and not processed yet (not dead).
     pub unprocessed: i64,

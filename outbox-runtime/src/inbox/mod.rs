@@ -98,17 +98,19 @@
 #[cfg(feature = "kafka")]
 mod consumer;
 #[cfg(feature = "kafka")]
-mod dedup;
+pub(crate) mod dedup;
 #[cfg(feature = "kafka")]
 mod forward;
-mod handler;
+pub(crate) mod handler;
 #[cfg(feature = "kafka")]
-mod message;
+pub(crate) mod message;
 #[cfg(feature = "kafka")]
 mod store;
 
 #[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub use consumer::{Consumer, ConsumerBuilder, Mode, RetryPolicy};
 pub use handler::{BoxFuture, Handler, HandlerError};
 #[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub use store::{inbox_status, InboxStatus};

@@ -62,6 +62,7 @@ use crate::error::Result;
 #[cfg(feature = "kafka")]
 pub(crate) use builder::create_producer;
 #[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub use builder::{drain_without_kafka, explain_claim, Relay, RelayBuilder};
 
 /// Backlog figures: see [`status`].

@@ -1,0 +1,346 @@
+//! A test kit for applications (feature `testing`): inside the application's own
+//! `#[tokio::test]` or `#[sqlx::test]`, against its test database, without a Kafka broker.
+//!
+//! - [`emitted`] reads back the events of one type a command emitted (committed, or still in
+//!   the test's transaction), [`emitted_records`] every row with its metadata.
+//! - [`deliver`] hands an event to a handler the way a dedup-mode consumer does: through its
+//!   JSON payload, in a transaction with the `processed_event` record, panics caught, an
+//!   aborted transaction detected; delivered twice, it runs once.
+//! - [`MockKafka`] is librdkafka's mock cluster, in the test's process: a real relay publishes
+//!   to it ([`MockKafka::relay_pending`]) and [`MockKafka::records`] reads what it published.
+//!
+//! ```no_run
+//! use outbox_runtime::inbox::HandlerError;
+//! use outbox_runtime::testing::{self, Delivery, MockKafka};
+//! use outbox_runtime::{OutboxEvent, Uow};
+//!
+//! #[derive(serde::Serialize, serde::Deserialize, OutboxEvent, Debug, PartialEq)]
+//! #[outbox(topic = "order.events", aggregate_type = "Order")]
+//! struct OrderPlaced {
+//!     #[outbox(aggregate_id)]
+//!     order_id: uuid::Uuid,
+//!     amount: i64,
+//! }
+//!
+//! #[outbox_runtime::inbox_handler]
+//! async fn reserve_stock(
+//!     event: OrderPlaced,
+//!     tx: &mut sqlx::PgConnection,
+//! ) -> Result<(), HandlerError> {
+//!     sqlx::query("INSERT INTO reservations (order_id) VALUES ($1)")
+//!         .bind(event.order_id)
+//!         .execute(tx)
+//!         .await?;
+//!     Ok(())
+//! }
+//!
+//! # async fn test(pool: sqlx::PgPool) -> outbox_runtime::Result<()> {
+//! let event = OrderPlaced { order_id: uuid::Uuid::now_v7(), amount: 250 };
+//! let mut uow = Uow::begin(&pool).await?;
+//! uow.emit(&event).await?;
+//! uow.commit().await?;
+//! assert_eq!(testing::emitted::<OrderPlaced>(&pool).await?, vec![event]);
+//!
+//! let record = &testing::emitted_records(&pool).await?[0];
+//! let placed: OrderPlaced = serde_json::from_value(record.payload.clone()).unwrap();
+//! let id = record.event_id;
+//! assert_eq!(testing::deliver(&pool, "stock", reserve_stock, id, &placed).await?, Delivery::Handled);
+//! assert_eq!(testing::deliver(&pool, "stock", reserve_stock, id, &placed).await?, Delivery::Duplicate);
+//!
+//! let kafka = MockKafka::start()?;
+//! kafka.create_topic("order.events", 3)?;
+//! assert_eq!(kafka.relay_pending(&pool).await?, 1);
+//! assert_eq!(kafka.records("order.events").await?.len(), 1);
+//! # Ok(()) }
+//! ```
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use rdkafka::consumer::{BaseConsumer, Consumer};
+use rdkafka::error::KafkaError;
+use rdkafka::mocking::MockCluster;
+use rdkafka::producer::DefaultProducerContext;
+use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
+use serde::de::DeserializeOwned;
+use sqlx::{PgExecutor, PgPool, Row};
+use uuid::Uuid;
+
+use crate::error::{Error, Result};
+use crate::event::OutboxEvent;
+use crate::inbox::dedup;
+use crate::inbox::handler::{Handler, Routes};
+use crate::inbox::message::Incoming;
+use crate::relay::Relay;
+
+/// The events of type `E` in the outbox, the oldest first: committed ones, or, given the test's
+/// own transaction (`&mut *tx`), the ones it emitted so far (after
+/// [`Uow::flush`](crate::Uow::flush): a unit of work writes its events at commit).
+pub async fn emitted<'e, E>(db: impl PgExecutor<'e>) -> Result<Vec<E>>
+where
+    E: OutboxEvent + DeserializeOwned,
+{
+    let payloads: Vec<serde_json::Value> = sqlx::query_scalar(
+        "SELECT payload FROM outbox_event WHERE topic = $1 AND event_type = $2 ORDER BY id",
+    )
+    .bind(E::TOPIC)
+    .bind(E::EVENT_TYPE)
+    .fetch_all(db)
+    .await?;
+    payloads
+        .into_iter()
+        .map(|p| {
+            serde_json::from_value(p).map_err(|e| Error::Database(sqlx::Error::Decode(e.into())))
+        })
+        .collect()
+}
+
+/// One outbox row, as [`emitted_records`] reads it.
+#[derive(Debug, Clone, PartialEq)]
+#[non_exhaustive]
+pub struct EmittedRecord {
+    /// The event's id: the `event_id` header its consumers deduplicate by.
+    pub event_id: Uuid,
+    /// The topic the relay publishes it to.
+    pub topic: String,
+    /// The Kafka record key.
+    pub partition_key: String,
+    /// The aggregate's type.
+    pub aggregate_type: String,
+    /// The aggregate's id.
+    pub aggregate_id: String,
+    /// The event's type: the `event_type` header.
+    pub event_type: String,
+    /// The payload.
+    pub payload: serde_json::Value,
+    /// Whether a relay has published it.
+    pub published: bool,
+}
+
+/// Every row of the outbox, the oldest first (see [`emitted`] for which rows a connection sees).
+pub async fn emitted_records<'e>(db: impl PgExecutor<'e>) -> Result<Vec<EmittedRecord>> {
+    let rows = sqlx::query(
+        "SELECT event_id, topic, partition_key, aggregate_type, aggregate_id, event_type, \
+             payload, published_at IS NOT NULL AS published \
+         FROM outbox_event ORDER BY id",
+    )
+    .fetch_all(db)
+    .await?;
+    rows.iter()
+        .map(|row| {
+            Ok(EmittedRecord {
+                event_id: row.try_get("event_id")?,
+                topic: row.try_get("topic")?,
+                partition_key: row.try_get("partition_key")?,
+                aggregate_type: row.try_get("aggregate_type")?,
+                aggregate_id: row.try_get("aggregate_id")?,
+                event_type: row.try_get("event_type")?,
+                payload: row.try_get("payload")?,
+                published: row.try_get("published")?,
+            })
+        })
+        .collect()
+}
+
+/// What became of an event given to [`deliver`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum Delivery {
+    /// The handler ran and its transaction committed, with the event's deduplication record.
+    Handled,
+    /// The event's deduplication record was there: the handler did not run.
+    Duplicate,
+    /// The handler failed (or panicked, or left its transaction aborted): nothing of it was
+    /// committed. A consumer would retry it (`retryable`, up to its `max_attempts`) or
+    /// dead-letter it at once; `reason` is what its dead letter would say.
+    Failed {
+        /// Whether a consumer would try it again.
+        retryable: bool,
+        /// The failure, as the consumer records it.
+        reason: String,
+    },
+}
+
+/// Hands `event`, with id `event_id`, to `handler` as a dedup-mode consumer of group `group`
+/// does (the same code): its payload serialized and deserialized, the handler run in a
+/// transaction that also records `(event_id, "<group>/<handler>")` in `processed_event`,
+/// panics caught, an aborted transaction detected. Handing it over again with the same id is a
+/// [`Delivery::Duplicate`].
+///
+/// Its error is the database's (the schema is not migrated, the connection failed); a
+/// handler's failure is a [`Delivery::Failed`].
+pub async fn deliver<H: Handler>(
+    pool: &PgPool,
+    group: &str,
+    handler: H,
+    event_id: Uuid,
+    event: &H::Event,
+) -> Result<Delivery> {
+    let payload = event.payload_json().map_err(|source| Error::Payload {
+        event_type: <H::Event as OutboxEvent>::EVENT_TYPE.into(),
+        source,
+    })?;
+    let mut routes = Routes::default();
+    routes.add(handler).map_err(Error::Config)?;
+    routes.bind_group(group).map_err(Error::Config)?;
+    let message = Incoming {
+        event_id,
+        event_type: <H::Event as OutboxEvent>::EVENT_TYPE.to_owned(),
+        payload: payload.as_bytes(),
+        topic: <H::Event as OutboxEvent>::TOPIC,
+    };
+    let outcome = dedup::handle(pool, &routes, &[Ok(message)], false).await?;
+    Ok(match outcome.failed.into_iter().next() {
+        Some((_, failure)) => Delivery::Failed {
+            retryable: !failure.is_permanent(),
+            reason: failure.message().to_owned(),
+        },
+        None if outcome.duplicates > 0 => Delivery::Duplicate,
+        None => Delivery::Handled,
+    })
+}
+
+/// A record [`MockKafka::records`] read.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct Record {
+    /// Its partition.
+    pub partition: i32,
+    /// Its offset in the partition.
+    pub offset: i64,
+    /// Its key.
+    pub key: Option<Vec<u8>>,
+    /// Its value.
+    pub payload: Option<Vec<u8>>,
+    /// Its headers, by name (the relay's: `event_id`, `event_type`, `aggregate_type`, ...).
+    pub headers: HashMap<String, String>,
+}
+
+/// librdkafka's mock cluster, in the test's process and memory: a Kafka that real clients
+/// (the relay, consumers, the test's own) talk to over the Kafka protocol on a local port.
+/// Dropped, it is gone.
+pub struct MockKafka {
+    cluster: MockCluster<'static, DefaultProducerContext>,
+    bootstrap: String,
+}
+
+impl std::fmt::Debug for MockKafka {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MockKafka")
+            .field("bootstrap", &self.bootstrap)
+            .finish_non_exhaustive()
+    }
+}
+
+impl MockKafka {
+    /// Starts a mock cluster of one broker.
+    pub fn start() -> Result<Self> {
+        let cluster = MockCluster::new(1)?;
+        let bootstrap = cluster.bootstrap_servers();
+        Ok(MockKafka { cluster, bootstrap })
+    }
+
+    /// Its bootstrap servers, for `brokers(...)` of a relay or consumer.
+    pub fn bootstrap_servers(&self) -> &str {
+        &self.bootstrap
+    }
+
+    /// Creates `topic` with `partitions` partitions.
+    pub fn create_topic(&self, topic: &str, partitions: i32) -> Result<()> {
+        Ok(self.cluster.create_topic(topic, partitions, 1)?)
+    }
+
+    /// Publishes every unpublished outbox row of `pool` with a relay (the real one: the same
+    /// producer settings, batches and per-key order), and returns how many it published.
+    pub async fn relay_pending(&self, pool: &PgPool) -> Result<u64> {
+        Relay::builder(pool.clone())
+            .brokers(self.bootstrap.clone())
+            .build()?
+            .publish_pending()
+            .await
+    }
+
+    /// Every record of `topic`, in order per partition (partitions in order).
+    pub async fn records(&self, topic: &str) -> Result<Vec<Record>> {
+        let config = {
+            let mut config = ClientConfig::new();
+            config
+                .set("bootstrap.servers", &self.bootstrap)
+                .set("group.id", "outbox-testing")
+                .set("enable.auto.commit", "false")
+                .set("enable.partition.eof", "true");
+            config
+        };
+        let topic = topic.to_owned();
+        tokio::task::spawn_blocking(move || read_all(&config, &topic))
+            .await
+            .map_err(|source| Error::Task {
+                task: "the mock cluster's reader",
+                source,
+            })?
+    }
+
+    /// The cluster itself, to inject errors or latency (`rdkafka::mocking`).
+    pub fn cluster(&self) -> &MockCluster<'static, DefaultProducerContext> {
+        &self.cluster
+    }
+}
+
+/// Reads `topic` from the beginning to its end, blocking.
+fn read_all(config: &ClientConfig, topic: &str) -> Result<Vec<Record>> {
+    let consumer: BaseConsumer = config.create()?;
+    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
+    let partitions: Vec<i32> = metadata
+        .topics()
+        .iter()
+        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
+        .collect();
+    let mut assignment = TopicPartitionList::new();
+    for &p in &partitions {
+        assignment.add_partition_offset(topic, p, Offset::Beginning)?;
+    }
+    consumer.assign(&assignment)?;
+    let mut records = Vec::new();
+    let mut at_end = std::collections::HashSet::new();
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while at_end.len() < partitions.len() && std::time::Instant::now() < deadline {
+        match consumer.poll(Duration::from_millis(100)) {
+            Some(Ok(m)) => records.push(Record {
+                partition: m.partition(),
+                offset: m.offset(),
+                key: m.key().map(<[u8]>::to_vec),
+                payload: m.payload().map(<[u8]>::to_vec),
+                headers: headers(&m),
+            }),
+            Some(Err(KafkaError::PartitionEOF(p))) => {
+                at_end.insert(p);
+            }
+            Some(Err(e)) => return Err(e.into()),
+            None => {}
+        }
+    }
+    if at_end.len() < partitions.len() {
+        return Err(Error::Kafka(KafkaError::MessageConsumption(
+            rdkafka::types::RDKafkaErrorCode::OperationTimedOut,
+        )));
+    }
+    records.sort_by_key(|r| (r.partition, r.offset));
+    Ok(records)
+}
+
+fn headers(message: &impl Message) -> HashMap<String, String> {
+    use rdkafka::message::Headers;
+    message
+        .headers()
+        .map(|h| {
+            h.iter()
+                .filter_map(|h| {
+                    Some((
+                        h.key.to_owned(),
+                        String::from_utf8_lossy(h.value?).into_owned(),
+                    ))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
+}

@@ -1,0 +1,177 @@
+//! The test kit (`outbox-runtime`'s feature `testing`), used as an application would in its own
+//! tests: what a command emitted, a handler run as a consumer runs it, a relay publishing to an
+//! in-process mock cluster. The README's "Testing your application" shows this file.
+
+use outbox_runtime::inbox::HandlerError;
+use outbox_runtime::testing::{self, Delivery, MockKafka};
+use outbox_runtime::{OutboxEvent, Uow};
+use outbox_tests::TestDb;
+use serde::{Deserialize, Serialize};
+use uuid::Uuid;
+
+#[derive(Debug, PartialEq, Serialize, Deserialize, OutboxEvent)]
+#[outbox(topic = "order.events", aggregate_type = "Order")]
+struct OrderPlaced {
+    #[outbox(aggregate_id)]
+    order_id: Uuid,
+    amount: i64,
+}
+
+/// The application's command: an order row and its event, in one transaction.
+async fn place_order(pool: &sqlx::PgPool, amount: i64) -> outbox_runtime::Result<Uuid> {
+    let order_id = Uuid::now_v7();
+    let mut uow = Uow::begin(pool).await?;
+    sqlx::query("INSERT INTO orders (id, amount) VALUES ($1, $2)")
+        .bind(order_id)
+        .bind(amount)
+        .execute(uow.tx())
+        .await?;
+    uow.emit(&OrderPlaced { order_id, amount }).await?;
+    uow.commit().await?;
+    Ok(order_id)
+}
+
+/// The application's handler: a reservation per order; refuses orders of nothing.
+#[outbox_runtime::inbox_handler]
+async fn reserve_stock(
+    event: OrderPlaced,
+    tx: &mut sqlx::PgConnection,
+) -> Result<(), HandlerError> {
+    if event.amount <= 0 {
+        return Err(HandlerError::permanent(format!(
+            "order {} is of nothing",
+            event.order_id
+        )));
+    }
+    sqlx::query("INSERT INTO reservations (order_id) VALUES ($1)")
+        .bind(event.order_id)
+        .execute(tx)
+        .await?;
+    Ok(())
+}
+
+async fn schema(db: &TestDb) {
+    sqlx::raw_sql(
+        "CREATE TABLE orders (id uuid PRIMARY KEY, amount bigint NOT NULL CHECK (amount > 0)); \
+         CREATE TABLE reservations (order_id uuid PRIMARY KEY);",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+}
+
+#[tokio::test]
+async fn a_command_emits_its_event_with_its_row() {
+    let db = TestDb::new().await;
+    schema(&db).await;
+    let order_id = place_order(&db.pool, 250).await.unwrap();
+    assert_eq!(
+        testing::emitted::<OrderPlaced>(&db.pool).await.unwrap(),
+        vec![OrderPlaced {
+            order_id,
+            amount: 250
+        }]
+    );
+    let records = testing::emitted_records(&db.pool).await.unwrap();
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].partition_key, order_id.to_string());
+    assert_eq!(records[0].event_type, "OrderPlaced");
+    assert!(!records[0].published);
+
+    // A command that fails (its order is refused) emits nothing.
+    place_order(&db.pool, -5).await.unwrap_err();
+    assert_eq!(testing::emitted_records(&db.pool).await.unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn a_handler_runs_once_per_event_and_fails_as_a_consumer_would_see_it() {
+    let db = TestDb::new().await;
+    schema(&db).await;
+    let event = OrderPlaced {
+        order_id: Uuid::now_v7(),
+        amount: 3,
+    };
+    let id = Uuid::now_v7();
+    let deliver = || testing::deliver(&db.pool, "stock", reserve_stock, id, &event);
+    assert_eq!(deliver().await.unwrap(), Delivery::Handled);
+    assert_eq!(deliver().await.unwrap(), Delivery::Duplicate);
+    let reservations: i64 = sqlx::query_scalar("SELECT count(*) FROM reservations")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(reservations, 1);
+    let recorded: String =
+        sqlx::query_scalar("SELECT handler FROM processed_event WHERE event_id = $1")
+            .bind(id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(recorded, "stock/reserve_stock");
+
+    // A permanent failure: dead-lettered, with the handler's words.
+    let nothing = OrderPlaced {
+        order_id: Uuid::now_v7(),
+        amount: 0,
+    };
+    match testing::deliver(&db.pool, "stock", reserve_stock, Uuid::now_v7(), &nothing)
+        .await
+        .unwrap()
+    {
+        Delivery::Failed { retryable, reason } => {
+            assert!(!retryable);
+            assert!(reason.contains("is of nothing"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // The same order again under another event id: the reservation's primary key refuses it,
+    // an integrity violation, permanent; nothing of that attempt is committed.
+    match testing::deliver(&db.pool, "stock", reserve_stock, Uuid::now_v7(), &event)
+        .await
+        .unwrap()
+    {
+        Delivery::Failed { retryable, reason } => {
+            assert!(!retryable);
+            assert!(reason.contains("reservations_pkey"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let recorded: i64 = sqlx::query_scalar("SELECT count(*) FROM processed_event")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(recorded, 1, "failed deliveries record nothing");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_relay_publishes_to_an_in_process_mock_cluster() {
+    let db = TestDb::new().await;
+    schema(&db).await;
+    let kafka = MockKafka::start().unwrap();
+    kafka.create_topic(OrderPlaced::TOPIC, 3).unwrap();
+    let mut orders = Vec::new();
+    for amount in 1..=5 {
+        orders.push(place_order(&db.pool, amount).await.unwrap());
+    }
+    assert_eq!(kafka.relay_pending(&db.pool).await.unwrap(), 5);
+    assert_eq!(kafka.relay_pending(&db.pool).await.unwrap(), 0);
+    let records = kafka.records(OrderPlaced::TOPIC).await.unwrap();
+    assert_eq!(records.len(), 5);
+    let mut keys: Vec<String> = records
+        .iter()
+        .map(|r| String::from_utf8(r.key.clone().unwrap()).unwrap())
+        .collect();
+    keys.sort();
+    let mut expected: Vec<String> = orders.iter().map(Uuid::to_string).collect();
+    expected.sort();
+    assert_eq!(keys, expected);
+    for r in &records {
+        assert_eq!(r.headers["event_type"], "OrderPlaced");
+        let event: OrderPlaced = serde_json::from_slice(r.payload.as_deref().unwrap()).unwrap();
+        assert_eq!(event.order_id.to_string(), r.headers["aggregate_id"]);
+    }
+    assert!(testing::emitted_records(&db.pool)
+        .await
+        .unwrap()
+        .iter()
+        .all(|r| r.published));
+}
