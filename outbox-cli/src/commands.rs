@@ -331,6 +331,7 @@ async fn relay(args: RelayArgs) -> Result {
         .max_attempts(max_attempts)
         .build()
         .map_err(chain)?;
+    let shutdown = Shutdown::listen();
     let cancel = CancellationToken::new();
     let handles: Vec<_> = (0..instances)
         .map(|_| relay.spawn(cancel.clone()))
@@ -345,7 +346,7 @@ async fn relay(args: RelayArgs) -> Result {
         "outbox relay: {instances} instance(s) publishing to {}; stop with Ctrl-C or SIGTERM",
         brokers.brokers
     );
-    shutdown_signal().await;
+    shutdown.received().await;
     tracing::info!("outbox relay stopping: finishing the batches in flight");
     cancel.cancel();
     let mut failed = None;
@@ -369,26 +370,42 @@ async fn relay(args: RelayArgs) -> Result {
 }
 
 /// Ctrl-C, or SIGTERM (what process managers send).
-pub async fn shutdown_signal() {
-    let ctrl_c = async {
+/// Ctrl-C or SIGTERM, listened for from [`listen`](Self::listen) on: create it before the
+/// process says it runs, so that a signal sent right after is a graceful stop, not the default
+/// action (the end of the process).
+pub struct Shutdown {
+    #[cfg(unix)]
+    signals: Option<(tokio::signal::unix::Signal, tokio::signal::unix::Signal)>,
+}
+
+impl Shutdown {
+    pub fn listen() -> Self {
+        #[cfg(unix)]
+        {
+            use tokio::signal::unix::{signal, SignalKind};
+            Shutdown {
+                signals: signal(SignalKind::interrupt())
+                    .ok()
+                    .zip(signal(SignalKind::terminate()).ok()),
+            }
+        }
+        #[cfg(not(unix))]
+        Shutdown {}
+    }
+
+    /// Waits for the signal.
+    pub async fn received(self) {
+        #[cfg(unix)]
+        if let Some((mut interrupt, mut terminate)) = self.signals {
+            tokio::select! {
+                _ = interrupt.recv() => {}
+                _ = terminate.recv() => {}
+            }
+            return;
+        }
         if tokio::signal::ctrl_c().await.is_err() {
             std::future::pending::<()>().await;
         }
-    };
-    #[cfg(unix)]
-    let term = async {
-        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
-            Ok(mut s) => {
-                s.recv().await;
-            }
-            Err(_) => std::future::pending::<()>().await,
-        }
-    };
-    #[cfg(not(unix))]
-    let term = std::future::pending::<()>();
-    tokio::select! {
-        () = ctrl_c => {}
-        () = term => {}
     }
 }
 

@@ -10,7 +10,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, Producer};
 use tokio::net::{TcpListener, TcpStream};
 
-use crate::commands::shutdown_signal;
+use crate::commands::Shutdown;
 
 pub async fn run(port: u16, partitions: i32, topics: &[String]) -> Result<(), String> {
     let listener = TcpListener::bind(("127.0.0.1", port)).await.map_err(|e| {
@@ -44,6 +44,7 @@ pub async fn run(port: u16, partitions: i32, topics: &[String]) -> Result<(), St
             .create_topic(topic, partitions, 1)
             .map_err(|e| format!("cannot create topic `{topic}`: {e}"))?;
     }
+    let shutdown = Shutdown::listen();
     out!("dev broker (librdkafka mock cluster, in memory) listening on 127.0.0.1:{port}");
     out!("  export KAFKA_BROKERS=127.0.0.1:{port}");
     if !topics.is_empty() {
@@ -79,7 +80,7 @@ pub async fn run(port: u16, partitions: i32, topics: &[String]) -> Result<(), St
     };
     tokio::select! {
         () = accept => {}
-        () = shutdown_signal() => {}
+        () = shutdown.received() => {}
     }
     drop(cluster);
     owner.flush(std::time::Duration::from_millis(100)).ok();
