@@ -256,9 +256,9 @@ impl ApiError {
         }
     }
 
-    /// The details go to the log, not to the client.
-    fn internal(error: impl fmt::Display) -> Self {
-        eprintln!("internal error: {error}");
+    /// The details (the error and its causes) go to the log, not to the client.
+    fn internal(error: impl Error + 'static) -> Self {
+        eprintln!("internal error: {}", outbox_runtime::error_chain(&error));
         ApiError::new(
             StatusCode::INTERNAL_SERVER_ERROR,
             "internal error; see the server's log",
@@ -485,7 +485,10 @@ impl Worker {
         let task = tokio::spawn(async move {
             let result = match task.await {
                 Ok(Ok(())) => Ok(()),
-                Ok(Err(e)) => Err(format!("{name} failed: {e}")),
+                Ok(Err(e)) => Err(format!(
+                    "{name} failed: {}",
+                    outbox_runtime::error_chain(&e)
+                )),
                 Err(e) => Err(format!("{name} panicked: {e}")),
             };
             if let Err(e) = &result {

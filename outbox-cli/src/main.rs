@@ -271,10 +271,11 @@ enum DeadAction {
 /// Installs the log subscriber: RUST_LOG's filter (`default` when it is not set), lines on
 /// stderr in `format`.
 fn init_logging(default: LevelFilter, format: LogFormat) -> Result<(), String> {
-    let filter = match std::env::var_os(EnvFilter::DEFAULT_ENV) {
-        None => EnvFilter::default().add_directive(default.into()),
-        Some(_) => EnvFilter::try_from_default_env()
+    // Unset or empty (a blank variable in a container): the default.
+    let filter = match std::env::var(EnvFilter::DEFAULT_ENV) {
+        Ok(directives) if !directives.trim().is_empty() => EnvFilter::try_new(&directives)
             .map_err(|e| format!("invalid RUST_LOG: {}", outbox_runtime::error_chain(&e)))?,
+        _ => EnvFilter::default().add_directive(default.into()),
     };
     let logs = tracing_subscriber::fmt()
         .with_env_filter(filter)

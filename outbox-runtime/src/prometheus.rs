@@ -9,7 +9,9 @@ use crate::error::{Error, Result};
 /// the current tokio runtime; `outbox relay --metrics-addr` uses it.
 ///
 /// It installs the process's global `metrics` recorder: call it once, early in `main`, inside
-/// the runtime. Fails if `addr` cannot be bound or a recorder is installed already.
+/// the runtime, before anything else installs one. Fails if `addr` cannot be bound; fails too
+/// if a recorder was installed already, but the endpoint has started by then (serving nothing
+/// this crate records).
 ///
 /// ```no_run
 /// # async fn app() -> outbox_runtime::Result<()> {

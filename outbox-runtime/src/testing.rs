@@ -61,6 +61,7 @@ use rdkafka::consumer::{BaseConsumer, Consumer};
 use rdkafka::error::KafkaError;
 use rdkafka::mocking::MockCluster;
 use rdkafka::producer::DefaultProducerContext;
+use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use serde::de::DeserializeOwned;
 use sqlx::{PgExecutor, PgPool, Row};
@@ -218,7 +219,8 @@ pub struct Record {
 
 /// librdkafka's mock cluster, in the test's process and memory: a Kafka that real clients
 /// (the relay, consumers, the test's own) talk to over the Kafka protocol on a local port.
-/// Dropped, it is gone.
+/// Dropped, it is gone. It stays on the task that created it (librdkafka's handle is neither
+/// `Send` nor `Sync`): give other tasks its [`bootstrap_servers`](Self::bootstrap_servers).
 pub struct MockKafka {
     cluster: MockCluster<'static, DefaultProducerContext>,
     bootstrap: String,
@@ -250,8 +252,10 @@ impl MockKafka {
         Ok(self.cluster.create_topic(topic, partitions, 1)?)
     }
 
-    /// Publishes every unpublished outbox row of `pool` with a relay (the real one: the same
-    /// producer settings, batches and per-key order), and returns how many it published.
+    /// Publishes the unpublished outbox rows of `pool` with a relay (the real one: the same
+    /// producer settings, batches and per-key order), and returns how many it published. It is
+    /// one relay instance: with no other relay running on the database it owns every shard and
+    /// publishes every row; beside a running relay it takes its share only.
     pub async fn relay_pending(&self, pool: &PgPool) -> Result<u64> {
         Relay::builder(pool.clone())
             .brokers(self.bootstrap.clone())
@@ -286,15 +290,21 @@ impl MockKafka {
     }
 }
 
-/// Reads `topic` from the beginning to its end, blocking.
+/// Reads `topic` from the beginning to its end, blocking: an unknown topic is an error, and a
+/// partition that does not reach its end within 30 s fails the read (with the last error).
 fn read_all(config: &ClientConfig, topic: &str) -> Result<Vec<Record>> {
     let consumer: BaseConsumer = config.create()?;
     let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
-    let partitions: Vec<i32> = metadata
-        .topics()
-        .iter()
-        .flat_map(|t| t.partitions().iter().map(|p| p.id()))
-        .collect();
+    let mut partitions = Vec::new();
+    for t in metadata.topics() {
+        if let Some(code) = t.error() {
+            return Err(KafkaError::MetadataFetch(code.into()).into());
+        }
+        partitions.extend(t.partitions().iter().map(|p| p.id()));
+    }
+    if partitions.is_empty() {
+        return Err(KafkaError::MetadataFetch(RDKafkaErrorCode::UnknownTopicOrPartition).into());
+    }
     let mut assignment = TopicPartitionList::new();
     for &p in &partitions {
         assignment.add_partition_offset(topic, p, Offset::Beginning)?;
@@ -302,8 +312,16 @@ fn read_all(config: &ClientConfig, topic: &str) -> Result<Vec<Record>> {
     consumer.assign(&assignment)?;
     let mut records = Vec::new();
     let mut at_end = std::collections::HashSet::new();
+    let mut last_error = None;
     let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while at_end.len() < partitions.len() && std::time::Instant::now() < deadline {
+    while at_end.len() < partitions.len() {
+        if std::time::Instant::now() >= deadline {
+            return Err(last_error
+                .unwrap_or(KafkaError::MessageConsumption(
+                    RDKafkaErrorCode::OperationTimedOut,
+                ))
+                .into());
+        }
         match consumer.poll(Duration::from_millis(100)) {
             Some(Ok(m)) => records.push(Record {
                 partition: m.partition(),
@@ -315,14 +333,10 @@ fn read_all(config: &ClientConfig, topic: &str) -> Result<Vec<Record>> {
             Some(Err(KafkaError::PartitionEOF(p))) => {
                 at_end.insert(p);
             }
-            Some(Err(e)) => return Err(e.into()),
+            // Passing (a broker connection being set up): tried again until the deadline.
+            Some(Err(e)) => last_error = Some(e),
             None => {}
         }
-    }
-    if at_end.len() < partitions.len() {
-        return Err(Error::Kafka(KafkaError::MessageConsumption(
-            rdkafka::types::RDKafkaErrorCode::OperationTimedOut,
-        )));
     }
     records.sort_by_key(|r| (r.partition, r.offset));
     Ok(records)

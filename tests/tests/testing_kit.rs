@@ -78,8 +78,22 @@ async fn a_command_emits_its_event_with_its_row() {
     assert_eq!(records[0].event_type, "OrderPlaced");
     assert!(!records[0].published);
 
-    // A command that fails (its order is refused) emits nothing.
-    place_order(&db.pool, -5).await.unwrap_err();
+    // A command that fails after its emit (its second order row is refused) emits nothing.
+    let failing = async {
+        let mut uow = Uow::begin(&db.pool).await?;
+        uow.emit(&OrderPlaced {
+            order_id,
+            amount: 7,
+        })
+        .await?;
+        uow.flush().await?; // the event row is written, in the transaction
+        sqlx::query("INSERT INTO orders (id, amount) VALUES ($1, 7)")
+            .bind(order_id)
+            .execute(uow.tx())
+            .await?; // a duplicate order: the command fails here, the unit of work drops
+        uow.commit().await
+    };
+    failing.await.unwrap_err();
     assert_eq!(testing::emitted_records(&db.pool).await.unwrap().len(), 1);
 }
 
@@ -169,6 +183,8 @@ async fn the_relay_publishes_to_an_in_process_mock_cluster() {
         let event: OrderPlaced = serde_json::from_slice(r.payload.as_deref().unwrap()).unwrap();
         assert_eq!(event.order_id.to_string(), r.headers["aggregate_id"]);
     }
+    // A topic nobody created is an error, not an empty list.
+    assert!(kafka.records("no.such.topic").await.is_err());
     assert!(testing::emitted_records(&db.pool)
         .await
         .unwrap()

@@ -20,9 +20,9 @@ type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 /// How a handler failed: a retryable failure is tried again (with backoff, up to the
 /// consumer's `max_attempts`), a permanent one goes to the dead letters at once.
 ///
-/// `?` converts database errors: integrity violations (SQLSTATE class 23) are permanent,
-/// everything else (lost connections, serialization failures, deadlocks, timeouts, ...)
-/// retryable. It converts this crate's [`Error`](crate::Error) the same way: what
+/// `?` converts database errors: integrity violations and data exceptions (SQLSTATE classes
+/// 23 and 22) are permanent, everything else (lost connections, serialization failures,
+/// deadlocks, timeouts, ...) retryable. It converts this crate's [`Error`](crate::Error) the same way: what
 /// [`is_transient`](crate::Error::is_transient) (a timeout or deadlock during an emit, a lost
 /// connection) and other database errors are retryable; an event that cannot be emitted
 /// (invalid, not serializable, a duplicate event id) is permanent.
@@ -73,14 +73,19 @@ impl std::error::Error for HandlerError {
     }
 }
 
-/// Database errors that will fail again: integrity violations (SQLSTATE class 23).
-fn is_integrity_violation(error: &sqlx::Error) -> bool {
-    matches!(error, sqlx::Error::Database(e) if e.code().is_some_and(|c| c.starts_with("23")))
+/// Database errors that will fail again: integrity violations (SQLSTATE class 23) and data
+/// exceptions (class 22: a value out of range, text jsonb refuses, ...).
+fn fails_again(error: &sqlx::Error) -> bool {
+    matches!(
+        error,
+        sqlx::Error::Database(e)
+            if e.code().is_some_and(|c| c.starts_with("23") || c.starts_with("22"))
+    )
 }
 
 impl From<sqlx::Error> for HandlerError {
     fn from(error: sqlx::Error) -> Self {
-        if is_integrity_violation(&error) {
+        if fails_again(&error) {
             HandlerError::Permanent(error.into())
         } else {
             HandlerError::Retryable(error.into())
@@ -95,7 +100,7 @@ impl From<crate::Error> for HandlerError {
             || match &error {
                 Error::Emit { source, .. }
                 | Error::Commit { source, .. }
-                | Error::Database(source) => !is_integrity_violation(source),
+                | Error::Database(source) => !fails_again(source),
                 _ => false,
             };
         if retryable {

@@ -8,7 +8,7 @@ async fn main() {
         .expect("usage: outbox-test-migrate DATABASE_URL");
     let pool = sqlx::PgPool::connect(&url).await.expect("connect");
     if let Err(e) = outbox_runtime::migrate(&pool).await {
-        eprintln!("error: {e}");
+        eprintln!("error: {}", outbox_runtime::error_chain(&e));
         std::process::exit(1);
     }
 }
