@@ -111,6 +111,19 @@ pub struct OutboxRecord {
     pub(crate) event_type: Cow<'static, str>,
     pub(crate) partition_key: String,
     pub(crate) payload: String,
+    /// The application's headers, by name (sorted, unique); empty for most events.
+    pub(crate) headers: Vec<(String, String)>,
+}
+
+/// Header names the framework sends or reads itself: `event_id`, `event_type`,
+/// `aggregate_type`, `aggregate_id`, `content-type`, and every name starting with `outbox_` or
+/// `dlq_` (its own and the consumers' retry and dead-letter headers).
+pub fn is_reserved_header(name: &str) -> bool {
+    matches!(
+        name,
+        "event_id" | "event_type" | "aggregate_type" | "aggregate_id" | "content-type"
+    ) || name.starts_with("outbox_")
+        || name.starts_with("dlq_")
 }
 
 fn check_id(event_type: &'static str, what: &'static str, value: &str) -> Result<()> {
@@ -153,7 +166,51 @@ impl OutboxRecord {
             event_type: Cow::Borrowed(event_type),
             partition_key,
             payload,
+            headers: Vec::new(),
         })
+    }
+
+    /// The record with the application's headers (a tenant, a correlation id, ...), stored with
+    /// the row and sent as Kafka headers after the framework's own, in name order; a replay
+    /// sends them again. Replaces headers given before.
+    ///
+    /// Fails, naming the event type and the header, for a name that is empty, given twice, or
+    /// reserved ([`is_reserved_header`]), and for a NUL character, which PostgreSQL cannot store.
+    pub fn with_headers<I, K, V>(mut self, headers: I) -> Result<Self>
+    where
+        I: IntoIterator<Item = (K, V)>,
+        K: Into<String>,
+        V: Into<String>,
+    {
+        let mut list: Vec<(String, String)> = headers
+            .into_iter()
+            .map(|(k, v)| (k.into(), v.into()))
+            .collect();
+        list.sort_by(|a, b| a.0.cmp(&b.0));
+        let refuse = |reason: String| Error::InvalidEvent {
+            event_type: self.event_type.clone(),
+            reason: reason.into(),
+        };
+        for (i, (name, value)) in list.iter().enumerate() {
+            if name.is_empty() {
+                return Err(refuse("a header has an empty name".into()));
+            }
+            if is_reserved_header(name) {
+                return Err(refuse(format!(
+                    "header `{name}` is reserved: the framework sends or reads it itself"
+                )));
+            }
+            if i > 0 && list[i - 1].0 == *name {
+                return Err(refuse(format!("header `{name}` is given twice")));
+            }
+            if name.contains('\0') || value.contains('\0') {
+                return Err(refuse(format!(
+                    "header `{name}` contains a NUL character, which PostgreSQL cannot store"
+                )));
+            }
+        }
+        self.headers = list;
+        Ok(self)
     }
 
     /// The event's id: its own, or a UUIDv7 generated when the record was made.
@@ -183,6 +240,20 @@ impl OutboxRecord {
     /// The payload as JSON text.
     pub fn payload(&self) -> &str {
         &self.payload
+    }
+    /// The application's headers, by name.
+    pub fn headers(&self) -> &[(String, String)] {
+        &self.headers
+    }
+
+    /// The headers as a JSON object, for the `headers` column.
+    pub(crate) fn headers_json(&self) -> String {
+        let object: serde_json::Map<String, serde_json::Value> = self
+            .headers
+            .iter()
+            .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
+            .collect();
+        serde_json::Value::Object(object).to_string()
     }
 }
 

@@ -26,12 +26,12 @@ mod uow;
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub use error::PublishError;
 pub use error::{error_chain, Error, Result};
-pub use event::{IntoRecord, OutboxEvent, OutboxRecord};
+pub use event::{is_reserved_header, IntoRecord, OutboxEvent, OutboxRecord};
 pub use migrate::{migrate, migrate_on};
 #[cfg(feature = "prometheus")]
 #[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
 pub use prometheus::serve_prometheus;
-pub use uow::{emit, emit_all, EmitFuture, Uow};
+pub use uow::{emit, emit_all, emit_with, EmitFuture, Uow};
 
 /// `#[derive(OutboxEvent)]`: see the [`OutboxEvent`](trait@OutboxEvent) trait for its attributes.
 #[cfg(feature = "derive")]

@@ -45,6 +45,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(20261130000005, "inbox_processing"),
     migration!(20261130000006, "retention"),
     migration!(20261130000007, "relay_horizon"),
+    migration!(20261201000008, "headers"),
 ];
 
 /// Key of the transaction-scoped advisory lock that serializes concurrent `migrate` calls.

@@ -54,7 +54,6 @@
 //! # Ok(()) }
 //! ```
 
-use std::collections::HashMap;
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -213,8 +212,19 @@ pub struct Record {
     pub key: Option<Vec<u8>>,
     /// Its value.
     pub payload: Option<Vec<u8>>,
-    /// Its headers, by name (the relay's: `event_id`, `event_type`, `aggregate_type`, ...).
-    pub headers: HashMap<String, String>,
+    /// Its headers, in order (the relay's own first: `event_id`, `event_type`,
+    /// `aggregate_type`, `aggregate_id`, `content-type`, `outbox_id`; then the event's).
+    pub headers: Vec<(String, String)>,
+}
+
+impl Record {
+    /// The value of its first header named `name`.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
 }
 
 /// librdkafka's mock cluster, in the test's process and memory: a Kafka that real clients
@@ -342,7 +352,7 @@ fn read_all(config: &ClientConfig, topic: &str) -> Result<Vec<Record>> {
     Ok(records)
 }
 
-fn headers(message: &impl Message) -> HashMap<String, String> {
+fn headers(message: &impl Message) -> Vec<(String, String)> {
     use rdkafka::message::Headers;
     message
         .headers()

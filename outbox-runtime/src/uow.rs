@@ -20,6 +20,10 @@ use crate::event::{IntoRecord, OutboxEvent, OutboxRecord};
 /// order given, and wakes waiting relays.
 const EMIT_SQL: &str = "SELECT outbox_emit($1::uuid[], $2::text[], $3::text[], $4::text[], \
                         $5::text[], $6::text[], $7::text[])";
+/// The same with the rows' headers, when one of them has any (emits without headers keep the
+/// statement above, and its cost).
+const EMIT_WITH_HEADERS_SQL: &str = "SELECT outbox_emit($1::uuid[], $2::text[], $3::text[], \
+                                     $4::text[], $5::text[], $6::text[], $7::text[], $8::text[])";
 
 /// Buffered events are written early (one statement, one round trip) past this many...
 const FLUSH_AT_EVENTS: usize = 10_000;
@@ -149,6 +153,32 @@ impl<'c> Uow<'c> {
     /// it. See [When the rows are written](Self#when-the-rows-are-written).
     pub fn emit<E: OutboxEvent + ?Sized>(&mut self, event: &E) -> EmitFuture<'_, Uuid> {
         let record = OutboxRecord::from_event(event).map(|r| vec![r]);
+        Box::pin(async move { Ok(self.keep(record).await?[0]) })
+    }
+
+    /// [`emit`](Self::emit) with the application's headers (a tenant, a correlation id, ...):
+    /// stored with the row, sent as Kafka headers after the framework's own. See
+    /// [`OutboxRecord::with_headers`] for the names refused.
+    ///
+    /// ```no_run
+    /// # use outbox_runtime::{OutboxEvent, Uow};
+    /// # #[derive(serde::Serialize, OutboxEvent)]
+    /// # #[outbox(topic = "order.events", aggregate_type = "Order")]
+    /// # struct OrderCreated { #[outbox(aggregate_id)] order_id: uuid::Uuid }
+    /// # async fn f(uow: &mut Uow<'_>, event: OrderCreated) -> outbox_runtime::Result<()> {
+    /// uow.emit_with(&event, [("tenant", "acme"), ("correlation_id", "req-42")]).await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn emit_with<E, I, K, V>(&mut self, event: &E, headers: I) -> EmitFuture<'_, Uuid>
+    where
+        E: OutboxEvent + ?Sized,
+        I: IntoIterator<Item = (K, V)>,
+        K: Into<String>,
+        V: Into<String>,
+    {
+        let record = OutboxRecord::from_event(event)
+            .and_then(|r| r.with_headers(headers))
+            .map(|r| vec![r]);
         Box::pin(async move { Ok(self.keep(record).await?[0]) })
     }
 
@@ -379,6 +409,22 @@ pub fn emit<'c, E: OutboxEvent + ?Sized>(
     Box::pin(async move { Ok(insert(conn, &[record?]).await?[0]) })
 }
 
+/// [`emit`] with the application's headers; see [`Uow::emit_with`].
+pub fn emit_with<'c, E, I, K, V>(
+    conn: &'c mut PgConnection,
+    event: &E,
+    headers: I,
+) -> EmitFuture<'c, Uuid>
+where
+    E: OutboxEvent + ?Sized,
+    I: IntoIterator<Item = (K, V)>,
+    K: Into<String>,
+    V: Into<String>,
+{
+    let record = OutboxRecord::from_event(event).and_then(|r| r.with_headers(headers));
+    Box::pin(async move { Ok(insert(conn, &[record?]).await?[0]) })
+}
+
 /// Inserts many events with one statement on a connection the application manages; see [`emit`].
 pub fn emit_all<I>(conn: &mut PgConnection, events: I) -> EmitFuture<'_, Vec<Uuid>>
 where
@@ -435,20 +481,33 @@ async fn insert(conn: &mut PgConnection, records: &[OutboxRecord]) -> Result<Vec
         topics.push(r.topic());
         keys.push(r.partition_key());
     }
-    sqlx::query(EMIT_SQL)
-        .bind(&ids)
-        .bind(&aggregate_types)
-        .bind(&aggregate_ids)
-        .bind(&event_types_col)
-        .bind(&payloads)
-        .bind(&topics)
-        .bind(&keys)
-        .execute(conn)
-        .await
-        .map_err(|source| Error::Emit {
-            event_type: event_types(records),
-            source,
-        })?;
+    let with_headers = records.iter().any(|r| !r.headers.is_empty());
+    let headers: Vec<String> = if with_headers {
+        records.iter().map(OutboxRecord::headers_json).collect()
+    } else {
+        Vec::new()
+    };
+    let query = sqlx::query(if with_headers {
+        EMIT_WITH_HEADERS_SQL
+    } else {
+        EMIT_SQL
+    })
+    .bind(&ids)
+    .bind(&aggregate_types)
+    .bind(&aggregate_ids)
+    .bind(&event_types_col)
+    .bind(&payloads)
+    .bind(&topics)
+    .bind(&keys);
+    let query = if with_headers {
+        query.bind(&headers)
+    } else {
+        query
+    };
+    query.execute(conn).await.map_err(|source| Error::Emit {
+        event_type: event_types(records),
+        source,
+    })?;
     Ok(ids)
 }
 
@@ -487,6 +546,17 @@ fn literal_emit(records: &[OutboxRecord]) -> Result<String> {
                 sql.push_str(", ");
             }
             push_literal(&mut sql, column(r)).map_err(|()| nul_error(r))?;
+        }
+        sql.push_str("]::text[]");
+    }
+    // The headers, only when a row has some (else the 7-argument `outbox_emit`).
+    if records.iter().any(|r| !r.headers.is_empty()) {
+        sql.push_str(", ARRAY[");
+        for (i, r) in records.iter().enumerate() {
+            if i > 0 {
+                sql.push_str(", ");
+            }
+            push_literal(&mut sql, &r.headers_json()).map_err(|()| nul_error(r))?;
         }
         sql.push_str("]::text[]");
     }

@@ -722,8 +722,8 @@ impl Consumer {
             let mut stored = Vec::with_capacity(batch.len());
             let mut bad: Vec<Option<String>> = vec![None; batch.len()];
             for (i, msg) in batch.iter().enumerate() {
-                match message::check(msg) {
-                    Ok(incoming) => {
+                match message::check_with_headers(msg) {
+                    Ok((incoming, headers)) => {
                         stored.push(i);
                         rows.push(store::InboxRow {
                             event_id: incoming.event_id,
@@ -733,6 +733,7 @@ impl Consumer {
                                 .key()
                                 .map(|k| String::from_utf8_lossy(k).into_owned()),
                             payload: incoming.payload,
+                            headers,
                         });
                     }
                     Err(reason) => bad[i] = Some(reason),

@@ -40,13 +40,16 @@ struct Read<'m> {
     source_topic: Option<&'m [u8]>,
     attempts: Option<&'m [u8]>,
     due_ms: Option<&'m [u8]>,
+    /// The application's headers (none of the framework's), when asked for.
+    application: Vec<(&'m str, &'m [u8])>,
 }
 
 fn text(value: Option<&[u8]>) -> Option<&str> {
     value.and_then(|v| std::str::from_utf8(v).ok())
 }
 
-fn read<'m>(msg: &'m BorrowedMessage<'_>) -> Read<'m> {
+/// The headers the consumer reads, and with `application` the application's too, in one pass.
+fn read<'m>(msg: &'m BorrowedMessage<'_>, application: bool) -> Read<'m> {
     let mut read = Read::default();
     let Some(all) = msg.headers() else {
         return read;
@@ -59,7 +62,13 @@ fn read<'m>(msg: &'m BorrowedMessage<'_>) -> Read<'m> {
             headers::SOURCE_TOPIC => &mut read.source_topic,
             headers::ATTEMPTS => &mut read.attempts,
             headers::DUE_MS => &mut read.due_ms,
-            _ => continue,
+            name => {
+                if application && !crate::event::is_reserved_header(name) {
+                    read.application
+                        .push((name, header.value.unwrap_or_default()));
+                }
+                continue;
+            }
         };
         if slot.is_none() {
             *slot = header.value;
@@ -70,7 +79,7 @@ fn read<'m>(msg: &'m BorrowedMessage<'_>) -> Read<'m> {
 
 /// When a message from a retry topic may be tried again (`None`: now, or not a retry).
 pub(crate) fn due_ms(msg: &BorrowedMessage<'_>) -> Option<i64> {
-    text(read(msg).due_ms)?.parse().ok()
+    text(read(msg, false).due_ms)?.parse().ok()
 }
 
 /// Milliseconds since the Unix epoch.
@@ -90,7 +99,7 @@ pub(crate) struct Origin<'m> {
 }
 
 pub(crate) fn origin<'m>(msg: &'m BorrowedMessage<'_>) -> Origin<'m> {
-    origin_of(msg, &read(msg))
+    origin_of(msg, &read(msg, false))
 }
 
 fn origin_of<'m>(msg: &'m BorrowedMessage<'_>, read: &Read<'m>) -> Origin<'m> {
@@ -106,10 +115,35 @@ fn origin_of<'m>(msg: &'m BorrowedMessage<'_>, read: &Read<'m>) -> Origin<'m> {
 /// JSON; whether PostgreSQL's `jsonb` takes it (inbox mode) is its own business, found out when
 /// the message is stored.
 pub(crate) fn check<'m>(msg: &'m BorrowedMessage<'_>) -> Result<Incoming<'m>, String> {
+    checked(msg, &read(msg, false))
+}
+
+/// [`check`], and the application's headers as a JSON object (`None` when it has none), for
+/// an inbox row. Of a header given twice, the first counts.
+pub(crate) fn check_with_headers<'m>(
+    msg: &'m BorrowedMessage<'_>,
+) -> Result<(Incoming<'m>, Option<String>), String> {
+    let read = read(msg, true);
+    let incoming = checked(msg, &read)?;
+    if read.application.is_empty() {
+        return Ok((incoming, None));
+    }
+    let mut object = serde_json::Map::new();
+    for (name, value) in &read.application {
+        object
+            .entry(*name)
+            .or_insert_with(|| String::from_utf8_lossy(value).into_owned().into());
+    }
+    Ok((
+        incoming,
+        Some(serde_json::Value::Object(object).to_string()),
+    ))
+}
+
+fn checked<'m>(msg: &'m BorrowedMessage<'_>, read: &Read<'m>) -> Result<Incoming<'m>, String> {
     let payload = msg.payload().unwrap_or_default();
     serde_json::from_slice::<serde::de::IgnoredAny>(payload)
         .map_err(|e| format!("payload is not JSON: {e}"))?;
-    let read = read(msg);
     let event_id = read.event_id.ok_or("message has no event_id header")?;
     let event_id = std::str::from_utf8(event_id)
         .ok()
@@ -123,6 +157,6 @@ pub(crate) fn check<'m>(msg: &'m BorrowedMessage<'_>) -> Result<Incoming<'m>, St
         event_id,
         event_type,
         payload,
-        topic: origin_of(msg, &read).topic,
+        topic: origin_of(msg, read).topic,
     })
 }

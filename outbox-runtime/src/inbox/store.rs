@@ -19,6 +19,8 @@ pub(crate) struct InboxRow<'m> {
     pub event_type: String,
     pub partition_key: Option<String>,
     pub payload: &'m [u8],
+    /// The application's headers as a JSON object (`None`: none).
+    pub headers: Option<String>,
 }
 
 /// What [`receive`] did.
@@ -75,11 +77,13 @@ async fn insert(pool: &PgPool, rows: &[InboxRow<'_>]) -> std::result::Result<u64
         .iter()
         .map(|r| String::from_utf8_lossy(r.payload).into_owned())
         .collect();
+    let headers: Vec<Option<&str>> = rows.iter().map(|r| r.headers.as_deref()).collect();
     let result = sqlx::query(
-        "INSERT INTO inbox_event (event_id, topic, event_type, partition_key, payload) \
-         SELECT r.id, r.topic, r.event_type, r.partition_key, r.payload::jsonb \
-         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[]) \
-             WITH ORDINALITY AS r(id, topic, event_type, partition_key, payload, n) \
+        "INSERT INTO inbox_event (event_id, topic, event_type, partition_key, payload, headers) \
+         SELECT r.id, r.topic, r.event_type, r.partition_key, r.payload::jsonb, \
+             coalesce(r.headers::jsonb, '{}') \
+         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) \
+             WITH ORDINALITY AS r(id, topic, event_type, partition_key, payload, headers, n) \
          ORDER BY r.n \
          ON CONFLICT (event_id) DO NOTHING",
     )
@@ -88,6 +92,7 @@ async fn insert(pool: &PgPool, rows: &[InboxRow<'_>]) -> std::result::Result<u64
     .bind(&types)
     .bind(&keys)
     .bind(&payloads)
+    .bind(&headers)
     .execute(pool)
     .await?;
     Ok(result.rows_affected())

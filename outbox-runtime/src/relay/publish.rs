@@ -156,12 +156,38 @@ fn send(producer: &FutureProducer, row: &Claimed) -> Result<DeliveryFuture, Kafk
             key: "outbox_id",
             value: Some(outbox_id.as_bytes()),
         });
+    let headers = match &row.headers {
+        None => headers,
+        Some(json) => application_headers(headers, json),
+    };
     let record = FutureRecord::to(&row.topic)
         .key(row.partition_key.as_bytes())
         .payload(row.payload.as_bytes())
         .headers(headers)
         .timestamp(row.created_at_ms);
     producer.send_result(record).map_err(|(error, _)| error)
+}
+
+/// The row's own headers after the framework's, in name order: string values as they are,
+/// others (written into the column by hand) as JSON text.
+fn application_headers(mut headers: OwnedHeaders, json: &str) -> OwnedHeaders {
+    if let Ok(serde_json::Value::Object(object)) = serde_json::from_str::<serde_json::Value>(json) {
+        for (name, value) in &object {
+            let text;
+            let value = match value {
+                serde_json::Value::String(s) => s.as_str(),
+                other => {
+                    text = other.to_string();
+                    text.as_str()
+                }
+            };
+            headers = headers.insert(Header {
+                key: name,
+                value: Some(value.as_bytes()),
+            });
+        }
+    }
+    headers
 }
 
 /// How many records of one key may be in flight at once.

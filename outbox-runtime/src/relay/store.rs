@@ -198,6 +198,8 @@ pub(crate) struct Claimed {
     pub payload: String,
     pub attempts: i32,
     pub created_at_ms: i64,
+    /// The application's headers as a JSON object, `None` when it has none.
+    pub headers: Option<String>,
 }
 
 /// The columns a [`Claimed`] is read from (table alias `o`), in the order `from_row` reads
@@ -206,7 +208,8 @@ macro_rules! claimed_columns {
     () => {
         "o.id, o.event_id, o.topic, o.partition_key, o.aggregate_type, o.aggregate_id, \
          o.event_type, o.payload::text AS payload, o.attempts, \
-         (extract(epoch FROM o.created_at) * 1000)::int8 AS created_at_ms"
+         (extract(epoch FROM o.created_at) * 1000)::int8 AS created_at_ms, \
+         NULLIF(o.headers, '{}'::jsonb)::text AS headers"
     };
 }
 pub(crate) use claimed_columns;
@@ -225,6 +228,7 @@ impl Claimed {
             payload: r.try_get(first + 7)?,
             attempts: r.try_get(first + 8)?,
             created_at_ms: r.try_get(first + 9)?,
+            headers: r.try_get(first + 10)?,
         })
     }
 }
