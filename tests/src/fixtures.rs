@@ -11,6 +11,25 @@ use uuid::Uuid;
 
 pub const PAYMENTS: &str = "payment.events";
 
+/// A ledger posting with its own event id (so a test knows it before the emit), for the tests
+/// of errors and headers.
+#[derive(Debug, Serialize, Deserialize, OutboxEvent)]
+#[outbox(topic = "ledger.events", aggregate_type = "Ledger")]
+pub struct Posted {
+    #[outbox(aggregate_id)]
+    pub ledger: String,
+    #[outbox(event_id)]
+    pub id: Uuid,
+}
+
+/// A posting to `ledger` with a fresh event id.
+pub fn posted(ledger: &str) -> Posted {
+    Posted {
+        ledger: ledger.to_owned(),
+        id: Uuid::now_v7(),
+    }
+}
+
 #[derive(Debug, Clone, Serialize, Deserialize, OutboxEvent)]
 #[outbox(
     topic = "payment.events",

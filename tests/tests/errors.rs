@@ -5,26 +5,9 @@
 use std::error::Error as _;
 
 use outbox_runtime::inbox::HandlerError;
-use outbox_runtime::{Error, OutboxEvent, Uow};
+use outbox_runtime::{Error, Uow};
+use outbox_tests::fixtures::posted;
 use outbox_tests::TestDb;
-use serde::Serialize;
-use uuid::Uuid;
-
-#[derive(Serialize, OutboxEvent)]
-#[outbox(topic = "ledger.events", aggregate_type = "Ledger")]
-struct Posted {
-    #[outbox(aggregate_id)]
-    ledger: String,
-    #[outbox(event_id)]
-    id: Uuid,
-}
-
-fn posted(ledger: &str) -> Posted {
-    Posted {
-        ledger: ledger.to_owned(),
-        id: Uuid::now_v7(),
-    }
-}
 
 /// Holds the advisory lock `outbox_emit` takes for `key` in a transaction of its own, so that an
 /// emit of that key waits.

@@ -7,27 +7,11 @@ use outbox_runtime::admin::{Replay, ReplayFilter};
 use outbox_runtime::inbox::{Consumer, HandlerError, Mode};
 use outbox_runtime::testing::{MockKafka, Record};
 use outbox_runtime::{Error, OutboxEvent, Uow};
+use outbox_tests::fixtures::{posted, Posted};
 use outbox_tests::TestDb;
-use serde::{Deserialize, Serialize};
 use serde_json::json;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
-
-#[derive(Serialize, Deserialize, OutboxEvent)]
-#[outbox(topic = "ledger.events", aggregate_type = "Ledger")]
-struct Posted {
-    #[outbox(aggregate_id)]
-    ledger: String,
-    #[outbox(event_id)]
-    id: Uuid,
-}
-
-fn posted(ledger: &str) -> Posted {
-    Posted {
-        ledger: ledger.to_owned(),
-        id: Uuid::now_v7(),
-    }
-}
 
 const FRAMEWORK: [&str; 6] = [
     "event_id",
@@ -43,6 +27,19 @@ fn names(record: &Record) -> Vec<&str> {
     record.headers.iter().map(|(k, _)| k.as_str()).collect()
 }
 
+/// One unit of work (written at commit) mixing an event with headers (`tenant`,
+/// `correlation_id`) and one without.
+async fn emit_tagged_and_plain(pool: &sqlx::PgPool) -> (Posted, Posted) {
+    let (tagged, plain) = (posted("L-1"), posted("L-2"));
+    let mut uow = Uow::begin(pool).await.unwrap();
+    uow.emit_with(&tagged, [("tenant", "acme"), ("correlation_id", "req-1")])
+        .await
+        .unwrap();
+    uow.emit(&plain).await.unwrap();
+    uow.commit().await.unwrap();
+    (tagged, plain)
+}
+
 async fn stored(pool: &sqlx::PgPool, id: Uuid) -> serde_json::Value {
     sqlx::query_scalar("SELECT headers FROM outbox_event WHERE event_id = $1")
         .bind(id)
@@ -54,16 +51,9 @@ async fn stored(pool: &sqlx::PgPool, id: Uuid) -> serde_json::Value {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn headers_are_stored_sent_after_the_frameworks_and_replayed() {
     let db = TestDb::new().await;
-    let (tagged, plain, bound) = (posted("L-1"), posted("L-2"), posted("L-3"));
-
-    // A unit of work mixing an event with headers and one without (written at commit), and an
-    // emit on an application-managed transaction (written at once).
-    let mut uow = Uow::begin(&db.pool).await.unwrap();
-    uow.emit_with(&tagged, [("tenant", "acme"), ("correlation_id", "req-1")])
-        .await
-        .unwrap();
-    uow.emit(&plain).await.unwrap();
-    uow.commit().await.unwrap();
+    let (tagged, plain) = emit_tagged_and_plain(&db.pool).await;
+    // And an emit on an application-managed transaction (written at once).
+    let bound = posted("L-3");
     let mut tx = db.pool.begin().await.unwrap();
     outbox_runtime::emit_with(&mut tx, &bound, [("tenant", "globex")])
         .await
@@ -177,13 +167,7 @@ async fn note_posted(_event: Posted, _tx: &mut sqlx::PgConnection) -> Result<(),
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inbox_rows_keep_the_applications_headers() {
     let db = TestDb::new().await;
-    let (tagged, plain) = (posted("L-1"), posted("L-2"));
-    let mut uow = Uow::begin(&db.pool).await.unwrap();
-    uow.emit_with(&tagged, [("tenant", "acme"), ("correlation_id", "req-1")])
-        .await
-        .unwrap();
-    uow.emit(&plain).await.unwrap();
-    uow.commit().await.unwrap();
+    let (tagged, plain) = emit_tagged_and_plain(&db.pool).await;
     let kafka = MockKafka::start().unwrap();
     kafka.create_topic(Posted::TOPIC, 1).unwrap();
     assert_eq!(kafka.relay_pending(&db.pool).await.unwrap(), 2);
