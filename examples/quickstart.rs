@@ -15,8 +15,11 @@
 //!  POST /orders ─► orders database: `orders` row + `OrderCreated` outbox row, one transaction
 //!                   │ orders relay
 //!                   ▼
-//!  Kafka `order.events` ─► payments consumer (dedup mode) ─► payments database:
-//!                            `payments` row + `PaymentSucceeded` outbox row, one transaction
+//!  Kafka `order.events` ─► payments consumer (dedup mode, its state: a payment-provider
+//!                            client) ─► provider charge (idempotency key: the event id),
+//!                            then the payments database: `payments` row (with the charge and
+//!                            the attempt) + `PaymentSucceeded` outbox row, one transaction
+//!                            (a provider timeout: retried through `order.events.retry`)
 //!                   ┌───────────────────────────────────────────┘ payments relay
 //!                   ▼
 //!  Kafka `payment.events` ─► orders consumer (inbox mode) ─► orders.payment_status = 'paid'
@@ -57,7 +60,7 @@ use axum::{Json, Router};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
-use outbox_runtime::inbox::{Consumer, HandlerError, Mode};
+use outbox_runtime::inbox::{Consumer, HandlerError, MessageMeta, Mode};
 use outbox_runtime::relay::Relay;
 use outbox_runtime::{inbox_handler, OutboxEvent, Uow};
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
@@ -294,18 +297,82 @@ impl From<outbox_runtime::Error> for ApiError {
 // ---------------------------------------------------------------------------------------------
 // The payments service: no API, only a consumer of `OrderCreated`, on its own database.
 
+/// The payments service's application state: what its handlers need besides the event and
+/// the transaction. The consumer holds it (`.state(...)`) and lends it to every call.
+struct Payments {
+    provider: PaymentProvider,
+}
+
+/// A payment provider's client. Here an in-process stand-in for a remote API with idempotency
+/// keys (as Stripe's or Adyen's): a charge repeated with the same key is the same charge.
+/// Like a real one it sometimes times out after charging: every tenth new charge here.
+#[derive(Default)]
+struct PaymentProvider {
+    /// Charges made, by idempotency key.
+    charges: std::sync::Mutex<std::collections::HashMap<Uuid, String>>,
+}
+
+/// The provider's answer did not come: the charge may or may not have been made.
+#[derive(Debug)]
+struct ProviderTimeout;
+
+impl fmt::Display for ProviderTimeout {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the payment provider did not answer in time")
+    }
+}
+
+impl Error for ProviderTimeout {}
+
+impl PaymentProvider {
+    /// Charges `amount`, once per `idempotency_key`; returns the provider's charge id.
+    async fn charge(&self, idempotency_key: Uuid, amount: i64) -> Result<String, ProviderTimeout> {
+        let mut charges = self.charges.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(charge) = charges.get(&idempotency_key) {
+            return Ok(charge.clone());
+        }
+        let charge = format!("ch_{}_{amount}", charges.len() + 1);
+        charges.insert(idempotency_key, charge.clone());
+        #[allow(clippy::manual_is_multiple_of)] // `is_multiple_of` needs Rust 1.87, above the MSRV
+        if charges.len() % 10 == 0 {
+            return Err(ProviderTimeout); // charged, but the answer was lost
+        }
+        Ok(charge)
+    }
+}
+
 /// Charges an order. Runs in the payments consumer's transaction, which also holds the
 /// deduplication row (`processed_event`): a redelivered `OrderCreated` is skipped, and the
 /// payment row and its `PaymentSucceeded` event commit together, or neither does.
+///
+/// The provider is outside that transaction, so its call is made idempotent with the event's
+/// id: when the provider times out, the handler fails retryably, the consumer tries the event
+/// again (through `order.events.retry`), and the second call returns the charge the first one
+/// made. The attempt number comes from the message's metadata.
 #[inbox_handler]
-async fn charge_order(event: OrderCreated, tx: &mut PgConnection) -> Result<(), HandlerError> {
+async fn charge_order(
+    event: OrderCreated,
+    tx: &mut PgConnection,
+    payments: &Payments,
+    meta: &MessageMeta,
+) -> Result<(), HandlerError> {
+    let charge = payments
+        .provider
+        .charge(meta.event_id(), event.amount)
+        .await
+        .map_err(HandlerError::retryable)?;
     let payment_id = Uuid::now_v7();
-    sqlx::query("INSERT INTO payments (id, order_id, amount) VALUES ($1, $2, $3)")
-        .bind(payment_id)
-        .bind(event.order_id)
-        .bind(event.amount)
-        .execute(&mut *tx)
-        .await?;
+    sqlx::query(
+        "INSERT INTO payments (id, order_id, amount, provider_charge, attempt) \
+         VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(payment_id)
+    .bind(event.order_id)
+    .bind(event.amount)
+    .bind(charge)
+    .bind(meta.attempt() as i32)
+    .execute(&mut *tx)
+    .await?;
     // The payments service's own outbox, in the same transaction; its relay publishes it.
     let succeeded = PaymentSucceeded {
         payment_id,
@@ -341,9 +408,10 @@ async fn main() -> Result<(), Report> {
 async fn run(args: Args) -> Result<()> {
     let (orders_db, payments_db) = databases().await?;
 
-    // Kafka, with the topics and their dead-letter topics.
+    // Kafka, with the topics, the payments consumer's retry topic and the dead-letter topics.
     let topics = [
         OrderCreated::TOPIC,
+        "order.events.retry",
         "order.events.dlq",
         PaymentSucceeded::TOPIC,
         "payment.events.dlq",
@@ -361,6 +429,9 @@ async fn run(args: Args) -> Result<()> {
     let payments_consumer = Consumer::builder(payments_db.clone())
         .brokers(&brokers)
         .group_id("quickstart-payments")
+        .state(Payments {
+            provider: PaymentProvider::default(),
+        })
         .handler(charge_order) // Mode::Dedup, the default
         .build()?;
     let orders_consumer = Consumer::builder(orders_db.clone())
@@ -572,6 +643,13 @@ async fn create_tables(orders_db: &PgPool, orders_name: &str, payments_db: &PgPo
             amount bigint NOT NULL,
             created_at timestamptz NOT NULL DEFAULT now()
         )",
+    )
+    .execute(payments_db)
+    .await?;
+    // Added after the first quickstart: the provider's charge and the attempt that made it.
+    sqlx::query(
+        "ALTER TABLE payments ADD COLUMN IF NOT EXISTS provider_charge text, \
+             ADD COLUMN IF NOT EXISTS attempt integer",
     )
     .execute(payments_db)
     .await?;

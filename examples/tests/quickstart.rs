@@ -235,6 +235,15 @@ async fn demo(n: i64, brokers: Option<&str>) {
     let published = "SELECT count(*) FROM outbox_event \
                      WHERE event_type = 'PaymentSucceeded' AND published_at IS NOT NULL";
     assert_eq!(count(payments_pool, published).await, n);
+    // The provider (in the consumer's state) timed out on every tenth new charge: those orders
+    // were paid on their second attempt (read from the metadata), with the charge the first
+    // attempt made (the event id is the idempotency key): one charge per order.
+    let charges = "SELECT count(DISTINCT provider_charge) FROM payments";
+    assert_eq!(count(payments_pool, charges).await, n);
+    let retried = "SELECT count(*) FROM payments WHERE attempt = 2";
+    assert_eq!(count(payments_pool, retried).await, n / 10);
+    let first = "SELECT count(*) FROM payments WHERE attempt = 1";
+    assert_eq!(count(payments_pool, first).await, n - n / 10);
     payments_pool.close().await;
 }
 

@@ -73,8 +73,66 @@ fn is_handler_result(ty: &Type) -> bool {
     }
 }
 
-const SIGNATURE: &str =
-    "expected `async fn name(event: Event, tx: &mut sqlx::PgConnection) -> Result<(), HandlerError>`";
+const SIGNATURE: &str = "expected `async fn name(event: Event, tx: &mut sqlx::PgConnection) -> \
+     Result<(), HandlerError>`, optionally followed by `state: &AppState` and \
+     `meta: &MessageMeta`";
+
+/// What a parameter after the connection asks for.
+enum Extra<'a> {
+    /// The consumer's state, of this type.
+    State(&'a Type),
+    /// The message's metadata.
+    Meta,
+}
+
+/// Whether `ty` (behind the reference) is the metadata type.
+fn is_meta(ty: &Type) -> bool {
+    last_segment(ty).is_some_and(|s| s.ident == "MessageMeta")
+}
+
+/// Reads a parameter after the connection: `&T` (state) or `&MessageMeta` (metadata).
+fn extra<'a>(cx: &mut Ctxt, param: &'a FnArg) -> Option<Extra<'a>> {
+    let ty = match param {
+        FnArg::Receiver(r) => {
+            cx.error_spanned_by(r, "an inbox handler is a free function, not a method");
+            return None;
+        }
+        FnArg::Typed(t) => &*t.ty,
+    };
+    match ty {
+        Type::Reference(r) if r.mutability.is_none() => Some(if is_meta(&r.elem) {
+            Extra::Meta
+        } else {
+            Extra::State(&r.elem)
+        }),
+        Type::Reference(r) => {
+            let what = if is_meta(&r.elem) {
+                "the message's metadata is taken as `&MessageMeta`, not `&mut`"
+            } else {
+                "an inbox handler's state is shared by every handler and processor: take it as \
+                 `&T`, not `&mut T` (put what changes behind a lock)"
+            };
+            cx.error_spanned_by(ty, what);
+            None
+        }
+        _ if is_meta(ty) => {
+            cx.error_spanned_by(
+                ty,
+                "take the message's metadata by reference: `&MessageMeta`",
+            );
+            None
+        }
+        _ => {
+            cx.error_spanned_by(
+                ty,
+                "a parameter after the connection is the consumer's state, `&T` (set with \
+                 `Consumer::builder(..).state(T)`), or the message's metadata, `&MessageMeta`: \
+                 take it by reference",
+            );
+            None
+        }
+    }
+}
 
 pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     let mut cx = Ctxt::default();
@@ -95,9 +153,20 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     }
     let inputs: Vec<&FnArg> = sig.inputs.iter().collect();
     let mut event_ty = None;
+    // The arguments after the connection, in the function's order.
+    let mut extras: Vec<Extra<'_>> = Vec::new();
     match inputs.as_slice() {
-        [FnArg::Typed(event), FnArg::Typed(conn)] => {
+        [FnArg::Receiver(r), ..] | [_, FnArg::Receiver(r), ..] => {
+            cx.error_spanned_by(r, "an inbox handler is a free function, not a method");
+        }
+        [FnArg::Typed(event), FnArg::Typed(conn), rest @ ..] if rest.len() <= 2 => {
             event_ty = Some(&*event.ty);
+            if let Type::Reference(r) = &*event.ty {
+                cx.error_spanned_by(
+                    r,
+                    "an inbox handler takes its event by value (it is deserialized for it)",
+                );
+            }
             if !is_conn(&conn.ty) {
                 cx.error_spanned_by(
                     &conn.ty,
@@ -105,9 +174,29 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
                      (the transaction the handler's writes join)",
                 );
             }
-        }
-        [FnArg::Receiver(r), ..] | [_, FnArg::Receiver(r)] => {
-            cx.error_spanned_by(r, "an inbox handler is a free function, not a method");
+            for param in rest {
+                let Some(extra) = extra(&mut cx, param) else {
+                    continue;
+                };
+                let repeated = extras.iter().any(|e| {
+                    matches!(
+                        (e, &extra),
+                        (Extra::State(_), Extra::State(_)) | (Extra::Meta, Extra::Meta)
+                    )
+                });
+                if repeated {
+                    let what = match extra {
+                        Extra::State(_) => {
+                            "an inbox handler takes at most one state parameter: a consumer has \
+                             one state (make it a struct of the parts)"
+                        }
+                        Extra::Meta => "the message's metadata is already a parameter",
+                    };
+                    cx.error_spanned_by(param, what);
+                } else {
+                    extras.push(extra);
+                }
+            }
         }
         _ => cx.error_at(
             if inputs.is_empty() {
@@ -116,8 +205,8 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
                 sig.inputs.span()
             },
             format!(
-                "an inbox handler takes exactly two parameters, the event and the connection, \
-                 not {}; {SIGNATURE}",
+                "an inbox handler takes the event and the connection, then optionally the state \
+                 and the metadata: two to four parameters, not {}; {SIGNATURE}",
                 inputs.len()
             ),
         ),
@@ -146,14 +235,52 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
         .krate
         .unwrap_or_else(|| syn::parse_quote!(::outbox_runtime));
     let ident = &sig.ident;
-    let explicit_name = args.name.is_some();
-    let name = args
-        .name
-        .unwrap_or_else(|| LitStr::new(&ident.to_string(), ident.span()));
+    let name = args.name.as_ref().map_or_else(
+        || LitStr::new(&ident.to_string(), ident.span()),
+        Clone::clone,
+    );
+    // An explicit name is the deduplication key as it stands, whatever the consumer group.
+    let dedup_key = args.name.is_some().then(|| {
+        quote! {
+            fn dedup_key(&self, _group: &str) -> ::std::string::String {
+                ::std::string::String::from(#name)
+            }
+        }
+    });
+    let state_ty = extras.iter().find_map(|e| match e {
+        Extra::State(ty) => Some(*ty),
+        Extra::Meta => None,
+    });
+    // A handler without state is a handler of every consumer's state.
+    let (impl_generics, state) = match state_ty {
+        Some(ty) => (quote!(), quote!(#ty)),
+        None => (
+            quote!(<__S: ::core::marker::Send + ::core::marker::Sync + 'static>),
+            quote!(__S),
+        ),
+    };
+    let args = extras.iter().map(|e| match e {
+        Extra::State(_) => quote!(state),
+        Extra::Meta => quote!(meta),
+    });
     let vis = &func.vis;
     let attrs = &func.attrs;
     let mut call_sig = sig.clone();
     call_sig.ident = format_ident!("call");
+    // `meta: &MessageMeta` reads as it should: its lifetime is the reference's.
+    for param in &mut call_sig.inputs {
+        if let FnArg::Typed(t) = param {
+            if let Type::Reference(r) = &mut *t.ty {
+                if let Type::Path(p) = &mut *r.elem {
+                    if let Some(last) = p.path.segments.last_mut() {
+                        if last.ident == "MessageMeta" && last.arguments.is_none() {
+                            last.arguments = PathArguments::AngleBracketed(syn::parse_quote!(<'_>));
+                        }
+                    }
+                }
+            }
+        }
+    }
     let block = &func.block;
     quote! {
         #(#attrs)*
@@ -162,6 +289,16 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
         #vis struct #ident;
 
         impl #ident {
+            /// The handler's name (`Handler::name`).
+            #[allow(dead_code)]
+            #vis const NAME: &'static str = #name;
+
+            /// The handler's name (`Handler::name`), whatever the consumer's state.
+            #[allow(dead_code)]
+            #vis fn name(&self) -> &'static str {
+                #name
+            }
+
             /// Runs the handler's body directly (without deduplication or retries).
             #[allow(dead_code)]
             #vis #call_sig #block
@@ -170,17 +307,24 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
         #[doc(hidden)]
         const _: () = {
             #[automatically_derived]
-            impl #krate::inbox::Handler for #ident {
+            impl #impl_generics #krate::inbox::Handler<#state> for #ident {
                 type Event = #event_ty;
-                const NAME: &'static str = #name;
-                const EXPLICIT_NAME: bool = #explicit_name;
 
+                fn name(&self) -> &str {
+                    #name
+                }
+
+                #dedup_key
+
+                #[allow(unused_variables)]
                 fn handle<'a>(
                     &'a self,
                     event: #event_ty,
                     conn: &'a mut #krate::__private::PgConnection,
+                    state: &'a #state,
+                    meta: &'a #krate::inbox::MessageMeta<'a>,
                 ) -> #krate::__private::BoxFuture<'a, ::core::result::Result<(), #krate::inbox::HandlerError>> {
-                    ::std::boxed::Box::pin(#ident::call(event, conn))
+                    ::std::boxed::Box::pin(#ident::call(event, conn #(, #args)*))
                 }
             }
         };

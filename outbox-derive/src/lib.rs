@@ -27,7 +27,10 @@ pub fn derive_outbox_event(input: TokenStream) -> TokenStream {
 }
 
 /// Turns `async fn name(event: E, tx: &mut sqlx::PgConnection) -> Result<(), HandlerError>`
-/// into a handler value (a unit struct of the same name) to register on a consumer. See
+/// into a handler value (a unit struct of the same name) to register on a consumer. After the
+/// connection it may take `state: &T` (the consumer's state: the handler then implements
+/// `Handler<T>` only) and `meta: &MessageMeta` (the message's metadata), in either order.
+/// `#[inbox_handler(name = "...")]` names it (its deduplication key as it stands). See
 /// `outbox_runtime::inbox`.
 #[proc_macro_attribute]
 pub fn inbox_handler(args: TokenStream, item: TokenStream) -> TokenStream {

@@ -46,6 +46,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(20261130000006, "retention"),
     migration!(20261130000007, "relay_horizon"),
     migration!(20261201000008, "headers"),
+    migration!(20261201000009, "inbox_source"),
 ];
 
 /// Key of the transaction-scoped advisory lock that serializes concurrent `migrate` calls.

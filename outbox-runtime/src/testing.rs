@@ -54,6 +54,7 @@
 //! # Ok(()) }
 //! ```
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use rdkafka::consumer::{BaseConsumer, Consumer};
@@ -69,7 +70,7 @@ use uuid::Uuid;
 use crate::error::{Error, Result};
 use crate::event::OutboxEvent;
 use crate::inbox::dedup;
-use crate::inbox::handler::{Handler, Routes};
+use crate::inbox::handler::{Handler, MessageMeta, Routes};
 use crate::inbox::message::Incoming;
 use crate::relay::Relay;
 
@@ -165,7 +166,8 @@ pub enum Delivery {
 /// does (the same code): its payload serialized and deserialized, the handler run in a
 /// transaction that also records `(event_id, "<group>/<handler>")` in `processed_event`,
 /// panics caught, an aborted transaction detected. Handing it over again with the same id is a
-/// [`Delivery::Duplicate`].
+/// [`Delivery::Duplicate`]. The handler's metadata is [`MessageMeta::new`]'s: first attempt,
+/// no partition, offset, key or headers; [`deliver_with`] sets state and metadata.
 ///
 /// Its error is the database's (the schema is not migrated, the connection failed); a
 /// handler's failure is a [`Delivery::Failed`].
@@ -176,18 +178,40 @@ pub async fn deliver<H: Handler>(
     event_id: Uuid,
     event: &H::Event,
 ) -> Result<Delivery> {
+    let topic = <H::Event as OutboxEvent>::TOPIC;
+    let meta = MessageMeta::new(event_id, <H::Event as OutboxEvent>::EVENT_TYPE, topic);
+    deliver_with(pool, group, handler, (), &meta, event).await
+}
+
+/// [`deliver`] with the consumer's application `state` and the message's metadata `meta`
+/// (its event id is the deduplication key; routing uses the event's own topic and type).
+pub async fn deliver_with<S, H>(
+    pool: &PgPool,
+    group: &str,
+    handler: H,
+    state: S,
+    meta: &MessageMeta<'_>,
+    event: &H::Event,
+) -> Result<Delivery>
+where
+    S: Send + Sync + 'static,
+    H: Handler<S>,
+{
     let payload = event.payload_json().map_err(|source| Error::Payload {
         event_type: <H::Event as OutboxEvent>::EVENT_TYPE.into(),
         source,
     })?;
     let mut routes = Routes::default();
-    routes.add(handler).map_err(Error::Config)?;
+    routes
+        .add(handler, Arc::new(state))
+        .map_err(Error::Config)?;
     routes.bind_group(group).map_err(Error::Config)?;
+    let mut meta = meta.clone();
+    meta.topic = <H::Event as OutboxEvent>::TOPIC;
+    meta.event_type = <H::Event as OutboxEvent>::EVENT_TYPE.into();
     let message = Incoming {
-        event_id,
-        event_type: <H::Event as OutboxEvent>::EVENT_TYPE.to_owned(),
+        meta,
         payload: payload.as_bytes(),
-        topic: <H::Event as OutboxEvent>::TOPIC,
     };
     let outcome = dedup::handle(pool, &routes, &[Ok(message)], false).await?;
     Ok(match outcome.failed.into_iter().next() {

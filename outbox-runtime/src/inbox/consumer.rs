@@ -46,8 +46,12 @@ pub enum RetryPolicy {
 }
 
 /// Configures a [`Consumer`]. Start with [`Consumer::builder`].
+///
+/// `S` is the application state its handlers are called with ([`state`](Self::state)); `()`
+/// until one is set.
 #[must_use]
-pub struct ConsumerBuilder {
+pub struct ConsumerBuilder<S = ()> {
+    state: Arc<S>,
     pool: PgPool,
     config: ClientConfig,
     producer_config: ClientConfig,
@@ -65,16 +69,84 @@ pub struct ConsumerBuilder {
     poll_interval: Duration,
 }
 
-impl std::fmt::Debug for ConsumerBuilder {
+impl<S> std::fmt::Debug for ConsumerBuilder<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ConsumerBuilder")
+            .field("state", &std::any::type_name::<S>())
             .field("mode", &self.mode)
             .field("topics", &self.routes.topics())
             .finish_non_exhaustive()
     }
 }
 
-impl ConsumerBuilder {
+impl ConsumerBuilder<()> {
+    /// The application state handlers are called with: an HTTP client, configuration, a
+    /// cache. A handler takes it as a `state: &T` parameter (`#[inbox_handler]`), or as the
+    /// `state` argument of [`Handler::handle`]. Set it before registering the handlers that
+    /// take it: a handler whose state type is not `T` is a compile error, not a runtime
+    /// failure. Handlers without state work with any.
+    ///
+    /// The consumer holds it in an [`Arc`] shared by every handler and processor; put what
+    /// changes behind a lock, or hold `Arc`s inside it. One state per consumer: for several
+    /// parts, make it a struct of them.
+    ///
+    /// ```
+    /// # #[derive(serde::Serialize, serde::Deserialize, outbox_runtime::OutboxEvent)]
+    /// # #[outbox(topic = "order.events", aggregate_type = "Order")]
+    /// # struct OrderCreated { #[outbox(aggregate_id)] order_id: uuid::Uuid, amount: i64 }
+    /// use outbox_runtime::inbox::{Consumer, HandlerError, MessageMeta};
+    /// use outbox_runtime::inbox_handler;
+    /// use sqlx::PgConnection;
+    ///
+    /// struct Payments {
+    ///     provider_url: String,
+    /// }
+    ///
+    /// #[inbox_handler]
+    /// async fn charge(
+    ///     event: OrderCreated,
+    ///     tx: &mut PgConnection,
+    ///     payments: &Payments,
+    ///     meta: &MessageMeta<'_>,
+    /// ) -> Result<(), HandlerError> {
+    ///     tracing::info!(url = %payments.provider_url, attempt = meta.attempt(), "charging");
+    ///     # let _ = (event, tx);
+    ///     Ok(())
+    /// }
+    ///
+    /// # fn build(pool: sqlx::PgPool) -> outbox_runtime::Result<()> {
+    /// let consumer = Consumer::builder(pool)
+    ///     .brokers("localhost:9092")
+    ///     .group_id("payments")
+    ///     .state(Payments { provider_url: "https://pay.example".into() })
+    ///     .handler(charge)
+    ///     .build()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn state<T: Send + Sync + 'static>(self, state: T) -> ConsumerBuilder<T> {
+        ConsumerBuilder {
+            state: Arc::new(state),
+            pool: self.pool,
+            config: self.config,
+            producer_config: self.producer_config,
+            routes: self.routes,
+            errors: self.errors,
+            mode: self.mode,
+            max_attempts: self.max_attempts,
+            backoff: self.backoff,
+            dlq_suffix: self.dlq_suffix,
+            retry_policy: self.retry_policy,
+            retry_suffix: self.retry_suffix,
+            retry_tiers: self.retry_tiers,
+            processors: self.processors,
+            batch_size: self.batch_size,
+            poll_interval: self.poll_interval,
+        }
+    }
+}
+
+impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
     /// Kafka bootstrap servers.
     pub fn brokers(mut self, brokers: impl Into<String>) -> Self {
         self.config.set("bootstrap.servers", brokers.into());
@@ -108,9 +180,10 @@ impl ConsumerBuilder {
     }
 
     /// Registers a handler (see `#[inbox_handler]`). Messages are routed by their topic and
-    /// `event_type` header to every handler of that event type.
-    pub fn handler<H: Handler>(mut self, handler: H) -> Self {
-        if let Err(e) = self.routes.add(handler) {
+    /// `event_type` header to every handler of that event type. Handlers of one event need
+    /// different [names](Handler::name); `build` refuses a name registered twice.
+    pub fn handler<H: Handler<S>>(mut self, handler: H) -> Self {
+        if let Err(e) = self.routes.add(handler, Arc::clone(&self.state)) {
             self.errors.push(e);
         }
         self
@@ -498,6 +571,7 @@ impl Consumer {
     /// A builder with the defaults; set at least the brokers, the group and one handler.
     pub fn builder(pool: PgPool) -> ConsumerBuilder {
         ConsumerBuilder {
+            state: Arc::new(()),
             pool,
             config: ClientConfig::new(),
             producer_config: ClientConfig::new(),
@@ -622,7 +696,7 @@ impl Consumer {
                     _ => ready.push(msg),
                 }
             }
-            let checked: Vec<Checked<'_>> = ready.iter().map(|m| message::check(m)).collect();
+            let mut checked: Vec<Checked<'_>> = ready.iter().map(|m| message::check(m)).collect();
             let mut start = 0;
             // The message retried in place, and its attempts so far.
             let mut retrying: Option<(usize, u32)> = None;
@@ -699,6 +773,9 @@ impl Consumer {
                     "handler failed; retrying in place"
                 );
                 retrying = Some((start, tries));
+                if let Ok(incoming) = &mut checked[start] {
+                    incoming.meta.attempt = tries + 1;
+                }
                 tokio::select! {
                     () = cancel.cancelled() => return Ok(()),
                     () = tokio::time::sleep(inner.backoff(tries)) => {}
@@ -722,18 +799,21 @@ impl Consumer {
             let mut stored = Vec::with_capacity(batch.len());
             let mut bad: Vec<Option<String>> = vec![None; batch.len()];
             for (i, msg) in batch.iter().enumerate() {
-                match message::check_with_headers(msg) {
-                    Ok((incoming, headers)) => {
+                match message::check(msg) {
+                    Ok(incoming) => {
                         stored.push(i);
+                        let meta = &incoming.meta;
                         rows.push(store::InboxRow {
-                            event_id: incoming.event_id,
-                            topic: incoming.topic,
-                            event_type: incoming.event_type,
+                            event_id: meta.event_id,
+                            topic: meta.topic,
+                            event_type: meta.event_type.clone().into_owned(),
                             partition_key: msg
                                 .key()
                                 .map(|k| String::from_utf8_lossy(k).into_owned()),
+                            partition: msg.partition(),
+                            offset: msg.offset(),
                             payload: incoming.payload,
-                            headers,
+                            headers: message::headers_json(meta),
                         });
                     }
                     Err(reason) => bad[i] = Some(reason),

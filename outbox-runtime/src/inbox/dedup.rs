@@ -294,7 +294,7 @@ async fn optimistic_in(
         match message {
             Ok(incoming) => {
                 for (h, route) in routes
-                    .get(incoming.topic, &incoming.event_type)
+                    .get(incoming.meta.topic, &incoming.meta.event_type)
                     .iter()
                     .enumerate()
                 {
@@ -307,7 +307,7 @@ async fn optimistic_in(
     if work.is_empty() {
         return Ok(Ok(outcome));
     }
-    let ids: Vec<Uuid> = work.iter().map(|w| w.3.event_id).collect();
+    let ids: Vec<Uuid> = work.iter().map(|w| w.3.meta.event_id).collect();
     let keys: Vec<&str> = work.iter().map(|w| w.2.key.as_str()).collect();
     let new: Vec<(Uuid, String)> = sqlx::query_as(
         "INSERT INTO processed_event (event_id, handler) \
@@ -321,15 +321,15 @@ async fn optimistic_in(
     let mut new: HashSet<(Uuid, String)> = new.into_iter().collect();
     for (i, h, route, incoming) in work {
         // Each new row runs its handler once, even if the batch holds the event twice.
-        if !new.remove(&(incoming.event_id, route.key.clone())) {
+        if !new.remove(&(incoming.meta.event_id, route.key.clone())) {
             outcome.duplicates += 1;
             continue;
         }
-        let span = tracing::info_span!("outbox_consume", event_id = %incoming.event_id,
+        let span = tracing::info_span!("outbox_consume", event_id = %incoming.meta.event_id,
             handler = route.handler.name());
         let result = route
             .handler
-            .handle_json(incoming.payload, &mut *conn)
+            .handle_json(incoming.payload, &mut *conn, &incoming.meta)
             .instrument(span)
             .await;
         if let Err(failure) = result {
@@ -387,7 +387,7 @@ async fn isolated_in(
             }
         };
         for (h, route) in routes
-            .get(incoming.topic, &incoming.event_type)
+            .get(incoming.meta.topic, &incoming.meta.event_type)
             .iter()
             .enumerate()
         {
@@ -401,7 +401,7 @@ async fn isolated_in(
                     "INSERT INTO processed_event (event_id, handler) VALUES ($1, $2) \
                      ON CONFLICT DO NOTHING",
                 )
-                .bind(incoming.event_id)
+                .bind(incoming.meta.event_id)
                 .bind(&route.key)
                 .execute(&mut *savepoint)
                 .await?
@@ -413,10 +413,10 @@ async fn isolated_in(
                     continue;
                 }
                 let span = tracing::info_span!("outbox_consume",
-                    event_id = %incoming.event_id, handler = route.handler.name());
+                    event_id = %incoming.meta.event_id, handler = route.handler.name());
                 let result = route
                     .handler
-                    .handle_json(incoming.payload, &mut savepoint)
+                    .handle_json(incoming.payload, &mut savepoint, &incoming.meta)
                     .instrument(span)
                     .await;
                 match result {

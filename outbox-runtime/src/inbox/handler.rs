@@ -1,5 +1,6 @@
 //! Handlers, their errors, and the routing table from (topic, event type) to handlers.
 
+use std::borrow::Cow;
 #[cfg(feature = "kafka")]
 use std::collections::HashMap;
 use std::future::Future;
@@ -9,6 +10,7 @@ use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
 use sqlx::PgConnection;
+use uuid::Uuid;
 
 use crate::event::OutboxEvent;
 
@@ -111,28 +113,227 @@ impl From<crate::Error> for HandlerError {
     }
 }
 
+/// What a handler may know of the message besides its event: where it was read, its headers,
+/// and which attempt this is. A handler asks for it with a `meta: &MessageMeta` parameter.
+///
+/// It borrows from the message (no copies on the consumer's path); keep what outlives the
+/// handler with `to_owned`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct MessageMeta<'a> {
+    pub(crate) event_id: Uuid,
+    pub(crate) event_type: Cow<'a, str>,
+    pub(crate) topic: &'a str,
+    pub(crate) partition: Option<i32>,
+    pub(crate) offset: Option<i64>,
+    pub(crate) key: Option<&'a [u8]>,
+    pub(crate) headers: Vec<(&'a str, &'a [u8])>,
+    pub(crate) attempt: u32,
+}
+
+impl<'a> MessageMeta<'a> {
+    /// Metadata of a message that was not read off Kafka (a test's): `event_id` of
+    /// `event_type` on `topic`, first attempt, no partition, offset, key or headers. Set the
+    /// rest with the `with_*` methods.
+    pub fn new(event_id: Uuid, event_type: &'a str, topic: &'a str) -> Self {
+        MessageMeta {
+            event_id,
+            event_type: Cow::Borrowed(event_type),
+            topic,
+            partition: None,
+            offset: None,
+            key: None,
+            headers: Vec::new(),
+            attempt: 1,
+        }
+    }
+
+    /// With this attempt number (1 for the first).
+    #[must_use]
+    pub fn with_attempt(mut self, attempt: u32) -> Self {
+        self.attempt = attempt.max(1);
+        self
+    }
+
+    /// With this partition key.
+    #[must_use]
+    pub fn with_key(mut self, key: &'a str) -> Self {
+        self.key = Some(key.as_bytes());
+        self
+    }
+
+    /// With these application headers, in this order.
+    #[must_use]
+    pub fn with_headers(mut self, headers: impl IntoIterator<Item = (&'a str, &'a str)>) -> Self {
+        self.headers = headers
+            .into_iter()
+            .map(|(n, v)| (n, v.as_bytes()))
+            .collect();
+        self
+    }
+
+    /// The event's id (its `event_id` header): the deduplication key.
+    pub fn event_id(&self) -> Uuid {
+        self.event_id
+    }
+
+    /// The event's type (its `event_type` header).
+    pub fn event_type(&self) -> &str {
+        &self.event_type
+    }
+
+    /// The topic the event was published to. For a message read from a retry topic, the topic
+    /// it was first read from (the one its handlers are registered for).
+    pub fn topic(&self) -> &'a str {
+        self.topic
+    }
+
+    /// The partition the message was read from: of `topic`, or, for a retried message, of the
+    /// retry topic. `None` for an inbox row stored before version 0.1's migration 9, or a
+    /// message made with [`new`](Self::new).
+    pub fn partition(&self) -> Option<i32> {
+        self.partition
+    }
+
+    /// The message's offset in that partition; `None` as for [`partition`](Self::partition).
+    pub fn offset(&self) -> Option<i64> {
+        self.offset
+    }
+
+    /// The message's key as text (the event's partition key, as the relay sends it); `None`
+    /// if it has none or it is not UTF-8 (see [`key_bytes`](Self::key_bytes)).
+    pub fn key(&self) -> Option<&'a str> {
+        self.key.and_then(|k| std::str::from_utf8(k).ok())
+    }
+
+    /// The message's key as it came.
+    pub fn key_bytes(&self) -> Option<&'a [u8]> {
+        self.key
+    }
+
+    /// The application's headers (those given to `emit_with`, or another producer's), in the
+    /// message's order; none of the framework's own (`event_id`, `outbox_*`, ...).
+    pub fn headers(&self) -> &[(&'a str, &'a [u8])] {
+        &self.headers
+    }
+
+    /// The first application header of this name, if its value is UTF-8.
+    pub fn header(&self, name: &str) -> Option<&'a str> {
+        self.headers
+            .iter()
+            .find(|(n, _)| *n == name)
+            .and_then(|(_, v)| std::str::from_utf8(v).ok())
+    }
+
+    /// Which attempt at handling the message this is: 1 the first time, 2 after one failure,
+    /// and so on (counted across retry topics, in-place retries and inbox retries).
+    pub fn attempt(&self) -> u32 {
+        self.attempt
+    }
+}
+
 /// A consumer-side event handler. Write an `async fn` and put `#[inbox_handler]` on it; the
 /// attribute implements this trait on a unit struct of the function's name.
+///
+/// `S` is the consumer's application state ([`ConsumerBuilder::state`]): a handler that
+/// takes no state implements `Handler<S>` for every `S`; one that takes `state: &Payments`
+/// implements only `Handler<Payments>`, so registering it on a consumer of another state is a
+/// compile error.
+///
+/// Implement it by hand for handlers that carry configuration. Each instance names itself, so
+/// two instances of one type, configured differently, are two handlers with their own
+/// deduplication rows:
+///
+/// ```
+/// use outbox_runtime::inbox::{BoxFuture, Handler, HandlerError, MessageMeta};
+/// use sqlx::PgConnection;
+/// # #[derive(serde::Serialize, serde::Deserialize, outbox_runtime::OutboxEvent)]
+/// # #[outbox(topic = "order.events", aggregate_type = "Order")]
+/// # struct OrderCreated { #[outbox(aggregate_id)] order_id: uuid::Uuid, amount: i64 }
+///
+/// /// Application state: the consumer holds one, every handler borrows it.
+/// struct Rates {
+///     eur_per_usd: f64,
+/// }
+///
+/// /// Books an order into one ledger; one instance per ledger.
+/// struct Book {
+///     ledger: &'static str,
+/// }
+///
+/// impl Handler<Rates> for Book {
+///     type Event = OrderCreated;
+///
+///     fn name(&self) -> &str {
+///         self.ledger
+///     }
+///
+///     fn handle<'a>(
+///         &'a self,
+///         event: OrderCreated,
+///         tx: &'a mut PgConnection,
+///         rates: &'a Rates,
+///         meta: &'a MessageMeta<'a>,
+///     ) -> BoxFuture<'a, Result<(), HandlerError>> {
+///         Box::pin(async move {
+///             let amount = event.amount as f64 * rates.eur_per_usd;
+///             sqlx::query("INSERT INTO ledger (ledger, order_id, amount, attempt) VALUES ($1, $2, $3, $4)")
+///                 .bind(self.ledger)
+///                 .bind(event.order_id)
+///                 .bind(amount)
+///                 .bind(meta.attempt() as i32)
+///                 .execute(tx)
+///                 .await?;
+///             Ok(())
+///         })
+///     }
+/// }
+///
+/// # fn build(pool: sqlx::PgPool) -> outbox_runtime::Result<()> {
+/// # #[cfg(feature = "kafka")]
+/// let consumer = outbox_runtime::inbox::Consumer::builder(pool)
+///     .brokers("localhost:9092")
+///     .group_id("accounting")
+///     .state(Rates { eur_per_usd: 0.92 })
+///     .handler(Book { ledger: "sales" })
+///     .handler(Book { ledger: "tax" })
+///     .build()?;
+/// # Ok(())
+/// # }
+/// ```
+///
+/// [`ConsumerBuilder::state`]: crate::inbox::ConsumerBuilder::state
 #[diagnostic::on_unimplemented(
-    message = "`{Self}` is not an inbox handler",
+    message = "`{Self}` is not an inbox handler for state `{S}`",
+    label = "not a handler of a consumer whose state is `{S}`",
     note = "put `#[outbox_runtime::inbox_handler]` on an \
-            `async fn(event: E, tx: &mut sqlx::PgConnection) -> Result<(), HandlerError>`"
+            `async fn(event: E, tx: &mut sqlx::PgConnection) -> Result<(), HandlerError>`; \
+            a handler that takes `state: &T` needs a consumer built with `.state(T)` \
+            before `.handler(...)`"
 )]
-pub trait Handler: Send + Sync + 'static {
+pub trait Handler<S = ()>: Send + Sync + 'static {
     /// The event it handles; routed by its topic and event type.
     type Event: OutboxEvent + DeserializeOwned + Send + 'static;
-    /// The handler's name. Its deduplication rows are keyed by `<consumer group>/<NAME>`, so
-    /// that services (consumer groups) sharing a database never skip each other's work.
-    const NAME: &'static str;
-    /// Whether [`NAME`](Self::NAME) was chosen explicitly (`#[inbox_handler(name = "...")]`):
-    /// then it is the deduplication key as it stands, whatever the consumer group.
-    const EXPLICIT_NAME: bool = false;
 
-    /// Runs the handler in the transaction `conn` is in.
+    /// The handler's name, in logs and errors, and in its deduplication key
+    /// ([`dedup_key`](Self::dedup_key)). Handlers of one event on one consumer must have
+    /// different names.
+    fn name(&self) -> &str;
+
+    /// `processed_event.handler` of its rows in consumer group `group`: by default
+    /// `<group>/<name>`, so that services (consumer groups) sharing a database never skip each
+    /// other's work. `#[inbox_handler(name = "...")]` makes it the name as it stands.
+    fn dedup_key(&self, group: &str) -> String {
+        format!("{group}/{}", self.name())
+    }
+
+    /// Runs the handler in the transaction `conn` is in, with the consumer's `state` and the
+    /// message's metadata.
     fn handle<'a>(
         &'a self,
         event: Self::Event,
         conn: &'a mut PgConnection,
+        state: &'a S,
+        meta: &'a MessageMeta<'a>,
     ) -> BoxFuture<'a, Result<(), HandlerError>>;
 }
 
@@ -181,20 +382,26 @@ impl Failure {
 
 #[cfg(feature = "kafka")]
 /// A handler with its event type erased: takes the JSON payload.
+/// A handler with its event type erased (it takes the JSON payload) and its state bound.
 pub(crate) trait ErasedHandler: Send + Sync {
     /// Its name, as in error messages.
-    fn name(&self) -> &'static str;
+    fn name(&self) -> &str;
     /// Its deduplication key in `consumer group`.
     fn dedup_key(&self, group: &str) -> String;
     fn handle_json<'a>(
         &'a self,
         payload: &'a [u8],
         conn: &'a mut PgConnection,
+        meta: &'a MessageMeta<'a>,
     ) -> BoxFuture<'a, Result<(), Failure>>;
 }
 
 #[cfg(feature = "kafka")]
-struct Erased<H>(H);
+/// A handler and the state it is called with.
+struct Erased<H, S> {
+    handler: H,
+    state: Arc<S>,
+}
 
 #[cfg(feature = "kafka")]
 /// A database error of the transaction rather than of the message: in an aborted transaction
@@ -224,23 +431,20 @@ fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
 }
 
 #[cfg(feature = "kafka")]
-impl<H: Handler> ErasedHandler for Erased<H> {
-    fn name(&self) -> &'static str {
-        H::NAME
+impl<S: Send + Sync + 'static, H: Handler<S>> ErasedHandler for Erased<H, S> {
+    fn name(&self) -> &str {
+        self.handler.name()
     }
 
     fn dedup_key(&self, group: &str) -> String {
-        if H::EXPLICIT_NAME {
-            H::NAME.to_owned()
-        } else {
-            format!("{group}/{}", H::NAME)
-        }
+        self.handler.dedup_key(group)
     }
 
     fn handle_json<'a>(
         &'a self,
         payload: &'a [u8],
         conn: &'a mut PgConnection,
+        meta: &'a MessageMeta<'a>,
     ) -> BoxFuture<'a, Result<(), Failure>> {
         use std::panic::{catch_unwind, AssertUnwindSafe};
         use std::task::Poll;
@@ -250,7 +454,7 @@ impl<H: Handler> ErasedHandler for Erased<H> {
             let panicked = |p: Box<dyn std::any::Any + Send>| {
                 Failure::Panicked(format!(
                     "handler `{}` panicked: {}",
-                    H::NAME,
+                    self.handler.name(),
                     panic_message(p.as_ref())
                 ))
             };
@@ -260,11 +464,13 @@ impl<H: Handler> ErasedHandler for Erased<H> {
                     Failure::Permanent(format!(
                         "payload does not deserialize into `{}` (handler `{}`): {e}",
                         std::any::type_name::<H::Event>(),
-                        H::NAME
+                        self.handler.name()
                     ))
                 })?;
-            let mut future =
-                catch_unwind(AssertUnwindSafe(|| self.0.handle(event, conn))).map_err(panicked)?;
+            let mut future = catch_unwind(AssertUnwindSafe(|| {
+                self.handler.handle(event, conn, &self.state, meta)
+            }))
+            .map_err(panicked)?;
             let result = std::future::poll_fn(|cx| {
                 match catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(cx))) {
                     Ok(Poll::Pending) => Poll::Pending,
@@ -274,6 +480,7 @@ impl<H: Handler> ErasedHandler for Erased<H> {
             })
             .await
             .map_err(panicked)?;
+            let name = self.handler.name();
             result.map_err(|error| {
                 let transaction_failure = is_transaction_failure(error.inner());
                 let e = crate::error_chain(error.inner());
@@ -289,13 +496,13 @@ impl<H: Handler> ErasedHandler for Erased<H> {
                         } else {
                             ""
                         };
-                        Failure::Transaction(format!("handler `{}` failed: {e}{hint}", H::NAME))
+                        Failure::Transaction(format!("handler `{name}` failed: {e}{hint}"))
                     }
                     HandlerError::Retryable(_) => {
-                        Failure::Retryable(format!("handler `{}` failed: {e}", H::NAME))
+                        Failure::Retryable(format!("handler `{name}` failed: {e}"))
                     }
                     HandlerError::Permanent(_) => {
-                        Failure::Permanent(format!("handler `{}` failed for good: {e}", H::NAME))
+                        Failure::Permanent(format!("handler `{name}` failed for good: {e}"))
                     }
                 }
             })
@@ -321,17 +528,34 @@ pub(crate) struct Routes {
 
 #[cfg(feature = "kafka")]
 impl Routes {
-    pub(crate) fn add<H: Handler>(&mut self, handler: H) -> Result<(), String> {
+    /// Registers `handler`, to be called with `state`.
+    pub(crate) fn add<S: Send + Sync + 'static, H: Handler<S>>(
+        &mut self,
+        handler: H,
+        state: Arc<S>,
+    ) -> Result<(), String> {
         let key = (
             <H::Event as OutboxEvent>::TOPIC.to_owned(),
             <H::Event as OutboxEvent>::EVENT_TYPE.to_owned(),
         );
+        let event_type = <H::Event as OutboxEvent>::EVENT_TYPE;
         let list = self.routes.entry(key).or_default();
-        if list.iter().any(|r| r.handler.name() == H::NAME) {
-            return Err(format!("handler `{}` is registered twice", H::NAME));
+        if handler.name().is_empty() {
+            return Err(format!(
+                "a handler of `{}` has an empty name",
+                std::any::type_name::<H>()
+            ));
+        }
+        if list.iter().any(|r| r.handler.name() == handler.name()) {
+            return Err(format!(
+                "handler `{}` is registered twice for event `{}` (two instances of one handler \
+                 type need different names)",
+                handler.name(),
+                event_type
+            ));
         }
         list.push(Route {
-            handler: Arc::new(Erased(handler)),
+            handler: Arc::new(Erased { handler, state }),
             key: String::new(),
         });
         Ok(())

@@ -6,6 +6,8 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 use uuid::Uuid;
 
+use super::handler::MessageMeta;
+
 /// Headers the consumer adds to a message it sends to a retry topic.
 pub(crate) mod headers {
     /// The topic the message was first read from (its handlers are routed by it).
@@ -21,14 +23,12 @@ pub(crate) mod headers {
     pub(crate) const ALL: [&str; 4] = [SOURCE_TOPIC, ATTEMPTS, DUE_MS, ERROR];
 }
 
-/// A checked message.
+/// A checked message: its metadata (routed by `meta.topic`, its own topic or the one it was
+/// retried from, and `meta.event_type`) and its payload.
 #[derive(Debug)]
 pub(crate) struct Incoming<'m> {
-    pub event_id: Uuid,
-    pub event_type: String,
+    pub meta: MessageMeta<'m>,
     pub payload: &'m [u8],
-    /// The topic its handlers are routed by: its own, or the one it was retried from.
-    pub topic: &'m str,
 }
 
 /// The headers the consumer reads, found in one pass over the message's headers (each header
@@ -40,7 +40,7 @@ struct Read<'m> {
     source_topic: Option<&'m [u8]>,
     attempts: Option<&'m [u8]>,
     due_ms: Option<&'m [u8]>,
-    /// The application's headers (none of the framework's), when asked for.
+    /// The application's headers (none of the framework's), with `application`.
     application: Vec<(&'m str, &'m [u8])>,
 }
 
@@ -48,7 +48,8 @@ fn text(value: Option<&[u8]>) -> Option<&str> {
     value.and_then(|v| std::str::from_utf8(v).ok())
 }
 
-/// The headers the consumer reads, and with `application` the application's too, in one pass.
+/// The headers the consumer reads, and with `application` the application's too, in one pass
+/// (no allocation for a message without application headers).
 fn read<'m>(msg: &'m BorrowedMessage<'_>, application: bool) -> Read<'m> {
     let mut read = Read::default();
     let Some(all) = msg.headers() else {
@@ -113,34 +114,9 @@ fn origin_of<'m>(msg: &'m BorrowedMessage<'_>, read: &Read<'m>) -> Origin<'m> {
 
 /// Checks what every message needs; the error is the dead-letter reason. The payload must be
 /// JSON; whether PostgreSQL's `jsonb` takes it (inbox mode) is its own business, found out when
-/// the message is stored.
+/// the message is stored. The metadata's attempt counts the retry topics' failures.
 pub(crate) fn check<'m>(msg: &'m BorrowedMessage<'_>) -> Result<Incoming<'m>, String> {
-    checked(msg, &read(msg, false))
-}
-
-/// [`check`], and the application's headers as a JSON object (`None` when it has none), for
-/// an inbox row. Of a header given twice, the first counts.
-pub(crate) fn check_with_headers<'m>(
-    msg: &'m BorrowedMessage<'_>,
-) -> Result<(Incoming<'m>, Option<String>), String> {
     let read = read(msg, true);
-    let incoming = checked(msg, &read)?;
-    if read.application.is_empty() {
-        return Ok((incoming, None));
-    }
-    let mut object = serde_json::Map::new();
-    for (name, value) in &read.application {
-        object
-            .entry(*name)
-            .or_insert_with(|| String::from_utf8_lossy(value).into_owned().into());
-    }
-    Ok((
-        incoming,
-        Some(serde_json::Value::Object(object).to_string()),
-    ))
-}
-
-fn checked<'m>(msg: &'m BorrowedMessage<'_>, read: &Read<'m>) -> Result<Incoming<'m>, String> {
     let payload = msg.payload().unwrap_or_default();
     serde_json::from_slice::<serde::de::IgnoredAny>(payload)
         .map_err(|e| format!("payload is not JSON: {e}"))?;
@@ -151,12 +127,54 @@ fn checked<'m>(msg: &'m BorrowedMessage<'_>, read: &Read<'m>) -> Result<Incoming
         .ok_or("event_id header is not a UUID")?;
     let event_type = read
         .event_type
-        .map(|v| String::from_utf8_lossy(v).into_owned())
+        .map(String::from_utf8_lossy)
         .unwrap_or_default();
+    let origin = origin_of(msg, &read);
     Ok(Incoming {
-        event_id,
-        event_type,
+        meta: MessageMeta {
+            event_id,
+            event_type,
+            topic: origin.topic,
+            partition: Some(msg.partition()),
+            offset: Some(msg.offset()),
+            key: msg.key(),
+            headers: read.application,
+            attempt: origin.attempts.saturating_add(1),
+        },
         payload,
-        topic: origin_of(msg, read).topic,
     })
+}
+
+/// The application's headers as a JSON object for an inbox row (`None`: it has none). Of a
+/// header given twice, the first counts.
+pub(crate) fn headers_json(meta: &MessageMeta<'_>) -> Option<String> {
+    if meta.headers.is_empty() {
+        return None;
+    }
+    let mut object = serde_json::Map::new();
+    for (name, value) in &meta.headers {
+        object
+            .entry(*name)
+            .or_insert_with(|| String::from_utf8_lossy(value).into_owned().into());
+    }
+    Some(serde_json::Value::Object(object).to_string())
+}
+
+/// The headers of an inbox row (its JSON object), by name.
+pub(crate) fn headers_from_json(json: Option<&str>) -> Vec<(String, String)> {
+    let Some(json) = json else {
+        return Vec::new();
+    };
+    let object: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(json).unwrap_or_default();
+    object
+        .into_iter()
+        .map(|(name, value)| {
+            let value = match value {
+                serde_json::Value::String(s) => s,
+                other => other.to_string(),
+            };
+            (name, value)
+        })
+        .collect()
 }

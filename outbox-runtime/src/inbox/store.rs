@@ -1,5 +1,6 @@
 //! Inbox mode's SQL: receipt, processing, status.
 
+use std::borrow::Cow;
 use std::collections::HashMap;
 use std::time::Duration;
 
@@ -9,7 +10,7 @@ use uuid::Uuid;
 
 use super::consumer::Inner;
 use super::dedup::{discard, is_aborted, refused_at_commit};
-use super::handler::{Failure, Routes};
+use super::handler::{Failure, MessageMeta, Routes};
 use crate::error::{Error, Result};
 
 /// A checked message, ready to store in the inbox.
@@ -18,6 +19,8 @@ pub(crate) struct InboxRow<'m> {
     pub topic: &'m str,
     pub event_type: String,
     pub partition_key: Option<String>,
+    pub partition: i32,
+    pub offset: i64,
     pub payload: &'m [u8],
     /// The application's headers as a JSON object (`None`: none).
     pub headers: Option<String>,
@@ -78,12 +81,17 @@ async fn insert(pool: &PgPool, rows: &[InboxRow<'_>]) -> std::result::Result<u64
         .map(|r| String::from_utf8_lossy(r.payload).into_owned())
         .collect();
     let headers: Vec<Option<&str>> = rows.iter().map(|r| r.headers.as_deref()).collect();
+    let partitions: Vec<i32> = rows.iter().map(|r| r.partition).collect();
+    let offsets: Vec<i64> = rows.iter().map(|r| r.offset).collect();
     let result = sqlx::query(
-        "INSERT INTO inbox_event (event_id, topic, event_type, partition_key, payload, headers) \
+        "INSERT INTO inbox_event (event_id, topic, event_type, partition_key, payload, headers, \
+             source_partition, source_offset) \
          SELECT r.id, r.topic, r.event_type, r.partition_key, r.payload::jsonb, \
-             coalesce(r.headers::jsonb, '{}') \
-         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[]) \
-             WITH ORDINALITY AS r(id, topic, event_type, partition_key, payload, headers, n) \
+             coalesce(r.headers::jsonb, '{}'), r.part, r.off \
+         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], \
+             $7::int4[], $8::int8[]) \
+             WITH ORDINALITY AS r(id, topic, event_type, partition_key, payload, headers, part, \
+                 off, n) \
          ORDER BY r.n \
          ON CONFLICT (event_id) DO NOTHING",
     )
@@ -93,6 +101,8 @@ async fn insert(pool: &PgPool, rows: &[InboxRow<'_>]) -> std::result::Result<u64
     .bind(&keys)
     .bind(&payloads)
     .bind(&headers)
+    .bind(&partitions)
+    .bind(&offsets)
     .execute(pool)
     .await?;
     Ok(result.rows_affected())
@@ -100,7 +110,8 @@ async fn insert(pool: &PgPool, rows: &[InboxRow<'_>]) -> std::result::Result<u64
 
 /// Due rows, oldest first.
 const CLAIM_INBOX_SQL: &str = "\
-SELECT event_id, topic, event_type, payload::text AS payload, attempts FROM inbox_event \
+SELECT event_id, topic, event_type, payload::text AS payload, attempts, partition_key, \
+  source_partition, source_offset, NULLIF(headers, '{}')::text AS headers FROM inbox_event \
 WHERE NOT processed AND dead_at IS NULL \
   AND (next_attempt_at IS NULL OR next_attempt_at <= now()) \
 ORDER BY received_at LIMIT $1 FOR UPDATE SKIP LOCKED";
@@ -108,7 +119,8 @@ ORDER BY received_at LIMIT $1 FOR UPDATE SKIP LOCKED";
 /// The due rows of `$2` (ids). A query of its own: an optional filter (`$2 IS NULL OR ...`)
 /// would spoil the plan of the one above.
 const CLAIM_INBOX_IDS_SQL: &str = "\
-SELECT event_id, topic, event_type, payload::text AS payload, attempts FROM inbox_event \
+SELECT event_id, topic, event_type, payload::text AS payload, attempts, partition_key, \
+  source_partition, source_offset, NULLIF(headers, '{}')::text AS headers FROM inbox_event \
 WHERE event_id = ANY($2) AND NOT processed AND dead_at IS NULL \
   AND (next_attempt_at IS NULL OR next_attempt_at <= now()) \
 ORDER BY received_at LIMIT $1 FOR UPDATE SKIP LOCKED";
@@ -120,6 +132,30 @@ struct Claimed {
     event_type: String,
     payload: String,
     attempts: i32,
+    partition_key: Option<String>,
+    partition: Option<i32>,
+    offset: Option<i64>,
+    headers: Vec<(String, String)>,
+}
+
+impl Claimed {
+    /// The metadata its handlers get.
+    fn meta(&self) -> MessageMeta<'_> {
+        MessageMeta {
+            event_id: self.event_id,
+            event_type: Cow::Borrowed(&self.event_type),
+            topic: &self.topic,
+            partition: self.partition,
+            offset: self.offset,
+            key: self.partition_key.as_deref().map(str::as_bytes),
+            headers: self
+                .headers
+                .iter()
+                .map(|(n, v)| (n.as_str(), v.as_bytes()))
+                .collect(),
+            attempt: u32::try_from(self.attempts).unwrap_or(0).saturating_add(1),
+        }
+    }
 }
 
 async fn claim(
@@ -143,6 +179,12 @@ async fn claim(
                 event_type: r.try_get("event_type")?,
                 payload: r.try_get("payload")?,
                 attempts: r.try_get("attempts")?,
+                partition_key: r.try_get("partition_key")?,
+                partition: r.try_get("source_partition")?,
+                offset: r.try_get("source_offset")?,
+                headers: super::message::headers_from_json(
+                    r.try_get::<Option<String>, _>("headers")?.as_deref(),
+                ),
             })
         })
         .collect()
@@ -200,10 +242,11 @@ async fn process_optimistic(inner: &Inner, routes: &Routes) -> Result<Processed>
     for row in &rows {
         let span =
             tracing::info_span!("outbox_inbox_row", event_id = %row.event_id, topic = %row.topic);
+        let meta = row.meta();
         for route in routes.get(&row.topic, &row.event_type) {
             let result = route
                 .handler
-                .handle_json(row.payload.as_bytes(), &mut tx)
+                .handle_json(row.payload.as_bytes(), &mut tx, &meta)
                 .instrument(span.clone())
                 .await;
             if let Err(failure) = result {
@@ -316,10 +359,11 @@ async fn process_isolated(
         match known.get(&row.event_id) {
             Some(failure) => result = Err(failure.clone()),
             None => {
+                let meta = row.meta();
                 for route in routes.get(&row.topic, &row.event_type) {
                     result = route
                         .handler
-                        .handle_json(row.payload.as_bytes(), &mut savepoint)
+                        .handle_json(row.payload.as_bytes(), &mut savepoint, &meta)
                         .instrument(span.clone())
                         .await;
                     if result.is_err() {

@@ -24,12 +24,16 @@ mod handlers {
     }
 }
 
-fn takes_handler<H: Handler<Event = PaymentSucceeded>>(_: H) -> &'static str {
-    H::NAME
+fn dedup_key<H: Handler<Event = PaymentSucceeded>>(handler: H) -> String {
+    assert!(!handler.name().is_empty());
+    handler.dedup_key("orders")
 }
 
 fn main() {
-    // Visible outside its module, named after the function (or `name = ...`).
-    assert_eq!(takes_handler(handlers::mark_paid), "mark_paid");
-    assert_eq!(takes_handler(handlers::bill), "billing.v2");
+    // Visible outside its module, named after the function (or `name = ...`, which is the
+    // deduplication key as it stands).
+    assert_eq!(handlers::mark_paid.name(), "mark_paid");
+    assert_eq!(dedup_key(handlers::mark_paid), "orders/mark_paid");
+    assert_eq!(handlers::bill.name(), "billing.v2");
+    assert_eq!(dedup_key(handlers::bill), "billing.v2");
 }
