@@ -52,11 +52,17 @@ pub enum RetryPolicy {
 #[must_use]
 pub struct ConsumerBuilder<S = ()> {
     state: Arc<S>,
+    routes: Routes,
+    errors: Vec<String>,
+    settings: Settings,
+}
+
+/// A builder's settings: all of it but the state and the handlers, so that
+/// [`ConsumerBuilder::state`] moves them over as one.
+struct Settings {
     pool: PgPool,
     config: ClientConfig,
     producer_config: ClientConfig,
-    routes: Routes,
-    errors: Vec<String>,
     mode: Mode,
     max_attempts: u32,
     backoff: Backoff,
@@ -73,7 +79,7 @@ impl<S> std::fmt::Debug for ConsumerBuilder<S> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ConsumerBuilder")
             .field("state", &std::any::type_name::<S>())
-            .field("mode", &self.mode)
+            .field("mode", &self.settings.mode)
             .field("topics", &self.routes.topics())
             .finish_non_exhaustive()
     }
@@ -127,21 +133,9 @@ impl ConsumerBuilder<()> {
     pub fn state<T: Send + Sync + 'static>(self, state: T) -> ConsumerBuilder<T> {
         ConsumerBuilder {
             state: Arc::new(state),
-            pool: self.pool,
-            config: self.config,
-            producer_config: self.producer_config,
             routes: self.routes,
             errors: self.errors,
-            mode: self.mode,
-            max_attempts: self.max_attempts,
-            backoff: self.backoff,
-            dlq_suffix: self.dlq_suffix,
-            retry_policy: self.retry_policy,
-            retry_suffix: self.retry_suffix,
-            retry_tiers: self.retry_tiers,
-            processors: self.processors,
-            batch_size: self.batch_size,
-            poll_interval: self.poll_interval,
+            settings: self.settings,
         }
     }
 }
@@ -149,13 +143,15 @@ impl ConsumerBuilder<()> {
 impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
     /// Kafka bootstrap servers.
     pub fn brokers(mut self, brokers: impl Into<String>) -> Self {
-        self.config.set("bootstrap.servers", brokers.into());
+        self.settings
+            .config
+            .set("bootstrap.servers", brokers.into());
         self
     }
 
     /// The consumer group (required).
     pub fn group_id(mut self, group: impl Into<String>) -> Self {
-        self.config.set("group.id", group.into());
+        self.settings.config.set("group.id", group.into());
         self
     }
 
@@ -163,7 +159,7 @@ impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
     /// stores offsets itself (`enable.auto.offset.store=false`): `build` refuses `true`.
     pub fn consumer_config(mut self, config: ClientConfig) -> Self {
         for (key, value) in config.config_map() {
-            self.config.set(key, value);
+            self.settings.config.set(key, value);
         }
         self
     }
@@ -174,7 +170,7 @@ impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
     /// always uses.
     pub fn producer_config(mut self, config: ClientConfig) -> Self {
         for (key, value) in config.config_map() {
-            self.producer_config.set(key, value);
+            self.settings.producer_config.set(key, value);
         }
         self
     }
@@ -191,14 +187,14 @@ impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
 
     /// [`Mode::Dedup`] (default) or [`Mode::Inbox`].
     pub fn mode(mut self, mode: Mode) -> Self {
-        self.mode = mode;
+        self.settings.mode = mode;
         self
     }
 
     /// Attempts at a message whose handler fails retryably before it is dead-lettered
     /// (default 5).
     pub fn max_attempts(mut self, attempts: u32) -> Self {
-        self.max_attempts = attempts;
+        self.settings.max_attempts = attempts;
         self
     }
 
@@ -207,26 +203,26 @@ impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
     /// time below the same schedule ("full jitter"), so that consumers an outage stopped
     /// together do not retry in lockstep.
     pub fn retry_backoff(mut self, first: Duration, max: Duration) -> Self {
-        self.backoff = Backoff { first, max };
+        self.settings.backoff = Backoff { first, max };
         self
     }
 
     /// Dead-letter topic of topic `t`: `t` + this suffix (default `.dlq`).
     pub fn dlq_suffix(mut self, suffix: impl Into<String>) -> Self {
-        self.dlq_suffix = suffix.into();
+        self.settings.dlq_suffix = suffix.into();
         self
     }
 
     /// Dedup mode: [`RetryPolicy::Topic`] (default) or [`RetryPolicy::InPlace`]. Inbox mode
     /// retries in its table and ignores this.
     pub fn retry_policy(mut self, policy: RetryPolicy) -> Self {
-        self.retry_policy = policy;
+        self.settings.retry_policy = policy;
         self
     }
 
     /// Retry topic of topic `t`: `t` + this suffix (default `.retry`).
     pub fn retry_suffix(mut self, suffix: impl Into<String>) -> Self {
-        self.retry_suffix = suffix.into();
+        self.settings.retry_suffix = suffix.into();
         self
     }
 
@@ -236,26 +232,26 @@ impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
     /// `<topic><suffix>-<min(k, n)>`, so that messages in one retry topic wait about as long
     /// as each other.
     pub fn retry_tiers(mut self, tiers: u32) -> Self {
-        self.retry_tiers = tiers;
+        self.settings.retry_tiers = tiers;
         self
     }
 
     /// Inbox processor tasks this consumer runs (default 1; 0 runs none, for a deployment
     /// whose processors run elsewhere).
     pub fn processors(mut self, processors: usize) -> Self {
-        self.processors = processors;
+        self.settings.processors = processors;
         self
     }
 
     /// Messages stored per inbox insert, and rows claimed per processor batch (default 500).
     pub fn batch_size(mut self, batch_size: usize) -> Self {
-        self.batch_size = batch_size;
+        self.settings.batch_size = batch_size;
         self
     }
 
     /// How often an idle inbox processor looks for rows (default 200 ms).
     pub fn poll_interval(mut self, interval: Duration) -> Self {
-        self.poll_interval = interval;
+        self.settings.poll_interval = interval;
         self
     }
 
@@ -268,13 +264,13 @@ impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
         if self.routes.is_empty() {
             return fail("no handlers: register at least one with `handler(...)`".into());
         }
-        let mut config = self.config;
+        let mut config = self.settings.config;
         config::check_common(
             config.get("bootstrap.servers"),
-            self.batch_size,
-            self.poll_interval,
-            self.max_attempts,
-            self.backoff,
+            self.settings.batch_size,
+            self.settings.poll_interval,
+            self.settings.max_attempts,
+            self.settings.backoff,
         )?;
         if config.get("group.id").is_none_or(str::is_empty) {
             return fail("no consumer group: call `group_id(...)`".into());
@@ -289,16 +285,16 @@ impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
                     .into(),
             );
         }
-        if self.dlq_suffix.is_empty() || self.retry_suffix.is_empty() {
+        if self.settings.dlq_suffix.is_empty() || self.settings.retry_suffix.is_empty() {
             return fail("the dead-letter and retry suffixes must not be empty".into());
         }
-        if self.dlq_suffix == self.retry_suffix {
+        if self.settings.dlq_suffix == self.settings.retry_suffix {
             return fail("the dead-letter and retry suffixes must differ".into());
         }
-        if self.retry_tiers == 0 || self.retry_tiers > 100 {
+        if self.settings.retry_tiers == 0 || self.settings.retry_tiers > 100 {
             return fail(format!(
                 "retry_tiers must be between 1 and 100, not {}",
-                self.retry_tiers
+                self.settings.retry_tiers
             ));
         }
         let group = config.get("group.id").unwrap_or_default().to_owned();
@@ -326,7 +322,7 @@ impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
             .set("message.timeout.ms", "30000")
             .set("topic.metadata.propagation.max.ms", "5000")
             .set("linger.ms", "0");
-        for (key, value) in self.producer_config.config_map() {
+        for (key, value) in self.settings.producer_config.config_map() {
             producer_config.set(key, value);
         }
         producer_config
@@ -341,20 +337,20 @@ impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
                 })?;
         Ok(Consumer {
             inner: Arc::new(Inner {
-                pool: self.pool,
+                pool: self.settings.pool,
                 config,
                 forwarder,
                 routes,
-                mode: self.mode,
-                max_attempts: self.max_attempts,
-                backoff: self.backoff,
-                dlq_suffix: self.dlq_suffix,
-                retry_policy: self.retry_policy,
-                retry_suffix: self.retry_suffix,
-                retry_tiers: self.retry_tiers,
-                processors: self.processors,
-                batch_size: self.batch_size,
-                poll_interval: self.poll_interval,
+                mode: self.settings.mode,
+                max_attempts: self.settings.max_attempts,
+                backoff: self.settings.backoff,
+                dlq_suffix: self.settings.dlq_suffix,
+                retry_policy: self.settings.retry_policy,
+                retry_suffix: self.settings.retry_suffix,
+                retry_tiers: self.settings.retry_tiers,
+                processors: self.settings.processors,
+                batch_size: self.settings.batch_size,
+                poll_interval: self.settings.poll_interval,
             }),
         })
     }
@@ -572,24 +568,26 @@ impl Consumer {
     pub fn builder(pool: PgPool) -> ConsumerBuilder {
         ConsumerBuilder {
             state: Arc::new(()),
-            pool,
-            config: ClientConfig::new(),
-            producer_config: ClientConfig::new(),
             routes: Routes::default(),
             errors: Vec::new(),
-            mode: Mode::Dedup,
-            max_attempts: 5,
-            backoff: Backoff {
-                first: Duration::from_millis(200),
-                max: Duration::from_secs(30),
+            settings: Settings {
+                pool,
+                config: ClientConfig::new(),
+                producer_config: ClientConfig::new(),
+                mode: Mode::Dedup,
+                max_attempts: 5,
+                backoff: Backoff {
+                    first: Duration::from_millis(200),
+                    max: Duration::from_secs(30),
+                },
+                dlq_suffix: ".dlq".into(),
+                retry_policy: RetryPolicy::Topic,
+                retry_suffix: ".retry".into(),
+                retry_tiers: 1,
+                processors: 1,
+                batch_size: 500,
+                poll_interval: Duration::from_millis(200),
             },
-            dlq_suffix: ".dlq".into(),
-            retry_policy: RetryPolicy::Topic,
-            retry_suffix: ".retry".into(),
-            retry_tiers: 1,
-            processors: 1,
-            batch_size: 500,
-            poll_interval: Duration::from_millis(200),
         }
     }
 
