@@ -63,6 +63,7 @@ mod derived {
             const TOPIC: &'static str = "order.events";
             const AGGREGATE_TYPE: &'static str = "Order";
             const EVENT_TYPE: &'static str = "OrderCreated";
+            const SCHEMA_VERSION: u32 = 1u32;
             #[inline]
             fn aggregate_id(&self) -> ::outbox_runtime::__private::String {
                 ::outbox_runtime::__private::display_field::<Uuid>(&self.order_id)

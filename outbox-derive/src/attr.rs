@@ -13,8 +13,9 @@ pub const TOPIC: &str = "topic";
 pub const AGGREGATE_TYPE: &str = "aggregate_type";
 pub const EVENT_TYPE: &str = "event_type";
 pub const CRATE: &str = "crate";
+pub const VERSION: &str = "version";
 /// Keys accepted in `#[outbox(...)]` on the struct.
-pub const STRUCT_KEYS: &[&str] = &[TOPIC, AGGREGATE_TYPE, EVENT_TYPE, CRATE];
+pub const STRUCT_KEYS: &[&str] = &[TOPIC, AGGREGATE_TYPE, EVENT_TYPE, VERSION, CRATE];
 
 pub const AGGREGATE_ID: &str = "aggregate_id";
 pub const KEY: &str = "key";
@@ -31,6 +32,8 @@ pub struct StructAttrs {
     pub aggregate_type: Option<LitStr>,
     pub event_type: Option<LitStr>,
     pub krate: Option<Path>,
+    /// `version = N`: the payload's schema version, at least 1.
+    pub version: Option<u32>,
     /// Keys that were given with an invalid value (already reported).
     pub invalid: Vec<&'static str>,
 }
@@ -114,6 +117,54 @@ fn string_value(meta: &ParseNestedMeta, name: &str) -> syn::Result<LitStr> {
     }
 }
 
+/// `version = N`: an integer literal from 1 to `u32::MAX`, unsuffixed or `u32`.
+fn version_value(meta: &ParseNestedMeta) -> syn::Result<u32> {
+    let value = meta
+        .value()
+        .map_err(|_| syn::Error::new_spanned(&meta.path, "expected `version = 2`"))?;
+    version_literal(&value.parse()?, VERSION)
+}
+
+/// A schema version given to `key`: an integer literal from 1 to `u32::MAX`, unsuffixed or
+/// `u32`. Shared with `#[inbox_handler(versions = [...])]`.
+pub fn version_literal(expr: &syn::Expr, key: &str) -> syn::Result<u32> {
+    let syn::Expr::Lit(syn::ExprLit {
+        lit: syn::Lit::Int(int),
+        ..
+    }) = expr
+    else {
+        return Err(syn::Error::new_spanned(
+            expr,
+            format!("`{key}`: expected a schema version, a positive integer such as `2`"),
+        ));
+    };
+    if !matches!(int.suffix(), "" | "u32") {
+        return Err(syn::Error::new_spanned(
+            int,
+            format!(
+                "`{key}`: a schema version is a `u32`; write `{}`",
+                int.base10_digits()
+            ),
+        ));
+    }
+    match int.base10_parse::<u32>() {
+        Ok(0) => Err(syn::Error::new_spanned(
+            int,
+            format!(
+                "`{key}`: schema versions start at 1 (the version of an event without `version`)"
+            ),
+        )),
+        Ok(v) => Ok(v),
+        Err(_) => Err(syn::Error::new_spanned(
+            int,
+            format!(
+                "`{key}`: a schema version must fit in a `u32` (at most {})",
+                u32::MAX
+            ),
+        )),
+    }
+}
+
 fn is_outbox(attr: &Attribute) -> bool {
     attr.path().is_ident(OUTBOX)
 }
@@ -140,6 +191,13 @@ pub fn parse_struct_attrs(cx: &mut Ctxt, attrs: &[Attribute]) -> StructAttrs {
                         }
                     }
                 }
+                VERSION => match version_value(&meta) {
+                    Ok(v) => set_once(cx, &mut out.version, &meta, VERSION, v),
+                    Err(e) => {
+                        cx.push(e);
+                        return skip_value(&meta);
+                    }
+                },
                 CRATE => match string_value(&meta, CRATE).and_then(|lit| lit.parse::<Path>()) {
                     Ok(path) => set_once(cx, &mut out.krate, &meta, CRATE, path),
                     Err(e) => cx.push(e),

@@ -49,6 +49,7 @@ struct Body {
     topic: TokenStream,
     aggregate_type: TokenStream,
     event_type: TokenStream,
+    version: u32,
     aggregate_id: TokenStream,
     partition_key: TokenStream,
     event_id: TokenStream,
@@ -62,6 +63,7 @@ fn impl_block(model: &Input, krate: &Path, body: Body) -> TokenStream {
         topic,
         aggregate_type,
         event_type,
+        version,
         aggregate_id,
         partition_key,
         event_id,
@@ -73,6 +75,7 @@ fn impl_block(model: &Input, krate: &Path, body: Body) -> TokenStream {
             const TOPIC: &'static str = #topic;
             const AGGREGATE_TYPE: &'static str = #aggregate_type;
             const EVENT_TYPE: &'static str = #event_type;
+            const SCHEMA_VERSION: u32 = #version;
 
             #[inline]
             fn aggregate_id(&self) -> #krate::__private::String {
@@ -118,6 +121,7 @@ fn impl_event(event: &Event) -> TokenStream {
         topic: quote!(#topic),
         aggregate_type: quote!(#aggregate_type),
         event_type: quote!(#event_type),
+        version: event.version,
         aggregate_id: field_string(krate, event.aggregate_id),
         partition_key: field_string(krate, event.key),
         event_id,
@@ -137,6 +141,7 @@ fn stub_impl(model: &Input) -> TokenStream {
         topic: quote!(""),
         aggregate_type: quote!(""),
         event_type: quote!(""),
+        version: 1,
         aggregate_id: unreachable.clone(),
         partition_key: unreachable.clone(),
         event_id: unreachable.clone(),

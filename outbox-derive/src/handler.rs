@@ -8,30 +8,67 @@ use syn::{FnArg, GenericArgument, ItemFn, LitStr, Path, PathArguments, ReturnTyp
 
 use crate::ctxt::Ctxt;
 
-/// `#[inbox_handler(name = "...", crate = "...")]`.
+/// `#[inbox_handler(name = "...", versions = [1, 2], crate = "...")]`.
 struct Args {
     name: Option<LitStr>,
+    /// The schema versions it accepts, with the list's span.
+    versions: Option<(Vec<u32>, proc_macro2::Span)>,
     krate: Option<Path>,
+}
+
+/// `versions = [1, 2]`: distinct schema versions, at least one.
+fn parse_versions(
+    cx: &mut Ctxt,
+    meta: &syn::meta::ParseNestedMeta,
+) -> syn::Result<(Vec<u32>, proc_macro2::Span)> {
+    let expr: syn::Expr = meta.value()?.parse()?;
+    let syn::Expr::Array(array) = &expr else {
+        return Err(syn::Error::new_spanned(
+            expr,
+            "expected a list of schema versions: `versions = [1, 2]`",
+        ));
+    };
+    if array.elems.is_empty() {
+        cx.error_spanned_by(array, "`versions` must list at least one schema version");
+    }
+    let mut versions = Vec::new();
+    for elem in &array.elems {
+        match crate::attr::version_literal(elem, "versions") {
+            Ok(v) if versions.contains(&v) => {
+                cx.error_spanned_by(elem, format!("schema version {v} is listed twice"));
+            }
+            Ok(v) => versions.push(v),
+            Err(e) => cx.push(e),
+        }
+    }
+    Ok((versions, array.span()))
 }
 
 fn parse_args(cx: &mut Ctxt, args: TokenStream) -> Args {
     let mut out = Args {
         name: None,
+        versions: None,
         krate: None,
     };
+    let mut errors = Ctxt::default();
     let parser = syn::meta::parser(|meta| {
         if meta.path.is_ident("name") {
             out.name = Some(meta.value()?.parse()?);
+        } else if meta.path.is_ident("versions") {
+            out.versions = Some(parse_versions(&mut errors, &meta)?);
         } else if meta.path.is_ident("crate") {
             out.krate = Some(meta.value()?.parse::<LitStr>()?.parse()?);
         } else {
-            return Err(
-                meta.error("unknown inbox_handler argument; expected one of: `name`, `crate`")
-            );
+            return Err(meta.error(
+                "unknown inbox_handler argument; expected one of: `name`, `versions`, `crate`",
+            ));
         }
         Ok(())
     });
     if let Err(e) = syn::parse::Parser::parse2(parser, args) {
+        cx.push(e);
+    }
+    if let Err(e) = errors.check() {
         cx.push(e);
     }
     out
@@ -247,6 +284,26 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
             }
         }
     });
+    // Declared versions: the handler takes these as they are; the event's own must be one.
+    let versions = args.versions.as_ref().map(|(versions, span)| {
+        let message = format!(
+            "`#[inbox_handler(versions = [...])]` must list the event's own schema version \
+             (`{}::SCHEMA_VERSION`)",
+            quote!(#event_ty).to_string().replace(' ', "")
+        );
+        let check = quote::quote_spanned! {*span=>
+            const _: () = ::core::assert!(
+                #(<#event_ty as #krate::OutboxEvent>::SCHEMA_VERSION == #versions)||*,
+                #message
+            );
+        };
+        quote! {
+            fn accepts_version(&self, version: u32) -> bool {
+                #check
+                ::core::matches!(version, #(#versions)|*)
+            }
+        }
+    });
     let state_ty = extras.iter().find_map(|e| match e {
         Extra::State(ty) => Some(*ty),
         Extra::Meta => None,
@@ -315,6 +372,8 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
                 }
 
                 #dedup_key
+
+                #versions
 
                 #[allow(unused_variables)]
                 fn handle<'a>(

@@ -21,6 +21,8 @@ pub struct Event<'i, 'a> {
     /// The partition key field: the `#[outbox(key)]` field, or else the aggregate id.
     pub key: &'i Field<'a>,
     pub event_id: Option<&'i Field<'a>>,
+    /// The payload's schema version (1 unless given).
+    pub version: u32,
 }
 
 /// Checks a Kafka topic name: 1 to 249 characters from `[a-zA-Z0-9._-]`, not `.` or `..`.
@@ -148,5 +150,6 @@ pub fn validate<'i, 'a>(cx: &mut Ctxt, input: &'i Input<'a>) -> Option<Event<'i,
         aggregate_id,
         key: key.unwrap_or(aggregate_id),
         event_id,
+        version: attrs.version.unwrap_or(1),
     })
 }

@@ -40,6 +40,7 @@ use crate::error::{Error, Result};
 /// | `topic = "..."` | required | the Kafka topic; a legal topic name (`[a-zA-Z0-9._-]`, at most 249 characters, not `.` or `..`) |
 /// | `aggregate_type = "..."` | required | the aggregate's type, e.g. `"Order"` |
 /// | `event_type = "..."` | optional | defaults to the struct's name |
+/// | `version = N` | optional | the payload's schema version, from 1 (the default); see [`SCHEMA_VERSION`](Self::SCHEMA_VERSION) |
 /// | `crate = "..."` | optional | path to `outbox_runtime` for crates that re-export it |
 ///
 /// On fields:
@@ -64,6 +65,13 @@ pub trait OutboxEvent {
     const AGGREGATE_TYPE: &'static str;
     /// The event's type, e.g. `"OrderCreated"`; sent as the `event_type` header.
     const EVENT_TYPE: &'static str;
+    /// The payload's schema version, `#[outbox(version = N)]`: 1 unless given. Bump it when
+    /// the payload changes in a way old consumers cannot read. An event of another version
+    /// than 1 carries it in the `outbox_schema_version` header ([`SCHEMA_VERSION_HEADER`]);
+    /// no header means version 1. A consumer's handler accepts its event's version, the
+    /// versions it declares, and those an upcaster is registered for; others go to the dead
+    /// letters.
+    const SCHEMA_VERSION: u32 = 1;
 
     /// The aggregate's id, as text.
     fn aggregate_id(&self) -> String;
@@ -113,7 +121,13 @@ pub struct OutboxRecord {
     pub(crate) payload: String,
     /// The application's headers, by name (sorted, unique); empty for most events.
     pub(crate) headers: Vec<(String, String)>,
+    /// The payload's schema version (1 for most events).
+    pub(crate) schema_version: u32,
 }
+
+/// The header that carries an event's schema version ([`OutboxEvent::SCHEMA_VERSION`]) when it
+/// is not 1. Stored with the row's headers, so a replay sends it again.
+pub const SCHEMA_VERSION_HEADER: &str = "outbox_schema_version";
 
 /// Header names the framework sends or reads itself: `event_id`, `event_type`,
 /// `aggregate_type`, `aggregate_id`, `content-type`, and every name starting with `outbox_` or
@@ -167,6 +181,7 @@ impl OutboxRecord {
             partition_key,
             payload,
             headers: Vec::new(),
+            schema_version: E::SCHEMA_VERSION,
         })
     }
 
@@ -245,14 +260,31 @@ impl OutboxRecord {
     pub fn headers(&self) -> &[(String, String)] {
         &self.headers
     }
+    /// The payload's schema version ([`OutboxEvent::SCHEMA_VERSION`]).
+    pub fn schema_version(&self) -> u32 {
+        self.schema_version
+    }
 
-    /// The headers as a JSON object, for the `headers` column.
+    /// Whether the row stores headers: the application's, or a schema version other than 1.
+    /// Rows without keep the `headers` column's default and the shorter statement.
+    pub(crate) fn has_stored_headers(&self) -> bool {
+        !self.headers.is_empty() || self.schema_version != 1
+    }
+
+    /// The stored headers as a JSON object, for the `headers` column: the application's, and
+    /// [`SCHEMA_VERSION_HEADER`] unless the version is 1.
     pub(crate) fn headers_json(&self) -> String {
-        let object: serde_json::Map<String, serde_json::Value> = self
+        let mut object: serde_json::Map<String, serde_json::Value> = self
             .headers
             .iter()
             .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
             .collect();
+        if self.schema_version != 1 {
+            object.insert(
+                SCHEMA_VERSION_HEADER.to_owned(),
+                self.schema_version.to_string().into(),
+            );
+        }
         serde_json::Value::Object(object).to_string()
     }
 }

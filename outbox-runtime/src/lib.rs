@@ -26,7 +26,7 @@ mod uow;
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub use error::PublishError;
 pub use error::{error_chain, Error, Result};
-pub use event::{is_reserved_header, IntoRecord, OutboxEvent, OutboxRecord};
+pub use event::{is_reserved_header, IntoRecord, OutboxEvent, OutboxRecord, SCHEMA_VERSION_HEADER};
 pub use migrate::{migrate, migrate_on};
 #[cfg(feature = "prometheus")]
 #[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]

@@ -47,6 +47,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(20261130000007, "relay_horizon"),
     migration!(20261201000008, "headers"),
     migration!(20261201000009, "inbox_source"),
+    migration!(20261201000010, "schema_version"),
 ];
 
 /// Key of the transaction-scoped advisory lock that serializes concurrent `migrate` calls.

@@ -481,7 +481,7 @@ async fn insert(conn: &mut PgConnection, records: &[OutboxRecord]) -> Result<Vec
         topics.push(r.topic());
         keys.push(r.partition_key());
     }
-    let with_headers = records.iter().any(|r| !r.headers.is_empty());
+    let with_headers = records.iter().any(OutboxRecord::has_stored_headers);
     let headers: Vec<String> = if with_headers {
         records.iter().map(OutboxRecord::headers_json).collect()
     } else {
@@ -550,7 +550,7 @@ fn literal_emit(records: &[OutboxRecord]) -> Result<String> {
         sql.push_str("]::text[]");
     }
     // The headers, only when a row has some (else the 7-argument `outbox_emit`).
-    if records.iter().any(|r| !r.headers.is_empty()) {
+    if records.iter().any(OutboxRecord::has_stored_headers) {
         sql.push_str(", ARRAY[");
         for (i, r) in records.iter().enumerate() {
             if i > 0 {

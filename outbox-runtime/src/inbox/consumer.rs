@@ -13,7 +13,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::dedup::{self, Checked};
 use super::forward::{self, Destination, Forward};
-use super::handler::{Failure, Handler, Routes};
+use super::handler::{Failure, Handler, Routes, Upcasters};
 use super::message;
 use super::store::{self, inbox_status, InboxStatus};
 use crate::config::{self, Backoff};
@@ -73,6 +73,7 @@ struct Settings {
     processors: usize,
     batch_size: usize,
     poll_interval: Duration,
+    upcasters: Upcasters,
 }
 
 impl<S> std::fmt::Debug for ConsumerBuilder<S> {
@@ -180,6 +181,68 @@ impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
     /// different [names](Handler::name); `build` refuses a name registered twice.
     pub fn handler<H: Handler<S>>(mut self, handler: H) -> Self {
         if let Err(e) = self.routes.add(handler, Arc::clone(&self.state)) {
+            self.errors.push(e);
+        }
+        self
+    }
+
+    /// Registers an upcaster: a message of event `E` sent with schema version `from` that a
+    /// handler of `E` does not accept ([`Handler::accepts_version`]) is made into an `E` by
+    /// `upcast`, from its payload as JSON, and handed to that handler. Its error is permanent:
+    /// the message goes to the dead letters with it. `from` is usually an older version; one
+    /// upcaster per version (several versions: one each). The handler's
+    /// [`MessageMeta::schema_version`](super::MessageMeta::schema_version) stays the version
+    /// sent.
+    ///
+    /// `build` refuses version 0, `E`'s own version, two upcasters for one version, and an
+    /// upcaster for an event no handler takes.
+    ///
+    /// ```
+    /// # use outbox_runtime::inbox::{Consumer, HandlerError};
+    /// # use sqlx::PgConnection;
+    /// /// Version 2 split `name` into two fields.
+    /// #[derive(serde::Serialize, serde::Deserialize, outbox_runtime::OutboxEvent)]
+    /// #[outbox(topic = "customer.events", aggregate_type = "Customer", version = 2)]
+    /// struct CustomerRenamed {
+    ///     #[outbox(aggregate_id)]
+    ///     customer_id: uuid::Uuid,
+    ///     first_name: String,
+    ///     last_name: String,
+    /// }
+    ///
+    /// #[outbox_runtime::inbox_handler]
+    /// async fn rename(event: CustomerRenamed, tx: &mut PgConnection) -> Result<(), HandlerError> {
+    ///     # let _ = (event, tx);
+    ///     Ok(())
+    /// }
+    ///
+    /// # fn build(pool: sqlx::PgPool) -> outbox_runtime::Result<()> {
+    /// let consumer = Consumer::builder(pool)
+    ///     .brokers("localhost:9092")
+    ///     .group_id("crm")
+    ///     .handler(rename)
+    ///     .upcast::<CustomerRenamed, _>(1, |v1: serde_json::Value| {
+    ///         let name = v1["name"].as_str().ok_or("version 1 has no `name`")?;
+    ///         let (first, last) = name.split_once(' ').unwrap_or((name, ""));
+    ///         Ok(CustomerRenamed {
+    ///             customer_id: serde_json::from_value(v1["customer_id"].clone())?,
+    ///             first_name: first.into(),
+    ///             last_name: last.into(),
+    ///         })
+    ///     })
+    ///     .build()?;
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn upcast<E, F>(mut self, from: u32, upcast: F) -> Self
+    where
+        E: crate::OutboxEvent + 'static,
+        F: Fn(serde_json::Value) -> std::result::Result<E, crate::inbox::BoxError>
+            + Send
+            + Sync
+            + 'static,
+    {
+        if let Err(e) = self.settings.upcasters.add::<E>(from, Box::new(upcast)) {
             self.errors.push(e);
         }
         self
@@ -300,6 +363,9 @@ impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
         let group = config.get("group.id").unwrap_or_default().to_owned();
         let mut routes = self.routes;
         routes.bind_group(&group).map_err(Error::Config)?;
+        routes
+            .bind_upcasters(self.settings.upcasters)
+            .map_err(Error::Config)?;
         config.set("enable.auto.offset.store", "false");
         if config.get("auto.offset.reset").is_none() {
             config.set("auto.offset.reset", "earliest");
@@ -587,6 +653,7 @@ impl Consumer {
                 processors: 1,
                 batch_size: 500,
                 poll_interval: Duration::from_millis(200),
+                upcasters: Upcasters::default(),
             },
         }
     }
@@ -812,6 +879,7 @@ impl Consumer {
                             offset: msg.offset(),
                             payload: incoming.payload,
                             headers: message::headers_json(meta),
+                            schema_version: meta.schema_version,
                         });
                     }
                     Err(reason) => bad[i] = Some(reason),

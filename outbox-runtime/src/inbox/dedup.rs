@@ -328,8 +328,7 @@ async fn optimistic_in(
         let span = tracing::info_span!("outbox_consume", event_id = %incoming.meta.event_id,
             handler = route.handler.name());
         let result = route
-            .handler
-            .handle_json(incoming.payload, &mut *conn, &incoming.meta)
+            .handle(incoming.payload, &mut *conn, &incoming.meta)
             .instrument(span)
             .await;
         if let Err(failure) = result {
@@ -415,8 +414,7 @@ async fn isolated_in(
                 let span = tracing::info_span!("outbox_consume",
                     event_id = %incoming.meta.event_id, handler = route.handler.name());
                 let result = route
-                    .handler
-                    .handle_json(incoming.payload, &mut savepoint, &incoming.meta)
+                    .handle(incoming.payload, &mut savepoint, &incoming.meta)
                     .instrument(span)
                     .await;
                 match result {

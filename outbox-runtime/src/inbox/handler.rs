@@ -1,5 +1,7 @@
 //! Handlers, their errors, and the routing table from (topic, event type) to handlers.
 
+#[cfg(feature = "kafka")]
+use std::any::{Any, TypeId};
 use std::borrow::Cow;
 #[cfg(feature = "kafka")]
 use std::collections::HashMap;
@@ -17,7 +19,8 @@ use crate::event::OutboxEvent;
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
 
-type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
+/// A boxed error, as handlers and upcasters return it.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync + 'static>;
 
 /// How a handler failed: a retryable failure is tried again (with backoff, up to the
 /// consumer's `max_attempts`), a permanent one goes to the dead letters at once.
@@ -114,7 +117,7 @@ impl From<crate::Error> for HandlerError {
 }
 
 /// What a handler may know of the message besides its event: where it was read, its headers,
-/// and which attempt this is. A handler asks for it with a `meta: &MessageMeta` parameter.
+/// its schema version, and which attempt this is. A handler asks for it with a `meta: &MessageMeta` parameter.
 ///
 /// It borrows from the message (no copies on the consumer's path); keep what outlives the
 /// handler with `to_owned`.
@@ -128,6 +131,7 @@ pub struct MessageMeta<'a> {
     pub(crate) key: Option<&'a [u8]>,
     pub(crate) headers: Vec<(&'a str, &'a [u8])>,
     pub(crate) attempt: u32,
+    pub(crate) schema_version: u32,
 }
 
 impl<'a> MessageMeta<'a> {
@@ -144,7 +148,15 @@ impl<'a> MessageMeta<'a> {
             key: None,
             headers: Vec::new(),
             attempt: 1,
+            schema_version: 1,
         }
+    }
+
+    /// With this schema version (1 if never set).
+    #[must_use]
+    pub fn with_schema_version(mut self, version: u32) -> Self {
+        self.schema_version = version.max(1);
+        self
     }
 
     /// With this attempt number (1 for the first).
@@ -228,6 +240,13 @@ impl<'a> MessageMeta<'a> {
     /// and so on (counted across retry topics, in-place retries and inbox retries).
     pub fn attempt(&self) -> u32 {
         self.attempt
+    }
+
+    /// The schema version the event was sent with (its `outbox_schema_version` header; 1 if
+    /// it has none). When an upcaster made the handler's event from an older payload, this is
+    /// still the older version.
+    pub fn schema_version(&self) -> u32 {
+        self.schema_version
     }
 }
 
@@ -326,6 +345,18 @@ pub trait Handler<S = ()>: Send + Sync + 'static {
         format!("{group}/{}", self.name())
     }
 
+    /// Whether it takes an event sent with schema `version` as it is, deserialized straight
+    /// into [`Event`](Self::Event): by default only the event's own version
+    /// ([`OutboxEvent::SCHEMA_VERSION`]). `#[inbox_handler(versions = [1, 2])]` lists the
+    /// versions its struct reads (with serde defaults for new fields, say).
+    ///
+    /// A message of a version it does not take is upcast if an upcaster from that version is
+    /// registered ([`ConsumerBuilder::upcast`](crate::inbox::ConsumerBuilder::upcast)), and
+    /// otherwise fails for good: it goes to the dead letters, with the versions in the reason.
+    fn accepts_version(&self, version: u32) -> bool {
+        version == <Self::Event as OutboxEvent>::SCHEMA_VERSION
+    }
+
     /// Runs the handler in the transaction `conn` is in, with the consumer's `state` and the
     /// message's metadata.
     fn handle<'a>(
@@ -388,12 +419,83 @@ pub(crate) trait ErasedHandler: Send + Sync {
     fn name(&self) -> &str;
     /// Its deduplication key in `consumer group`.
     fn dedup_key(&self, group: &str) -> String;
+    /// The Rust type of its event (upcasters are registered by it).
+    fn event_type_id(&self) -> TypeId;
     fn handle_json<'a>(
         &'a self,
         payload: &'a [u8],
         conn: &'a mut PgConnection,
         meta: &'a MessageMeta<'a>,
+        upcasters: &'a Upcasters,
     ) -> BoxFuture<'a, Result<(), Failure>>;
+}
+
+#[cfg(feature = "kafka")]
+/// An upcaster to `E`: the JSON payload of an older version in, the event out.
+pub(crate) type UpcastFn<E> =
+    dyn Fn(serde_json::Value) -> Result<E, BoxError> + Send + Sync + 'static;
+
+#[cfg(feature = "kafka")]
+/// Upcasters by event type and the version they read.
+#[derive(Default)]
+pub(crate) struct Upcasters {
+    /// Each value is a `Box<UpcastFn<E>>` for the `E` of its key's `TypeId`.
+    by_event: HashMap<(TypeId, u32), Box<dyn Any + Send + Sync>>,
+    /// The event types they make, by name, for errors.
+    names: Vec<(TypeId, &'static str, u32)>,
+}
+
+#[cfg(feature = "kafka")]
+impl Upcasters {
+    /// Registers `f` to make an `E` from a payload of version `from`.
+    pub(crate) fn add<E: OutboxEvent + 'static>(
+        &mut self,
+        from: u32,
+        f: Box<UpcastFn<E>>,
+    ) -> Result<(), String> {
+        let name = std::any::type_name::<E>();
+        if from == 0 {
+            return Err(format!(
+                "an upcaster to `{name}` from version 0: versions start at 1"
+            ));
+        }
+        if from == E::SCHEMA_VERSION {
+            return Err(format!(
+                "an upcaster to `{name}` from version {from}, its own version: a payload of \
+                 that version is deserialized as it is"
+            ));
+        }
+        let key = (TypeId::of::<E>(), from);
+        if self.by_event.contains_key(&key) {
+            return Err(format!("two upcasters to `{name}` from version {from}"));
+        }
+        self.by_event.insert(key, Box::new(f));
+        self.names.push((key.0, name, from));
+        Ok(())
+    }
+
+    /// The upcaster to `E` from `version`, if one is registered.
+    fn get<E: 'static>(&self, version: u32) -> Option<&UpcastFn<E>> {
+        self.by_event
+            .get(&(TypeId::of::<E>(), version))
+            // The key's `TypeId` is `E`'s: the downcast cannot fail.
+            .and_then(|f| f.downcast_ref::<Box<UpcastFn<E>>>())
+            .map(|f| &**f)
+    }
+
+    /// An upcaster whose event no handler takes (`handled`: the handlers' event types), as
+    /// an error.
+    pub(crate) fn unused(&self, handled: &[TypeId]) -> Option<String> {
+        self.names
+            .iter()
+            .find(|(id, _, _)| !handled.contains(id))
+            .map(|(_, name, from)| {
+                format!(
+                    "an upcaster to `{name}` (from version {from}) is registered, but no \
+                     handler takes `{name}`"
+                )
+            })
+    }
 }
 
 #[cfg(feature = "kafka")]
@@ -440,11 +542,16 @@ impl<S: Send + Sync + 'static, H: Handler<S>> ErasedHandler for Erased<H, S> {
         self.handler.dedup_key(group)
     }
 
+    fn event_type_id(&self) -> TypeId {
+        TypeId::of::<H::Event>()
+    }
+
     fn handle_json<'a>(
         &'a self,
         payload: &'a [u8],
         conn: &'a mut PgConnection,
         meta: &'a MessageMeta<'a>,
+        upcasters: &'a Upcasters,
     ) -> BoxFuture<'a, Result<(), Failure>> {
         use std::panic::{catch_unwind, AssertUnwindSafe};
         use std::task::Poll;
@@ -458,15 +565,9 @@ impl<S: Send + Sync + 'static, H: Handler<S>> ErasedHandler for Erased<H, S> {
                     panic_message(p.as_ref())
                 ))
             };
-            let event: H::Event = catch_unwind(|| serde_json::from_slice(payload))
-                .map_err(panicked)?
-                .map_err(|e| {
-                    Failure::Permanent(format!(
-                        "payload does not deserialize into `{}` (handler `{}`): {e}",
-                        std::any::type_name::<H::Event>(),
-                        self.handler.name()
-                    ))
-                })?;
+            let event: H::Event =
+                catch_unwind(AssertUnwindSafe(|| self.event(payload, meta, upcasters)))
+                    .map_err(panicked)??;
             let mut future = catch_unwind(AssertUnwindSafe(|| {
                 self.handler.handle(event, conn, &self.state, meta)
             }))
@@ -511,12 +612,69 @@ impl<S: Send + Sync + 'static, H: Handler<S>> ErasedHandler for Erased<H, S> {
 }
 
 #[cfg(feature = "kafka")]
-/// A registered handler and its deduplication key.
+impl<S: Send + Sync + 'static, H: Handler<S>> Erased<H, S> {
+    /// The handler's event: the payload as it is if the handler takes its schema version,
+    /// else what the upcaster from that version makes of it. Neither is a permanent failure.
+    fn event(
+        &self,
+        payload: &[u8],
+        meta: &MessageMeta<'_>,
+        upcasters: &Upcasters,
+    ) -> Result<H::Event, Failure> {
+        let version = meta.schema_version;
+        let name = self.handler.name();
+        let type_name = std::any::type_name::<H::Event>();
+        if self.handler.accepts_version(version) {
+            return serde_json::from_slice(payload).map_err(|e| {
+                Failure::Permanent(format!(
+                    "payload does not deserialize into `{type_name}` (handler `{name}`): {e}"
+                ))
+            });
+        }
+        let Some(upcast) = upcasters.get::<H::Event>(version) else {
+            return Err(Failure::Permanent(format!(
+                "schema version {version} of `{}` is not accepted by handler `{name}` (its \
+                 event `{type_name}` is version {}): no upcaster from version {version} is \
+                 registered",
+                meta.event_type,
+                <H::Event as OutboxEvent>::SCHEMA_VERSION,
+            )));
+        };
+        let upcast_failed = |e: &dyn std::fmt::Display| {
+            Failure::Permanent(format!(
+                "upcasting version {version} of `{}` to `{type_name}` failed (handler \
+                 `{name}`): {e}",
+                meta.event_type
+            ))
+        };
+        let json: serde_json::Value =
+            serde_json::from_slice(payload).map_err(|e| upcast_failed(&e))?;
+        upcast(json).map_err(|e| upcast_failed(&crate::error_chain(e.as_ref())))
+    }
+}
+
+#[cfg(feature = "kafka")]
+/// A registered handler, its deduplication key, and the consumer's upcasters.
 #[derive(Clone)]
 pub(crate) struct Route {
     pub(crate) handler: Arc<dyn ErasedHandler>,
     /// `processed_event.handler` of its rows (set by [`Routes::bind_group`]).
     pub(crate) key: String,
+    upcasters: Arc<Upcasters>,
+}
+
+#[cfg(feature = "kafka")]
+impl Route {
+    /// Runs the handler on a message in the transaction `conn` is in.
+    pub(crate) fn handle<'a>(
+        &'a self,
+        payload: &'a [u8],
+        conn: &'a mut PgConnection,
+        meta: &'a MessageMeta<'a>,
+    ) -> BoxFuture<'a, Result<(), Failure>> {
+        self.handler
+            .handle_json(payload, conn, meta, &self.upcasters)
+    }
 }
 
 #[cfg(feature = "kafka")]
@@ -557,7 +715,26 @@ impl Routes {
         list.push(Route {
             handler: Arc::new(Erased { handler, state }),
             key: String::new(),
+            upcasters: Arc::default(),
         });
+        Ok(())
+    }
+
+    /// Gives every handler the consumer's upcasters; refuses one no handler can use.
+    pub(crate) fn bind_upcasters(&mut self, upcasters: Upcasters) -> Result<(), String> {
+        let handled: Vec<TypeId> = self
+            .routes
+            .values()
+            .flatten()
+            .map(|r| r.handler.event_type_id())
+            .collect();
+        if let Some(e) = upcasters.unused(&handled) {
+            return Err(e);
+        }
+        let upcasters = Arc::new(upcasters);
+        for route in self.routes.values_mut().flatten() {
+            route.upcasters = Arc::clone(&upcasters);
+        }
         Ok(())
     }
 

@@ -7,6 +7,7 @@ use rdkafka::message::{BorrowedMessage, Headers, Message};
 use uuid::Uuid;
 
 use super::handler::MessageMeta;
+use crate::event::SCHEMA_VERSION_HEADER;
 
 /// Headers the consumer adds to a message it sends to a retry topic.
 pub(crate) mod headers {
@@ -40,6 +41,7 @@ struct Read<'m> {
     source_topic: Option<&'m [u8]>,
     attempts: Option<&'m [u8]>,
     due_ms: Option<&'m [u8]>,
+    schema_version: Option<&'m [u8]>,
     /// The application's headers (none of the framework's), with `application`.
     application: Vec<(&'m str, &'m [u8])>,
 }
@@ -63,6 +65,7 @@ fn read<'m>(msg: &'m BorrowedMessage<'_>, application: bool) -> Read<'m> {
             headers::SOURCE_TOPIC => &mut read.source_topic,
             headers::ATTEMPTS => &mut read.attempts,
             headers::DUE_MS => &mut read.due_ms,
+            SCHEMA_VERSION_HEADER => &mut read.schema_version,
             name => {
                 if application && !crate::event::is_reserved_header(name) {
                     read.application
@@ -121,6 +124,18 @@ pub(crate) fn check<'m>(msg: &'m BorrowedMessage<'_>) -> Result<Incoming<'m>, St
     serde_json::from_slice::<serde::de::IgnoredAny>(payload)
         .map_err(|e| format!("payload is not JSON: {e}"))?;
     let event_id = read.event_id.ok_or("message has no event_id header")?;
+    let schema_version = match read.schema_version {
+        None => 1,
+        Some(v) => text(Some(v))
+            .and_then(|v| v.parse::<u32>().ok())
+            .filter(|&v| v > 0)
+            .ok_or_else(|| {
+                format!(
+                    "{SCHEMA_VERSION_HEADER} header is not a positive integer: {:?}",
+                    String::from_utf8_lossy(v)
+                )
+            })?,
+    };
     let event_id = std::str::from_utf8(event_id)
         .ok()
         .and_then(|s| Uuid::parse_str(s).ok())
@@ -140,6 +155,7 @@ pub(crate) fn check<'m>(msg: &'m BorrowedMessage<'_>) -> Result<Incoming<'m>, St
             key: msg.key(),
             headers: read.application,
             attempt: origin.attempts.saturating_add(1),
+            schema_version,
         },
         payload,
     })

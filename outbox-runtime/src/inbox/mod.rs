@@ -110,7 +110,7 @@ mod store;
 #[cfg(feature = "kafka")]
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub use consumer::{Consumer, ConsumerBuilder, Mode, RetryPolicy};
-pub use handler::{BoxFuture, Handler, HandlerError, MessageMeta};
+pub use handler::{BoxError, BoxFuture, Handler, HandlerError, MessageMeta};
 #[cfg(feature = "kafka")]
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub use store::{inbox_status, InboxStatus};

@@ -24,6 +24,7 @@ pub(crate) struct InboxRow<'m> {
     pub payload: &'m [u8],
     /// The application's headers as a JSON object (`None`: none).
     pub headers: Option<String>,
+    pub schema_version: u32,
 }
 
 /// What [`receive`] did.
@@ -83,15 +84,16 @@ async fn insert(pool: &PgPool, rows: &[InboxRow<'_>]) -> std::result::Result<u64
     let headers: Vec<Option<&str>> = rows.iter().map(|r| r.headers.as_deref()).collect();
     let partitions: Vec<i32> = rows.iter().map(|r| r.partition).collect();
     let offsets: Vec<i64> = rows.iter().map(|r| r.offset).collect();
+    let versions: Vec<i64> = rows.iter().map(|r| i64::from(r.schema_version)).collect();
     let result = sqlx::query(
         "INSERT INTO inbox_event (event_id, topic, event_type, partition_key, payload, headers, \
-             source_partition, source_offset) \
+             source_partition, source_offset, schema_version) \
          SELECT r.id, r.topic, r.event_type, r.partition_key, r.payload::jsonb, \
-             coalesce(r.headers::jsonb, '{}'), r.part, r.off \
+             coalesce(r.headers::jsonb, '{}'), r.part, r.off, r.version \
          FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], \
-             $7::int4[], $8::int8[]) \
+             $7::int4[], $8::int8[], $9::int8[]) \
              WITH ORDINALITY AS r(id, topic, event_type, partition_key, payload, headers, part, \
-                 off, n) \
+                 off, version, n) \
          ORDER BY r.n \
          ON CONFLICT (event_id) DO NOTHING",
     )
@@ -103,6 +105,7 @@ async fn insert(pool: &PgPool, rows: &[InboxRow<'_>]) -> std::result::Result<u64
     .bind(&headers)
     .bind(&partitions)
     .bind(&offsets)
+    .bind(&versions)
     .execute(pool)
     .await?;
     Ok(result.rows_affected())
@@ -111,7 +114,8 @@ async fn insert(pool: &PgPool, rows: &[InboxRow<'_>]) -> std::result::Result<u64
 /// Due rows, oldest first.
 const CLAIM_INBOX_SQL: &str = "\
 SELECT event_id, topic, event_type, payload::text AS payload, attempts, partition_key, \
-  source_partition, source_offset, NULLIF(headers, '{}')::text AS headers FROM inbox_event \
+  source_partition, source_offset, NULLIF(headers, '{}')::text AS headers, schema_version \
+FROM inbox_event \
 WHERE NOT processed AND dead_at IS NULL \
   AND (next_attempt_at IS NULL OR next_attempt_at <= now()) \
 ORDER BY received_at LIMIT $1 FOR UPDATE SKIP LOCKED";
@@ -120,7 +124,8 @@ ORDER BY received_at LIMIT $1 FOR UPDATE SKIP LOCKED";
 /// would spoil the plan of the one above.
 const CLAIM_INBOX_IDS_SQL: &str = "\
 SELECT event_id, topic, event_type, payload::text AS payload, attempts, partition_key, \
-  source_partition, source_offset, NULLIF(headers, '{}')::text AS headers FROM inbox_event \
+  source_partition, source_offset, NULLIF(headers, '{}')::text AS headers, schema_version \
+FROM inbox_event \
 WHERE event_id = ANY($2) AND NOT processed AND dead_at IS NULL \
   AND (next_attempt_at IS NULL OR next_attempt_at <= now()) \
 ORDER BY received_at LIMIT $1 FOR UPDATE SKIP LOCKED";
@@ -136,6 +141,7 @@ struct Claimed {
     partition: Option<i32>,
     offset: Option<i64>,
     headers: Vec<(String, String)>,
+    schema_version: i64,
 }
 
 impl Claimed {
@@ -154,6 +160,7 @@ impl Claimed {
                 .map(|(n, v)| (n.as_str(), v.as_bytes()))
                 .collect(),
             attempt: u32::try_from(self.attempts).unwrap_or(0).saturating_add(1),
+            schema_version: u32::try_from(self.schema_version).unwrap_or(1).max(1),
         }
     }
 }
@@ -185,6 +192,7 @@ async fn claim(
                 headers: super::message::headers_from_json(
                     r.try_get::<Option<String>, _>("headers")?.as_deref(),
                 ),
+                schema_version: r.try_get("schema_version")?,
             })
         })
         .collect()
@@ -245,8 +253,7 @@ async fn process_optimistic(inner: &Inner, routes: &Routes) -> Result<Processed>
         let meta = row.meta();
         for route in routes.get(&row.topic, &row.event_type) {
             let result = route
-                .handler
-                .handle_json(row.payload.as_bytes(), &mut tx, &meta)
+                .handle(row.payload.as_bytes(), &mut tx, &meta)
                 .instrument(span.clone())
                 .await;
             if let Err(failure) = result {
@@ -362,8 +369,7 @@ async fn process_isolated(
                 let meta = row.meta();
                 for route in routes.get(&row.topic, &row.event_type) {
                     result = route
-                        .handler
-                        .handle_json(row.payload.as_bytes(), &mut savepoint, &meta)
+                        .handle(row.payload.as_bytes(), &mut savepoint, &meta)
                         .instrument(span.clone())
                         .await;
                     if result.is_err() {
