@@ -5,6 +5,7 @@
 //! cargo run --example quickstart                           # serve on 127.0.0.1:3000, until Ctrl-C
 //! cargo run --example quickstart -- --listen 127.0.0.1:0  # on a free port (printed)
 //! cargo run --example quickstart -- --demo 200            # post 200 orders, wait until paid, exit
+//! cargo run --example quickstart -- --demo 1 --trace      # and print every span: one trace per order
 //! ```
 //!
 //! It prints the address it listens on and `curl` commands to try.
@@ -27,6 +28,12 @@
 //!  GET /orders/{id} ─► the order, `"payment_status": "pending"`, a moment later `"paid"`
 //! ```
 //!
+//! Each order is one trace, from `POST /orders` (a child of the caller's `traceparent`, if it
+//! sent one) to the orders consumer: `emit` stores the request span's trace context with the
+//! event, the relay sends it as the `traceparent` header, and the consumers' handler spans are
+//! its children, so the payments service's own `PaymentSucceeded` carries it on. `--trace`
+//! prints each span as it ends.
+//!
 //! No request handler talks to Kafka: a handler only writes rows, and the relays publish the
 //! committed outbox rows. A consumer runs its handler in a database transaction together with
 //! its deduplication (or inbox) row, so a redelivered event has no second effect.
@@ -43,13 +50,21 @@
 //! Ctrl-C shuts down gracefully: the HTTP server finishes the requests in flight, then the
 //! relays and consumers finish their batch in hand and stop.
 
+use opentelemetry::trace::TracerProvider as _;
+use opentelemetry_sdk::error::OTelSdkResult;
+use opentelemetry_sdk::trace::{SdkTracerProvider, SpanData, SpanProcessor};
+use outbox_runtime::trace;
 use std::error::Error;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
 use std::time::{Duration, Instant};
+use tracing::Instrument as _;
+use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 use tracing_subscriber::filter::LevelFilter;
-use tracing_subscriber::EnvFilter;
+use tracing_subscriber::layer::SubscriberExt as _;
+use tracing_subscriber::util::SubscriberInitExt as _;
+use tracing_subscriber::{EnvFilter, Layer as _};
 
 use axum::extract::rejection::JsonRejection;
 use axum::extract::{Path, State};
@@ -156,9 +171,23 @@ fn orders_api(orders_db: PgPool) -> Router {
         .with_state(orders_db)
 }
 
-/// `POST /orders`: 201 `{"order_id": ...}`.
+/// `POST /orders`: 201 `{"order_id": ...}`. Runs in a span of its own, the child of the
+/// caller's trace context if the request carries one; the order's event carries it on.
 async fn create_order(
     State(db): State<PgPool>,
+    headers: axum::http::HeaderMap,
+    body: Result<Json<NewOrder>, JsonRejection>,
+) -> Result<impl IntoResponse, ApiError> {
+    let span = tracing::info_span!("POST /orders");
+    let header = |name: &str| headers.get(name).and_then(|v| v.to_str().ok());
+    let caller = trace::context_from_headers(header(trace::TRACEPARENT), header(trace::TRACESTATE));
+    // Fails only without an OpenTelemetry layer; `main` installs one.
+    let _ = span.set_parent(caller);
+    create_order_in_span(db, body).instrument(span).await
+}
+
+async fn create_order_in_span(
+    db: PgPool,
     body: Result<Json<NewOrder>, JsonRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
     // Bad JSON is a 400, JSON of the wrong shape a 422 (axum's rejection knows which).
@@ -356,9 +385,15 @@ async fn charge_order(
     payments: &Payments,
     meta: &MessageMeta,
 ) -> Result<(), HandlerError> {
+    // This runs in the consumer's span, a child of `POST /orders` (through the `traceparent`
+    // header); the provider call gets a span of its own.
     let charge = payments
         .provider
         .charge(meta.event_id(), event.amount)
+        .instrument(tracing::info_span!(
+            "provider_charge",
+            attempt = meta.attempt()
+        ))
         .await
         .map_err(HandlerError::retryable)?;
     let payment_id = Uuid::now_v7();
@@ -388,21 +423,63 @@ async fn charge_order(
 
 #[tokio::main]
 async fn main() -> Result<(), Report> {
-    // The relay's and consumers' warnings (a broker down, a retried handler) on stderr;
-    // RUST_LOG=info (or debug) shows more.
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            EnvFilter::builder()
-                .with_default_directive(LevelFilter::WARN.into())
-                .from_env_lossy(),
-        )
-        .with_writer(std::io::stderr)
-        .init();
     let Some(args) = Args::parse(std::env::args().skip(1)).map_err(Report::usage)? else {
         println!("{USAGE}");
         return Ok(());
     };
+    // The relay's and consumers' warnings (a broker down, a retried handler) on stderr;
+    // RUST_LOG=info (or debug) shows more. Spans also go to OpenTelemetry (printed with
+    // `--trace`; a real service exports them, with opentelemetry-otlp say).
+    let mut provider = SdkTracerProvider::builder();
+    if args.trace {
+        provider = provider.with_span_processor(PrintSpans);
+    }
+    let provider = provider.build();
+    let log = tracing_subscriber::fmt::layer()
+        .with_writer(std::io::stderr)
+        .with_filter(
+            EnvFilter::builder()
+                .with_default_directive(LevelFilter::WARN.into())
+                .from_env_lossy(),
+        );
+    let spans = tracing_opentelemetry::layer()
+        .with_tracer(provider.tracer("quickstart"))
+        .with_filter(LevelFilter::INFO);
+    tracing_subscriber::registry().with(log).with(spans).init();
     run(args).await.map_err(Report)
+}
+
+/// Prints each span as it ends, one line: its name, trace id, id and parent's id (with
+/// `--trace`). Every span of one order has the same trace id.
+#[derive(Debug)]
+struct PrintSpans;
+
+impl SpanProcessor for PrintSpans {
+    fn on_start(&self, _span: &mut opentelemetry_sdk::trace::Span, _cx: &opentelemetry::Context) {}
+
+    fn on_end(&self, span: SpanData) {
+        let event_id = span
+            .attributes
+            .iter()
+            .find(|kv| kv.key.as_str() == "event_id")
+            .map(|kv| format!(" event_id={}", kv.value))
+            .unwrap_or_default();
+        eprintln!(
+            "span trace={} span={} parent={} {}{event_id}",
+            span.span_context.trace_id(),
+            span.span_context.span_id(),
+            span.parent_span_id,
+            span.name,
+        );
+    }
+
+    fn force_flush(&self) -> OTelSdkResult {
+        Ok(())
+    }
+
+    fn shutdown_with_timeout(&self, _timeout: Duration) -> OTelSdkResult {
+        Ok(())
+    }
 }
 
 async fn run(args: Args) -> Result<()> {
@@ -882,10 +959,11 @@ async fn post_orders(addr: SocketAddr, orders: Vec<usize>) -> Result<Vec<Uuid>> 
 // Command line.
 
 const USAGE: &str = "\
-usage: cargo run --example quickstart -- [--listen ADDR] [--demo N]
+usage: cargo run --example quickstart -- [--listen ADDR] [--demo N] [--trace]
 
   --listen ADDR   serve the orders API on ADDR (default 127.0.0.1:3000; port 0: a free port)
   --demo N        post N orders to the API, wait until all are paid, print the time, stop
+  --trace         print every span as it ends (stderr): each order's spans share a trace id
   --help          this text
 
 environment:
@@ -897,6 +975,7 @@ environment:
 struct Args {
     listen: SocketAddr,
     demo: Option<usize>,
+    trace: bool,
 }
 
 impl Args {
@@ -905,6 +984,7 @@ impl Args {
         let mut parsed = Args {
             listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 3000)),
             demo: None,
+            trace: false,
         };
         while let Some(arg) = args.next() {
             let (flag, inline) = match arg.split_once('=') {
@@ -935,6 +1015,7 @@ impl Args {
                         }
                     }
                 }
+                "--trace" if inline.is_none() => parsed.trace = true,
                 "-h" | "--help" => return Ok(None),
                 _ => return Err(format!("unknown argument `{arg}`")),
             }

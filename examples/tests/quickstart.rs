@@ -196,7 +196,7 @@ async fn demo(n: i64, brokers: Option<&str>) {
         "quickstart",
         Some(&db.url),
         brokers,
-        &["--demo", &demo, "--listen", "127.0.0.1:0"],
+        &["--demo", &demo, "--listen", "127.0.0.1:0", "--trace"],
     );
     let status = quickstart.wait(Duration::from_secs(120));
     let output = quickstart.transcript();
@@ -244,6 +244,52 @@ async fn demo(n: i64, brokers: Option<&str>) {
     assert_eq!(count(payments_pool, retried).await, n / 10);
     let first = "SELECT count(*) FROM payments WHERE attempt = 1";
     assert_eq!(count(payments_pool, first).await, n - n / 10);
+
+    // One trace per order, across both services: the request's trace context was stored with
+    // OrderCreated, and the payments handler's span (its child) with PaymentSucceeded.
+    let traces = |sql: &'static str, pool: PgPool| async move {
+        sqlx::query_as::<_, (String, String)>(sql)
+            .fetch_all(&pool)
+            .await
+            .unwrap()
+            .into_iter()
+            .map(|(order, tp)| (order, tp.split('-').nth(1).unwrap().to_owned()))
+            .collect::<std::collections::BTreeMap<String, String>>()
+    };
+    let created = traces(
+        "SELECT payload->>'order_id', headers->>'traceparent' FROM outbox_event \
+         WHERE event_type = 'OrderCreated'",
+        orders.clone(),
+    )
+    .await;
+    let succeeded = traces(
+        "SELECT payload->>'order_id', headers->>'traceparent' FROM outbox_event \
+         WHERE event_type = 'PaymentSucceeded'",
+        payments_pool.clone(),
+    )
+    .await;
+    assert_eq!(created.len() as i64, n);
+    assert_eq!(succeeded, created);
+    // And `--trace` printed each order's spans under its trace id: the request, the payments
+    // consumer's handler and the provider call it made, the orders consumer's handler.
+    for trace in created.values() {
+        let names: Vec<&str> = output
+            .lines()
+            .filter_map(|l| l.strip_prefix(&format!("stderr: span trace={trace} ")))
+            .filter_map(|l| l.split(' ').nth(2))
+            .collect();
+        for name in [
+            "POST",
+            "outbox_consume",
+            "provider_charge",
+            "outbox_inbox_row",
+        ] {
+            assert!(
+                names.contains(&name),
+                "trace {trace} has no `{name}` span: {names:?}"
+            );
+        }
+    }
     payments_pool.close().await;
 }
 

@@ -123,6 +123,9 @@ pub struct OutboxRecord {
     pub(crate) headers: Vec<(String, String)>,
     /// The payload's schema version (1 for most events).
     pub(crate) schema_version: u32,
+    /// The trace context captured at emit (`traceparent`, `tracestate`), with the
+    /// `opentelemetry` feature inside a traced span.
+    pub(crate) trace: Option<(String, Option<String>)>,
 }
 
 /// The header that carries an event's schema version ([`OutboxEvent::SCHEMA_VERSION`]) when it
@@ -182,6 +185,10 @@ impl OutboxRecord {
             payload,
             headers: Vec::new(),
             schema_version: E::SCHEMA_VERSION,
+            #[cfg(feature = "opentelemetry")]
+            trace: crate::trace::current(),
+            #[cfg(not(feature = "opentelemetry"))]
+            trace: None,
         })
     }
 
@@ -265,13 +272,24 @@ impl OutboxRecord {
         self.schema_version
     }
 
-    /// Whether the row stores headers: the application's, or a schema version other than 1.
-    /// Rows without keep the `headers` column's default and the shorter statement.
-    pub(crate) fn has_stored_headers(&self) -> bool {
-        !self.headers.is_empty() || self.schema_version != 1
+    /// The trace context captured when the record was made (`opentelemetry` feature): its
+    /// `traceparent` and `tracestate`, stored and sent as headers unless the application gave
+    /// its own `traceparent`.
+    pub fn trace_context(&self) -> Option<(&str, Option<&str>)> {
+        self.trace
+            .as_ref()
+            .map(|(parent, state)| (parent.as_str(), state.as_deref()))
     }
 
-    /// The stored headers as a JSON object, for the `headers` column: the application's, and
+    /// Whether the row stores headers: the application's, a trace context, or a schema
+    /// version other than 1. Rows without keep the `headers` column's default and the shorter
+    /// statement.
+    pub(crate) fn has_stored_headers(&self) -> bool {
+        !self.headers.is_empty() || self.schema_version != 1 || self.trace.is_some()
+    }
+
+    /// The stored headers as a JSON object, for the `headers` column: the application's, the
+    /// captured trace context unless the application gave a `traceparent`, and
     /// [`SCHEMA_VERSION_HEADER`] unless the version is 1.
     pub(crate) fn headers_json(&self) -> String {
         let mut object: serde_json::Map<String, serde_json::Value> = self
@@ -279,6 +297,21 @@ impl OutboxRecord {
             .iter()
             .map(|(k, v)| (k.clone(), serde_json::Value::String(v.clone())))
             .collect();
+        if let Some((parent, state)) = &self.trace {
+            if !object.contains_key(crate::trace::TRACEPARENT) {
+                object.insert(crate::trace::TRACEPARENT.to_owned(), parent.clone().into());
+                match state {
+                    Some(state) => {
+                        object.insert(crate::trace::TRACESTATE.to_owned(), state.clone().into());
+                    }
+                    // No state of the emitting span's: an application's would be another
+                    // trace's.
+                    None => {
+                        object.remove(crate::trace::TRACESTATE);
+                    }
+                }
+            }
+        }
         if self.schema_version != 1 {
             object.insert(
                 SCHEMA_VERSION_HEADER.to_owned(),

@@ -20,6 +20,7 @@ pub mod relay;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
+pub mod trace;
 mod uow;
 
 #[cfg(feature = "kafka")]

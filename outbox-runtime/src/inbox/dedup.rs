@@ -325,8 +325,11 @@ async fn optimistic_in(
             outcome.duplicates += 1;
             continue;
         }
-        let span = tracing::info_span!("outbox_consume", event_id = %incoming.meta.event_id,
-            handler = route.handler.name());
+        let span = crate::trace::parented(
+            tracing::info_span!("outbox_consume", event_id = %incoming.meta.event_id,
+                handler = route.handler.name()),
+            &incoming.meta,
+        );
         let result = route
             .handle(incoming.payload, &mut *conn, &incoming.meta)
             .instrument(span)
@@ -411,8 +414,11 @@ async fn isolated_in(
                     outcome.duplicates += 1;
                     continue;
                 }
-                let span = tracing::info_span!("outbox_consume",
-                    event_id = %incoming.meta.event_id, handler = route.handler.name());
+                let span = crate::trace::parented(
+                    tracing::info_span!("outbox_consume",
+                        event_id = %incoming.meta.event_id, handler = route.handler.name()),
+                    &incoming.meta,
+                );
                 let result = route
                     .handle(incoming.payload, &mut savepoint, &incoming.meta)
                     .instrument(span)

@@ -242,6 +242,27 @@ impl<'a> MessageMeta<'a> {
         self.attempt
     }
 
+    /// The trace context the event was emitted in: its `traceparent` header, parsed (`None`
+    /// without one, or if it is not valid W3C trace context). With the `opentelemetry`
+    /// feature, the handler's span already has it as its parent.
+    pub fn trace_parent(&self) -> Option<crate::trace::TraceParent> {
+        self.header(crate::trace::TRACEPARENT)
+            .and_then(crate::trace::TraceParent::parse)
+    }
+
+    /// Its `tracestate` header, as it came.
+    pub fn tracestate(&self) -> Option<&'a str> {
+        self.header(crate::trace::TRACESTATE)
+    }
+
+    /// The OpenTelemetry context the event was emitted in (a remote span context; empty if
+    /// the message carries none), for a span the handler starts outside `tracing`.
+    #[cfg(feature = "opentelemetry")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "opentelemetry")))]
+    pub fn otel_context(&self) -> opentelemetry::Context {
+        crate::trace::remote_context(self.trace_parent(), self.tracestate())
+    }
+
     /// The schema version the event was sent with (its `outbox_schema_version` header; 1 if
     /// it has none). When an upcaster made the handler's event from an older payload, this is
     /// still the older version.

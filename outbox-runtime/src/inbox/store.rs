@@ -248,9 +248,11 @@ async fn process_optimistic(inner: &Inner, routes: &Routes) -> Result<Processed>
     let rows = claim(&mut tx, inner.batch_size, None).await?;
     let mut done: Vec<Uuid> = Vec::with_capacity(rows.len());
     for row in &rows {
-        let span =
-            tracing::info_span!("outbox_inbox_row", event_id = %row.event_id, topic = %row.topic);
         let meta = row.meta();
+        let span = crate::trace::parented(
+            tracing::info_span!("outbox_inbox_row", event_id = %row.event_id, topic = %row.topic),
+            &meta,
+        );
         for route in routes.get(&row.topic, &row.event_type) {
             let result = route
                 .handle(row.payload.as_bytes(), &mut tx, &meta)
@@ -358,15 +360,18 @@ async fn process_isolated(
     let mut done: Vec<Uuid> = Vec::with_capacity(claimed);
     let mut failed: Vec<RowFailure> = Vec::new();
     for row in rows {
-        let span = tracing::info_span!("outbox_inbox_row", event_id = %row.event_id,
-            topic = %row.topic, attempt = row.attempts + 1);
+        let meta = row.meta();
+        let span = crate::trace::parented(
+            tracing::info_span!("outbox_inbox_row", event_id = %row.event_id,
+                topic = %row.topic, attempt = row.attempts + 1),
+            &meta,
+        );
         // Its own savepoint: a failure undoes this row's work only.
         let mut savepoint = Connection::begin(&mut *tx).await?;
         let mut result = Ok(());
         match known.get(&row.event_id) {
             Some(failure) => result = Err(failure.clone()),
             None => {
-                let meta = row.meta();
                 for route in routes.get(&row.topic, &row.event_type) {
                     result = route
                         .handle(row.payload.as_bytes(), &mut savepoint, &meta)
