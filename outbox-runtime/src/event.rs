@@ -133,12 +133,24 @@ pub struct OutboxRecord {
 pub const SCHEMA_VERSION_HEADER: &str = "outbox_schema_version";
 
 /// Header names the framework sends or reads itself: `event_id`, `event_type`,
-/// `aggregate_type`, `aggregate_id`, `content-type`, and every name starting with `outbox_` or
-/// `dlq_` (its own and the consumers' retry and dead-letter headers).
+/// `aggregate_type`, `aggregate_id`, `content-type`, the CloudEvents attributes the relay writes
+/// (`ce_specversion`, `ce_id`, `ce_source`, `ce_type`, `ce_time`, `ce_subject`; other `ce_*`
+/// names are extension attributes, the application's), and every name starting with
+/// `outbox_` or `dlq_` (its own and the consumers' retry and dead-letter headers).
 pub fn is_reserved_header(name: &str) -> bool {
     matches!(
         name,
-        "event_id" | "event_type" | "aggregate_type" | "aggregate_id" | "content-type"
+        "event_id"
+            | "event_type"
+            | "aggregate_type"
+            | "aggregate_id"
+            | "content-type"
+            | "ce_specversion"
+            | "ce_id"
+            | "ce_source"
+            | "ce_type"
+            | "ce_time"
+            | "ce_subject"
     ) || name.starts_with("outbox_")
         || name.starts_with("dlq_")
 }

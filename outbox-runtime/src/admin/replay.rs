@@ -119,6 +119,7 @@ pub struct Replay {
     producer: FutureProducer,
     batch_size: i64,
     publish_timeout: Duration,
+    cloud_events: Option<crate::relay::CloudEvents>,
 }
 
 impl std::fmt::Debug for Replay {
@@ -150,6 +151,7 @@ impl Replay {
             producer: crate::relay::create_producer(config)?,
             batch_size: 1_000,
             publish_timeout,
+            cloud_events: None,
         })
     }
 
@@ -158,6 +160,16 @@ impl Replay {
     pub fn batch_size(mut self, batch_size: u32) -> Self {
         self.batch_size = i64::from(batch_size.max(1));
         self
+    }
+
+    /// Publishes as CloudEvents, as a relay with
+    /// [`RelayBuilder::cloud_events`](crate::relay::RelayBuilder::cloud_events) does: give a
+    /// replay the relay's setting, so its consumers read the replay too. An invalid setting
+    /// (an empty source or topic list) is an error.
+    pub fn cloud_events(mut self, cloud_events: crate::relay::CloudEvents) -> Result<Self> {
+        cloud_events.check().map_err(Error::Config)?;
+        self.cloud_events = Some(cloud_events);
+        Ok(self)
     }
 
     /// How many events the filter selects, published and not (what a dry run reports).
@@ -242,6 +254,7 @@ impl Replay {
                 &batch,
                 self.publish_timeout,
                 PerKey::Pipelined,
+                self.cloud_events.as_ref(),
             )
             .await;
             for (row, outcome) in batch.iter().zip(outcomes) {

@@ -42,6 +42,11 @@ struct Read<'m> {
     attempts: Option<&'m [u8]>,
     due_ms: Option<&'m [u8]>,
     schema_version: Option<&'m [u8]>,
+    /// CloudEvents attributes (binary content mode), read when the framework's are missing.
+    ce_id: Option<&'m [u8]>,
+    ce_type: Option<&'m [u8]>,
+    ce_source: Option<&'m [u8]>,
+    ce_specversion: Option<&'m [u8]>,
     /// The application's headers (none of the framework's), with `application`.
     application: Vec<(&'m str, &'m [u8])>,
 }
@@ -66,6 +71,10 @@ fn read<'m>(msg: &'m BorrowedMessage<'_>, application: bool) -> Read<'m> {
             headers::ATTEMPTS => &mut read.attempts,
             headers::DUE_MS => &mut read.due_ms,
             SCHEMA_VERSION_HEADER => &mut read.schema_version,
+            "ce_id" => &mut read.ce_id,
+            "ce_type" => &mut read.ce_type,
+            "ce_source" => &mut read.ce_source,
+            "ce_specversion" => &mut read.ce_specversion,
             name => {
                 if application && !crate::event::is_reserved_header(name) {
                     read.application
@@ -123,7 +132,7 @@ pub(crate) fn check<'m>(msg: &'m BorrowedMessage<'_>) -> Result<Incoming<'m>, St
     let payload = msg.payload().unwrap_or_default();
     serde_json::from_slice::<serde::de::IgnoredAny>(payload)
         .map_err(|e| format!("payload is not JSON: {e}"))?;
-    let event_id = read.event_id.ok_or("message has no event_id header")?;
+    let (event_id, event_type) = identity(&read)?;
     let schema_version = match read.schema_version {
         None => 1,
         Some(v) => text(Some(v))
@@ -136,14 +145,6 @@ pub(crate) fn check<'m>(msg: &'m BorrowedMessage<'_>) -> Result<Incoming<'m>, St
                 )
             })?,
     };
-    let event_id = std::str::from_utf8(event_id)
-        .ok()
-        .and_then(|s| Uuid::parse_str(s).ok())
-        .ok_or("event_id header is not a UUID")?;
-    let event_type = read
-        .event_type
-        .map(String::from_utf8_lossy)
-        .unwrap_or_default();
     let origin = origin_of(msg, &read);
     Ok(Incoming {
         meta: MessageMeta {
@@ -159,6 +160,54 @@ pub(crate) fn check<'m>(msg: &'m BorrowedMessage<'_>) -> Result<Incoming<'m>, St
         },
         payload,
     })
+}
+
+/// Where CloudEvents ids that are not UUIDs are mapped into UUIDs (version 5, of the source and
+/// the id: unique per source, as CloudEvents ids are).
+const CLOUD_EVENTS_NAMESPACE: Uuid = Uuid::from_u128(0x6f75_7462_6f78_2d63_6c6f_7564_6576_7473);
+
+/// The event's id and type: the framework's `event_id` and `event_type` headers, or, for a
+/// CloudEvent in binary content mode without them, its `ce_id` and `ce_type` (a `ce_id` that
+/// is a UUID is the id itself; another is mapped to a UUIDv5 of `ce_source` and `ce_id`).
+fn identity<'m>(read: &Read<'m>) -> Result<(Uuid, std::borrow::Cow<'m, str>), String> {
+    let lossy = |v: Option<&'m [u8]>| v.map(String::from_utf8_lossy).unwrap_or_default();
+    if let Some(id) = read.event_id {
+        let id = text(Some(id))
+            .and_then(|s| Uuid::parse_str(s).ok())
+            .ok_or("event_id header is not a UUID")?;
+        let event_type = match read.event_type {
+            Some(t) => lossy(Some(t)),
+            None => lossy(read.ce_type),
+        };
+        return Ok((id, event_type));
+    }
+    let Some(ce_id) = read.ce_id else {
+        return Err("message has no event_id header (nor a CloudEvents ce_id)".into());
+    };
+    let spec = text(read.ce_specversion).unwrap_or_default();
+    if !spec.starts_with("1.") {
+        return Err(format!(
+            "a CloudEvent (ce_id) of specversion {spec:?}: version 1.x is read, and ce_specversion is required"
+        ));
+    }
+    let (Some(ce_id), Some(source)) = (text(Some(ce_id)), text(read.ce_source)) else {
+        return Err("a CloudEvent needs ce_id and ce_source headers (UTF-8)".into());
+    };
+    if ce_id.is_empty() || source.is_empty() {
+        return Err("a CloudEvent's ce_id and ce_source must not be empty".into());
+    }
+    let id = Uuid::parse_str(ce_id).unwrap_or_else(|_| {
+        let mut name = Vec::with_capacity(source.len() + 1 + ce_id.len());
+        name.extend_from_slice(source.as_bytes());
+        name.push(0);
+        name.extend_from_slice(ce_id.as_bytes());
+        Uuid::new_v5(&CLOUD_EVENTS_NAMESPACE, &name)
+    });
+    let event_type = match read.event_type {
+        Some(t) => lossy(Some(t)),
+        None => lossy(read.ce_type),
+    };
+    Ok((id, event_type))
 }
 
 /// The application's headers as a JSON object for an inbox row (`None`: it has none). Of a

@@ -10,6 +10,7 @@ use sqlx::PgPool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::cloudevents::CloudEvents;
 use super::instance::{Instance, Step};
 use super::publish::PerKey;
 use super::{status, RelayStatus};
@@ -30,9 +31,18 @@ pub struct RelayBuilder {
     backoff: Backoff,
     hold_operator_errors: bool,
     per_key: PerKey,
+    cloud_events: Option<CloudEvents>,
 }
 
 impl RelayBuilder {
+    /// Publishes events as CloudEvents (binary content mode: `ce_*` headers), on every topic
+    /// or on those [`CloudEvents::topics`] lists; see [`CloudEvents`] for the attributes.
+    /// `build` refuses an empty source or topic list.
+    pub fn cloud_events(mut self, cloud_events: CloudEvents) -> Self {
+        self.cloud_events = Some(cloud_events);
+        self
+    }
+
     /// Kafka bootstrap servers (`bootstrap.servers`).
     pub fn brokers(mut self, brokers: impl Into<String>) -> Self {
         self.producer.set("bootstrap.servers", brokers.into());
@@ -152,6 +162,9 @@ impl RelayBuilder {
                 self.failover_timeout, self.publish_timeout
             ));
         }
+        if let Some(ce) = &self.cloud_events {
+            ce.check().map_err(Error::Config)?;
+        }
         let producer = ProducerSlot::new(self.producer)?;
         Ok(Relay {
             inner: Arc::new(Inner {
@@ -165,6 +178,7 @@ impl RelayBuilder {
                 backoff: self.backoff,
                 hold_operator_errors: self.hold_operator_errors,
                 per_key: self.per_key,
+                cloud_events: self.cloud_events,
             }),
         })
     }
@@ -298,6 +312,7 @@ pub(super) struct Inner {
     pub(super) backoff: Backoff,
     pub(super) hold_operator_errors: bool,
     pub(super) per_key: PerKey,
+    pub(super) cloud_events: Option<CloudEvents>,
 }
 
 impl std::fmt::Debug for Relay {
@@ -329,6 +344,7 @@ impl Relay {
             },
             hold_operator_errors: true,
             per_key: PerKey::Pipelined,
+            cloud_events: None,
         }
     }
 
@@ -463,6 +479,7 @@ pub async fn drain_without_kafka(pool: PgPool, batch_size: usize) -> Result<u64>
             backoff: builder.backoff,
             hold_operator_errors: true,
             per_key: PerKey::Pipelined,
+            cloud_events: None,
         }),
     };
     relay.publish_pending().await
@@ -485,6 +502,7 @@ pub async fn explain_claim(pool: &PgPool, cursor: i64, limit: i64) -> Result<ser
         backoff: relay.backoff,
         hold_operator_errors: true,
         per_key: PerKey::Pipelined,
+        cloud_events: None,
     };
     Instance::new(&inner).explain_claim(cursor).await
 }

@@ -231,7 +231,14 @@ impl<'r> Instance<'r> {
         let producer = relay.producer.as_ref().map(|slot| slot.get());
         let outcomes = match &producer {
             Some(producer) => {
-                publish::publish(producer, &claim.rows, relay.publish_timeout, relay.per_key).await
+                publish::publish(
+                    producer,
+                    &claim.rows,
+                    relay.publish_timeout,
+                    relay.per_key,
+                    relay.cloud_events.as_ref(),
+                )
+                .await
             }
             None => claim.rows.iter().map(|_| Outcome::Published).collect(),
         };

@@ -47,6 +47,8 @@
 #[cfg(feature = "kafka")]
 mod builder;
 #[cfg(feature = "kafka")]
+mod cloudevents;
+#[cfg(feature = "kafka")]
 mod instance;
 #[cfg(feature = "kafka")]
 pub(crate) mod publish;
@@ -64,6 +66,9 @@ pub(crate) use builder::create_producer;
 #[cfg(feature = "kafka")]
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub use builder::{drain_without_kafka, explain_claim, Relay, RelayBuilder};
+#[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+pub use cloudevents::CloudEvents;
 
 /// Backlog figures: see [`status`].
 #[derive(Debug, Clone, PartialEq, Eq)]

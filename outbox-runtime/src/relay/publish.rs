@@ -1,6 +1,7 @@
 //! Turning claimed rows into Kafka records, sending them so that no key overtakes itself, and
 //! waiting for the broker's acknowledgements.
 
+use super::cloudevents::{Attributes, CloudEvents};
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
@@ -128,7 +129,11 @@ fn failed(error: KafkaError) -> Outcome {
 
 /// Enqueues one row as a record: key, payload, the framework's headers, the row's creation
 /// time as the record's timestamp.
-fn send(producer: &FutureProducer, row: &Claimed) -> Result<DeliveryFuture, KafkaError> {
+fn send(
+    producer: &FutureProducer,
+    row: &Claimed,
+    cloud_events: Option<&CloudEvents>,
+) -> Result<DeliveryFuture, KafkaError> {
     let event_id = row.event_id.hyphenated().to_string();
     let outbox_id = row.id.to_string();
     let headers = OwnedHeaders::new_with_capacity(6)
@@ -156,6 +161,18 @@ fn send(producer: &FutureProducer, row: &Claimed) -> Result<DeliveryFuture, Kafk
             key: "outbox_id",
             value: Some(outbox_id.as_bytes()),
         });
+    let headers = match cloud_events.filter(|ce| ce.covers(&row.topic)) {
+        None => headers,
+        Some(ce) => ce.headers(
+            headers,
+            &Attributes {
+                id: &event_id,
+                event_type: &row.event_type,
+                subject: &row.aggregate_id,
+                created_at_ms: row.created_at_ms,
+            },
+        ),
+    };
     let headers = match &row.headers {
         None => headers,
         Some(json) => application_headers(headers, json),
@@ -219,6 +236,7 @@ pub(crate) async fn publish(
     rows: &[Claimed],
     timeout: Duration,
     per_key: PerKey,
+    cloud_events: Option<&CloudEvents>,
 ) -> Vec<Outcome> {
     let deadline = tokio::time::Instant::now() + timeout;
     let mut outcomes: Vec<Option<Outcome>> = (0..rows.len()).map(|_| None).collect();
@@ -245,7 +263,7 @@ pub(crate) async fn publish(
                 next.push(i);
                 continue;
             }
-            match send(producer, row) {
+            match send(producer, row, cloud_events) {
                 Ok(delivery) => {
                     in_flight.insert(key, &row.topic);
                     wave.push((i, delivery));
