@@ -166,7 +166,10 @@ async fn poison((db, kafka): (TestDb, Kafka)) {
         "{}",
         errors[0]
     );
-    assert_eq!(errors[1], "message has no event_id header");
+    assert_eq!(
+        errors[1],
+        "message has no event_id header (nor a CloudEvents ce_id)"
+    );
     assert!(
         errors[2].contains("does not deserialize into `outbox_tests::fixtures::PaymentSucceeded`"),
         "{}",
