@@ -116,19 +116,53 @@ pub struct EmittedRecord {
     pub payload: serde_json::Value,
     /// Whether a relay has published it.
     pub published: bool,
+    /// Its stored headers, which the relay sends after its own: the application's (from
+    /// `emit_with`), a captured `traceparent`/`tracestate`, and [`SCHEMA_VERSION_HEADER`]
+    /// when the event's version is not 1. Empty for most events.
+    ///
+    /// [`SCHEMA_VERSION_HEADER`]: crate::SCHEMA_VERSION_HEADER
+    pub headers: Vec<(String, String)>,
+    /// The event's schema version (`#[outbox(version = N)]`, 1 by default).
+    pub schema_version: u32,
+}
+
+impl EmittedRecord {
+    /// The value of its stored header named `name`.
+    pub fn header(&self, name: &str) -> Option<&str> {
+        self.headers
+            .iter()
+            .find(|(k, _)| k == name)
+            .map(|(_, v)| v.as_str())
+    }
 }
 
 /// Every row of the outbox, the oldest first (see [`emitted`] for which rows a connection sees).
 pub async fn emitted_records<'e>(db: impl PgExecutor<'e>) -> Result<Vec<EmittedRecord>> {
     let rows = sqlx::query(
         "SELECT event_id, topic, partition_key, aggregate_type, aggregate_id, event_type, \
-             payload, published_at IS NOT NULL AS published \
+             payload, published_at IS NOT NULL AS published, headers \
          FROM outbox_event ORDER BY id",
     )
     .fetch_all(db)
     .await?;
     rows.iter()
         .map(|row| {
+            let headers: Vec<(String, String)> =
+                match row.try_get::<serde_json::Value, _>("headers")? {
+                    serde_json::Value::Object(map) => map
+                        .into_iter()
+                        .filter_map(|(k, v)| match v {
+                            serde_json::Value::String(v) => Some((k, v)),
+                            _ => None,
+                        })
+                        .collect(),
+                    _ => Vec::new(),
+                };
+            let schema_version = headers
+                .iter()
+                .find(|(k, _)| k == crate::SCHEMA_VERSION_HEADER)
+                .and_then(|(_, v)| v.parse().ok())
+                .unwrap_or(1);
             Ok(EmittedRecord {
                 event_id: row.try_get("event_id")?,
                 topic: row.try_get("topic")?,
@@ -138,6 +172,8 @@ pub async fn emitted_records<'e>(db: impl PgExecutor<'e>) -> Result<Vec<EmittedR
                 event_type: row.try_get("event_type")?,
                 payload: row.try_get("payload")?,
                 published: row.try_get("published")?,
+                headers,
+                schema_version,
             })
         })
         .collect()

@@ -77,6 +77,8 @@ async fn a_command_emits_its_event_with_its_row() {
     assert_eq!(records[0].partition_key, order_id.to_string());
     assert_eq!(records[0].event_type, "OrderPlaced");
     assert!(!records[0].published);
+    assert!(records[0].headers.is_empty());
+    assert_eq!(records[0].schema_version, 1);
 
     // A command that fails after its emit (its second order row is refused) emits nothing.
     let failing = async {
@@ -95,6 +97,43 @@ async fn a_command_emits_its_event_with_its_row() {
     };
     failing.await.unwrap_err();
     assert_eq!(testing::emitted_records(&db.pool).await.unwrap().len(), 1);
+}
+
+/// A later version of an event, for the records' `schema_version`.
+#[derive(Debug, Serialize, OutboxEvent)]
+#[outbox(topic = "order.events", aggregate_type = "Order", version = 3)]
+struct OrderRepriced {
+    #[outbox(aggregate_id)]
+    order_id: Uuid,
+    amount: i64,
+}
+
+#[tokio::test]
+async fn emitted_records_show_the_stored_headers_and_the_schema_version() {
+    let db = TestDb::new().await;
+    let order_id = Uuid::now_v7();
+    let mut uow = Uow::begin(&db.pool).await.unwrap();
+    uow.emit_with(
+        &OrderRepriced {
+            order_id,
+            amount: 9,
+        },
+        [("tenant", "acme"), ("correlation_id", "c-42")],
+    )
+    .await
+    .unwrap();
+    uow.commit().await.unwrap();
+
+    let records = testing::emitted_records(&db.pool).await.unwrap();
+    assert_eq!(records.len(), 1);
+    assert_eq!(records[0].schema_version, 3);
+    assert_eq!(records[0].header("tenant"), Some("acme"));
+    assert_eq!(records[0].header("correlation_id"), Some("c-42"));
+    assert_eq!(
+        records[0].header(outbox_runtime::SCHEMA_VERSION_HEADER),
+        Some("3")
+    );
+    assert_eq!(records[0].headers.len(), 3);
 }
 
 #[tokio::test]
