@@ -141,7 +141,10 @@ async fn the_relay_writes_cloudevents_on_the_topics_it_covers_and_a_replay_too()
         .await
         .unwrap();
     assert_eq!(done.published, 1);
-    check(&kafka.records("ledger.rebuild").await.unwrap()[0]);
+    let replayed = &kafka.records("ledger.rebuild").await.unwrap()[0];
+    check(replayed);
+    // `time` is when the event happened, not when it was replayed.
+    assert_eq!(replayed.header("ce_time"), ledger[0].header("ce_time"));
 
     // Settings that cannot be right are refused.
     let build = |ce: CloudEvents| {
@@ -213,6 +216,15 @@ async fn a_consumer_reads_another_producers_cloudevents_by_ce_id_and_ce_type() {
         foreign(&uuid_id.to_string(), "/billing", Some("1.0"), "L-3"),
         // Not a CloudEvent this consumer can read: a dead letter.
         foreign("order-43", "/billing", None, "L-4"),
+        // Another spelling of that UUID is another id (ids are compared as strings).
+        foreign(
+            &uuid_id.simple().to_string().to_uppercase(),
+            "/billing",
+            Some("1.0"),
+            "L-5",
+        ),
+        // `type` is required: a dead letter too.
+        without_type(foreign("order-44", "/billing", Some("1.0"), "L-6")),
     ];
     produce(kafka.bootstrap_servers(), Posted::TOPIC, &records).await;
     let consumer = Consumer::builder(db.pool.clone())
@@ -229,16 +241,16 @@ async fn a_consumer_reads_another_producers_cloudevents_by_ce_id_and_ce_type() {
         "ledger.events.dlq",
         1,
         Duration::from_secs(30),
-        |r| !r.is_empty(),
+        |r| r.len() >= 2,
     )
     .await;
     let pool = db.pool.clone();
-    wait_for("three postings noted", Duration::from_secs(30), || async {
+    wait_for("four postings noted", Duration::from_secs(30), || async {
         sqlx::query_scalar::<_, i64>("SELECT count(*) FROM noted")
             .fetch_one(&pool)
             .await
             .unwrap()
-            >= 3
+            >= 4
     })
     .await;
     cancel.cancel();
@@ -252,19 +264,28 @@ async fn a_consumer_reads_another_producers_cloudevents_by_ce_id_and_ce_type() {
     let ledgers: Vec<&str> = noted.iter().map(|n| n.2.as_str()).collect();
     assert_eq!(
         ledgers,
-        ["L-1", "L-2", "L-3"],
+        ["L-1", "L-2", "L-3", "L-5"],
         "the redelivery was not handled twice"
     );
     assert!(noted.iter().all(|n| n.1 == Posted::EVENT_TYPE));
     assert_ne!(noted[0].0, noted[1].0, "ids are per source");
     assert_eq!(noted[2].0, uuid_id);
-    assert_eq!(dead.len(), 1);
-    assert_eq!(dead[0].header("ce_id"), "order-43");
-    assert!(
-        dead[0]
-            .header("dlq_error")
-            .contains("ce_specversion is required"),
-        "{}",
-        dead[0].header("dlq_error")
-    );
+    assert_ne!(noted[3].0, uuid_id, "another ce_id, another event");
+    assert_eq!(dead.len(), 2);
+    let reason = |ce_id: &str| {
+        dead.iter()
+            .find(|r| r.header("ce_id") == ce_id)
+            .map(|r| r.header("dlq_error").to_owned())
+            .unwrap_or_else(|| panic!("{ce_id} is a dead letter"))
+    };
+    let no_spec = reason("order-43");
+    assert!(no_spec.contains("ce_specversion is required"), "{no_spec}");
+    let no_type = reason("order-44");
+    assert!(no_type.contains("ce_type"), "{no_type}");
+}
+
+/// `record` without its `ce_type` header.
+fn without_type(mut record: Outgoing) -> Outgoing {
+    record.headers.retain(|(name, _)| name != "ce_type");
+    record
 }

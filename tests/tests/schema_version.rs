@@ -426,4 +426,52 @@ async fn build_refuses_upcasters_it_could_never_use() {
     .contains("two upcasters to"));
     let unused = error(|b| b.upcast::<CustomerSeen, _>(1, |_| Err("never called".into())));
     assert!(unused.contains("no handler takes"), "{unused}");
+    // `note_seen` takes versions 1 and 2 itself: an upcaster from 1 would never run.
+    let shadowed = Consumer::builder(db.pool.clone())
+        .brokers("localhost:9092")
+        .group_id("crm")
+        .handler(note_seen)
+        .upcast::<CustomerSeen, _>(1, |_| Err("never called".into()))
+        .build()
+        .err()
+        .map(|e| e.to_string())
+        .expect("build refuses an upcaster every handler bypasses");
+    assert!(
+        shadowed.contains("every handler of `") && shadowed.contains("takes version 1 itself"),
+        "{shadowed}"
+    );
+    // One handler that does not take version 1 is enough for it to be used.
+    assert!(Consumer::builder(db.pool.clone())
+        .brokers("localhost:9092")
+        .group_id("crm")
+        .handler(note_seen)
+        .handler(seen_v2_only)
+        .upcast::<CustomerSeen, _>(1, |_| Err("called".into()))
+        .build()
+        .is_ok());
+}
+
+/// Takes [`CustomerSeen`]'s own version only.
+#[inbox_handler]
+async fn seen_v2_only(_event: CustomerSeen, _tx: &mut PgConnection) -> Result<(), HandlerError> {
+    Ok(())
+}
+
+#[tokio::test]
+async fn the_test_kit_delivers_an_event_as_its_own_schema_version() {
+    let db = TestDb::new().await;
+    create_names(&db.pool).await;
+    let event = CustomerRenamed {
+        customer_id: Uuid::now_v7(),
+        first_name: "Grace".into(),
+        last_name: "Hopper".into(),
+    };
+    let delivery = testing::deliver(&db.pool, "crm", rename, Uuid::now_v7(), &event)
+        .await
+        .unwrap();
+    assert_eq!(delivery, Delivery::Handled);
+    assert_eq!(
+        names(&db.pool).await,
+        [("Grace".to_owned(), "Hopper".to_owned(), 2)]
+    );
 }
