@@ -129,10 +129,7 @@ pub struct EmittedRecord {
 impl EmittedRecord {
     /// The value of its stored header named `name`.
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
+        first_header(&self.headers, name)
     }
 }
 
@@ -158,10 +155,8 @@ pub async fn emitted_records<'e>(db: impl PgExecutor<'e>) -> Result<Vec<EmittedR
                         .collect(),
                     _ => Vec::new(),
                 };
-            let schema_version = headers
-                .iter()
-                .find(|(k, _)| k == crate::SCHEMA_VERSION_HEADER)
-                .and_then(|(_, v)| v.parse().ok())
+            let schema_version = first_header(&headers, crate::SCHEMA_VERSION_HEADER)
+                .and_then(|v| v.parse().ok())
                 .unwrap_or(1);
             Ok(EmittedRecord {
                 event_id: row.try_get("event_id")?,
@@ -177,6 +172,14 @@ pub async fn emitted_records<'e>(db: impl PgExecutor<'e>) -> Result<Vec<EmittedR
             })
         })
         .collect()
+}
+
+/// The value of the first of `headers` named `name`.
+fn first_header<'h>(headers: &'h [(String, String)], name: &str) -> Option<&'h str> {
+    headers
+        .iter()
+        .find(|(k, _)| k == name)
+        .map(|(_, v)| v.as_str())
 }
 
 /// What became of an event given to [`deliver`].
@@ -202,8 +205,9 @@ pub enum Delivery {
 /// does (the same code): its payload serialized and deserialized, the handler run in a
 /// transaction that also records `(event_id, "<group>/<handler>")` in `processed_event`,
 /// panics caught, an aborted transaction detected. Handing it over again with the same id is a
-/// [`Delivery::Duplicate`]. The handler's metadata is [`MessageMeta::new`]'s: first attempt,
-/// no partition, offset, key or headers; [`deliver_with`] sets state and metadata.
+/// [`Delivery::Duplicate`]. The handler's metadata is [`MessageMeta::new`]'s with the event's
+/// own schema version: first attempt, no partition, offset, key or headers; [`deliver_with`]
+/// sets state and metadata.
 ///
 /// Its error is the database's (the schema is not migrated, the connection failed); a
 /// handler's failure is a [`Delivery::Failed`].
@@ -215,12 +219,16 @@ pub async fn deliver<H: Handler>(
     event: &H::Event,
 ) -> Result<Delivery> {
     let topic = <H::Event as OutboxEvent>::TOPIC;
-    let meta = MessageMeta::new(event_id, <H::Event as OutboxEvent>::EVENT_TYPE, topic);
+    let meta = MessageMeta::new(event_id, <H::Event as OutboxEvent>::EVENT_TYPE, topic)
+        .with_schema_version(<H::Event as OutboxEvent>::SCHEMA_VERSION);
     deliver_with(pool, group, handler, (), &meta, event).await
 }
 
 /// [`deliver`] with the consumer's application `state` and the message's metadata `meta`
-/// (its event id is the deduplication key; routing uses the event's own topic and type).
+/// (its event id is the deduplication key; routing uses the event's own topic and type; its
+/// schema version is the one the handler is asked to accept, so for an event of version 2 or
+/// later give [`MessageMeta::with_schema_version`] its `SCHEMA_VERSION`: `MessageMeta::new`
+/// says 1).
 pub async fn deliver_with<S, H>(
     pool: &PgPool,
     group: &str,
@@ -280,10 +288,7 @@ pub struct Record {
 impl Record {
     /// The value of its first header named `name`.
     pub fn header(&self, name: &str) -> Option<&str> {
-        self.headers
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
+        first_header(&self.headers, name)
     }
 }
 

@@ -101,7 +101,8 @@ macro_rules! bind_filter {
 /// Publishes stored events again, in their original order (by outbox id), with their original
 /// `event_id`, key, payload and headers, so that deduplicating receivers handle each at most
 /// once. Records carry the replay's time as their Kafka timestamp (so the topic's time-based
-/// retention keeps them). Published with the relay's idempotent producer settings.
+/// retention keeps them); a CloudEvent's `ce_time` stays when the event was emitted. Published
+/// with the relay's idempotent producer settings.
 ///
 /// ```no_run
 /// # async fn run(pool: sqlx::PgPool) -> outbox_runtime::Result<()> {
@@ -244,7 +245,7 @@ impl Replay {
                 }
             }
             for row in &mut batch {
-                row.created_at_ms = now_ms;
+                row.replayed_at_ms = Some(now_ms);
                 if let Some(topic) = to_topic {
                     row.topic = topic.to_owned();
                 }

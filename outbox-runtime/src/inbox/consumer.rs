@@ -194,8 +194,9 @@ impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
     /// [`MessageMeta::schema_version`](super::MessageMeta::schema_version) stays the version
     /// sent.
     ///
-    /// `build` refuses version 0, `E`'s own version, two upcasters for one version, and an
-    /// upcaster for an event no handler takes.
+    /// `build` refuses version 0, `E`'s own version, two upcasters for one version, an
+    /// upcaster for an event no handler takes, and one from a version every handler of `E`
+    /// takes as it is (declared in its `versions`).
     ///
     /// ```
     /// # use outbox_runtime::inbox::{Consumer, HandlerError};

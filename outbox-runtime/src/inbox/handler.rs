@@ -442,6 +442,8 @@ pub(crate) trait ErasedHandler: Send + Sync {
     fn dedup_key(&self, group: &str) -> String;
     /// The Rust type of its event (upcasters are registered by it).
     fn event_type_id(&self) -> TypeId;
+    /// Whether it takes payloads of `version` as they are (else an upcaster makes its event).
+    fn accepts_version(&self, version: u32) -> bool;
     fn handle_json<'a>(
         &'a self,
         payload: &'a [u8],
@@ -504,18 +506,24 @@ impl Upcasters {
             .map(|f| &**f)
     }
 
-    /// An upcaster whose event no handler takes (`handled`: the handlers' event types), as
-    /// an error.
-    pub(crate) fn unused(&self, handled: &[TypeId]) -> Option<String> {
-        self.names
-            .iter()
-            .find(|(id, _, _)| !handled.contains(id))
-            .map(|(_, name, from)| {
-                format!(
+    /// An upcaster no handler would ever call, as an error: no handler takes its event, or
+    /// every handler of its event takes its version as it is.
+    pub(crate) fn unused(&self, handlers: &[&dyn ErasedHandler]) -> Option<String> {
+        self.names.iter().find_map(|&(event, name, from)| {
+            let mut of_event = handlers.iter().filter(|h| h.event_type_id() == event);
+            let Some(first) = of_event.next() else {
+                return Some(format!(
                     "an upcaster to `{name}` (from version {from}) is registered, but no \
                      handler takes `{name}`"
+                ));
+            };
+            (first.accepts_version(from) && of_event.all(|h| h.accepts_version(from))).then(|| {
+                format!(
+                    "an upcaster to `{name}` from version {from} would never run: every \
+                     handler of `{name}` takes version {from} itself (its `versions`)"
                 )
             })
+        })
     }
 }
 
@@ -565,6 +573,10 @@ impl<S: Send + Sync + 'static, H: Handler<S>> ErasedHandler for Erased<H, S> {
 
     fn event_type_id(&self) -> TypeId {
         TypeId::of::<H::Event>()
+    }
+
+    fn accepts_version(&self, version: u32) -> bool {
+        self.handler.accepts_version(version)
     }
 
     fn handle_json<'a>(
@@ -743,13 +755,13 @@ impl Routes {
 
     /// Gives every handler the consumer's upcasters; refuses one no handler can use.
     pub(crate) fn bind_upcasters(&mut self, upcasters: Upcasters) -> Result<(), String> {
-        let handled: Vec<TypeId> = self
+        let handlers: Vec<&dyn ErasedHandler> = self
             .routes
             .values()
             .flatten()
-            .map(|r| r.handler.event_type_id())
+            .map(|r| &*r.handler)
             .collect();
-        if let Some(e) = upcasters.unused(&handled) {
+        if let Some(e) = upcasters.unused(&handlers) {
             return Err(e);
         }
         let upcasters = Arc::new(upcasters);

@@ -168,7 +168,8 @@ const CLOUD_EVENTS_NAMESPACE: Uuid = Uuid::from_u128(0x6f75_7462_6f78_2d63_6c6f_
 
 /// The event's id and type: the framework's `event_id` and `event_type` headers, or, for a
 /// CloudEvent in binary content mode without them, its `ce_id` and `ce_type` (a `ce_id` that
-/// is a UUID is the id itself; another is mapped to a UUIDv5 of `ce_source` and `ce_id`).
+/// is a UUID in canonical form is the id itself; another is mapped to a UUIDv5 of `ce_source`
+/// and `ce_id`).
 fn identity<'m>(read: &Read<'m>) -> Result<(Uuid, std::borrow::Cow<'m, str>), String> {
     let lossy = |v: Option<&'m [u8]>| v.map(String::from_utf8_lossy).unwrap_or_default();
     if let Some(id) = read.event_id {
@@ -196,18 +197,27 @@ fn identity<'m>(read: &Read<'m>) -> Result<(Uuid, std::borrow::Cow<'m, str>), St
     if ce_id.is_empty() || source.is_empty() {
         return Err("a CloudEvent's ce_id and ce_source must not be empty".into());
     }
-    let id = Uuid::parse_str(ce_id).unwrap_or_else(|_| {
-        let mut name = Vec::with_capacity(source.len() + 1 + ce_id.len());
-        name.extend_from_slice(source.as_bytes());
-        name.push(0);
-        name.extend_from_slice(ce_id.as_bytes());
-        Uuid::new_v5(&CLOUD_EVENTS_NAMESPACE, &name)
-    });
-    let event_type = match read.event_type {
-        Some(t) => lossy(Some(t)),
-        None => lossy(read.ce_type),
+    let event_type = match read.event_type.or(read.ce_type) {
+        Some(t) if !t.is_empty() => lossy(Some(t)),
+        _ => return Err("a CloudEvent needs a non-empty ce_type header".into()),
     };
-    Ok((id, event_type))
+    Ok((cloud_event_id(source, ce_id), event_type))
+}
+
+/// A CloudEvent's id as a UUID: `ce_id` itself if it is a UUID spelled canonically (lowercase,
+/// hyphenated: two spellings of one UUID are two ids to CloudEvents, which compares them as
+/// strings), else a UUIDv5 of `source` and `ce_id`.
+fn cloud_event_id(source: &str, ce_id: &str) -> Uuid {
+    if let Ok(id) = Uuid::try_parse(ce_id) {
+        if id.hyphenated().encode_lower(&mut Uuid::encode_buffer()) == ce_id {
+            return id;
+        }
+    }
+    let mut name = Vec::with_capacity(source.len() + 1 + ce_id.len());
+    name.extend_from_slice(source.as_bytes());
+    name.push(0);
+    name.extend_from_slice(ce_id.as_bytes());
+    Uuid::new_v5(&CLOUD_EVENTS_NAMESPACE, &name)
 }
 
 /// The application's headers as a JSON object for an inbox row (`None`: it has none). Of a
@@ -242,4 +252,32 @@ pub(crate) fn headers_from_json(json: Option<&str>) -> Vec<(String, String)> {
             (name, value)
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_canonical_uuid_ce_id_is_the_id_and_other_spellings_are_other_ids() {
+        let id = Uuid::new_v4();
+        assert_eq!(cloud_event_id("/billing", &id.to_string()), id);
+        let spellings = [
+            id.to_string().to_uppercase(),
+            id.simple().to_string(),
+            id.braced().to_string(),
+            id.urn().to_string(),
+        ];
+        for other in &spellings {
+            let mapped = cloud_event_id("/billing", other);
+            assert_ne!(mapped, id, "{other}");
+            assert_eq!(mapped, cloud_event_id("/billing", other), "stable");
+            assert_ne!(mapped, cloud_event_id("/shipping", other), "per source");
+        }
+        assert_ne!(
+            cloud_event_id("/billing", "order-42"),
+            cloud_event_id("/billin", "gorder-42"),
+            "source and id are kept apart"
+        );
+    }
 }

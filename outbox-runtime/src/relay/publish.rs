@@ -181,7 +181,7 @@ fn send(
         .key(row.partition_key.as_bytes())
         .payload(row.payload.as_bytes())
         .headers(headers)
-        .timestamp(row.created_at_ms);
+        .timestamp(row.replayed_at_ms.unwrap_or(row.created_at_ms));
     producer.send_result(record).map_err(|(error, _)| error)
 }
 

@@ -200,6 +200,9 @@ pub(crate) struct Claimed {
     pub created_at_ms: i64,
     /// The application's headers as a JSON object, `None` when it has none.
     pub headers: Option<String>,
+    /// The record's timestamp when it is not `created_at_ms`: a replay's, when it was
+    /// replayed (CloudEvents' `time` stays `created_at_ms`).
+    pub replayed_at_ms: Option<i64>,
 }
 
 /// The columns a [`Claimed`] is read from (table alias `o`), in the order `from_row` reads
@@ -229,6 +232,7 @@ impl Claimed {
             attempts: r.try_get(first + 8)?,
             created_at_ms: r.try_get(first + 9)?,
             headers: r.try_get(first + 10)?,
+            replayed_at_ms: None,
         })
     }
 }
