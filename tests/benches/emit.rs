@@ -1,7 +1,8 @@
 //! What an emit adds to a command transaction.
 //!
 //! Runs, on one fresh database in one process, a transaction with one domain INSERT alone, with
-//! one `emit`, and with `emit_all` of 10 events, at concurrency 1 and 8. The variants are
+//! one `emit`, with one `emit` carrying a W3C `traceparent` header (given, and captured from an
+//! OpenTelemetry span), and with `emit_all` of 10 events, at concurrency 1 and 8. The variants are
 //! interleaved round by round so that the machine's noise hits them alike; the figures are
 //! medians over rounds.
 //!
@@ -27,6 +28,30 @@ enum Variant {
     /// The row written at once (its own round trip), as an insert-at-emit design would.
     Emit1Flush,
     EmitAll10,
+    /// One emit with a typical `traceparent` header given to `emit_with` (stored, the
+    /// 8-argument `outbox_emit`).
+    Emit1Traceparent,
+    /// One emit inside an OpenTelemetry span (a `tracing-opentelemetry` layer, no exporter):
+    /// the span's creation and the capture of its context at emit.
+    Emit1Traced,
+}
+
+/// A typical W3C `traceparent` (55 bytes).
+const TRACEPARENT: &str = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+
+/// A dispatcher with an OpenTelemetry layer, for [`Variant::Emit1Traced`] only (the other
+/// variants run without a subscriber).
+fn traced_dispatch() -> tracing::Dispatch {
+    use opentelemetry::trace::TracerProvider as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    static DISPATCH: std::sync::OnceLock<tracing::Dispatch> = std::sync::OnceLock::new();
+    DISPATCH
+        .get_or_init(|| {
+            let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder().build();
+            let layer = tracing_opentelemetry::layer().with_tracer(provider.tracer("bench"));
+            tracing::Dispatch::new(tracing_subscriber::registry().with(layer))
+        })
+        .clone()
 }
 
 impl Variant {
@@ -37,11 +62,30 @@ impl Variant {
             Variant::Emit1 => "insert + emit",
             Variant::Emit1Flush => "insert + emit + flush",
             Variant::EmitAll10 => "insert + emit_all(10)",
+            Variant::Emit1Traceparent => "insert + emit, traceparent",
+            Variant::Emit1Traced => "insert + emit, OTel span",
         }
     }
 }
 
 async fn command(pool: &PgPool, variant: Variant) {
+    if variant == Variant::Emit1Traced {
+        use tracing::instrument::WithSubscriber as _;
+        use tracing::Instrument as _;
+        let pool = pool.clone();
+        return async move {
+            let span = tracing::info_span!("request");
+            command_untraced(&pool, Variant::Emit1)
+                .instrument(span)
+                .await
+        }
+        .with_subscriber(traced_dispatch())
+        .await;
+    }
+    command_untraced(pool, variant).await
+}
+
+async fn command_untraced(pool: &PgPool, variant: Variant) {
     let order = OrderCreated {
         order_id: Uuid::now_v7(),
         customer_id: Uuid::now_v7(),
@@ -59,7 +103,12 @@ async fn command(pool: &PgPool, variant: Variant) {
         .await
         .unwrap();
     match variant {
-        Variant::NoEmit | Variant::HandInsert => {}
+        Variant::NoEmit | Variant::HandInsert | Variant::Emit1Traced => {}
+        Variant::Emit1Traceparent => {
+            uow.emit_with(&order, [("traceparent", TRACEPARENT)])
+                .await
+                .unwrap();
+        }
         Variant::Emit1 => {
             uow.emit(&order).await.unwrap();
         }
@@ -156,6 +205,8 @@ async fn main() {
         Variant::Emit1,
         Variant::Emit1Flush,
         Variant::EmitAll10,
+        Variant::Emit1Traceparent,
+        Variant::Emit1Traced,
     ];
     let n = variants.len();
     println!("emit overhead: {rounds} rounds x {txs} transactions per task, medians over rounds");

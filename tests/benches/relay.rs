@@ -2,7 +2,8 @@
 //!
 //! 1. the raw rdkafka producer sending N records shaped like the relay's (no database);
 //! 2. the relay's database work alone: claim + mark of N rows (no Kafka);
-//! 3. `publish_pending` draining N pre-written events, with 1 relay, then 4 relays;
+//! 3. `publish_pending` draining N pre-written events, with 1 relay, then 4 relays, and 1 relay
+//!    again with a typical W3C `traceparent` header stored on every event;
 //! 4. end-to-end latency, commit to consumer receipt, at a steady 1,000 events/s.
 //!
 //! `cargo bench -p outbox-tests --bench relay` (env: `N`, default 50000; `ROUNDS`, default 3;
@@ -53,11 +54,20 @@ fn event(n: u64, keys: u64) -> OrderCreated {
 }
 
 async fn write_events(pool: &PgPool, n: u64) {
+    write_events_with(pool, n, false).await;
+}
+
+/// [`write_events`], each event with a `traceparent` header if `traced`.
+async fn write_events_with(pool: &PgPool, n: u64, traced: bool) {
     sqlx::query("TRUNCATE outbox_event")
         .execute(pool)
         .await
         .unwrap();
-    emit(pool, n).await;
+    if traced {
+        emit_traced(pool, n).await;
+    } else {
+        emit(pool, n).await;
+    }
     sqlx::query("VACUUM ANALYZE outbox_event")
         .execute(pool)
         .await
@@ -73,6 +83,26 @@ async fn emit(pool: &PgPool, n: u64) {
         uow.emit_all(&chunk).await.unwrap();
         uow.commit().await.unwrap();
         i += chunk.len() as u64;
+    }
+}
+
+/// [`emit`], each event with a typical `traceparent` header (55 bytes).
+async fn emit_traced(pool: &PgPool, n: u64) {
+    let traceparent = "00-4bf92f3577b34da6a3ce929d0e0e4736-00f067aa0ba902b7-01";
+    let mut i = 0;
+    while i < n {
+        let chunk: Vec<outbox_runtime::OutboxRecord> = (i..(i + 1000).min(n))
+            .map(|k| {
+                outbox_runtime::OutboxRecord::from_event(&event(k, 1000))
+                    .and_then(|r| r.with_headers([("traceparent", traceparent)]))
+                    .unwrap()
+            })
+            .collect();
+        let len = chunk.len() as u64;
+        let mut uow = Uow::begin(pool).await.unwrap();
+        uow.emit_all(chunk).await.unwrap();
+        uow.commit().await.unwrap();
+        i += len;
     }
 }
 
@@ -301,7 +331,7 @@ async fn main() {
          autovacuum = {autovacuum}"
     );
 
-    let mut results: [Vec<f64>; 5] = Default::default();
+    let mut results: [Vec<f64>; 6] = Default::default();
     for round in 0..rounds {
         let raw = rate(n, raw_producer(&bootstrap, n).await);
 
@@ -340,19 +370,27 @@ async fn main() {
         for h in handles {
             h.await.unwrap().unwrap();
         }
+        write_events_with(&db.pool, n, true).await;
+        let t = Instant::now();
+        let published = relay.publish_pending().await.unwrap();
+        assert_eq!(published, n);
+        let traced = rate(n, t.elapsed());
         println!(
             "round {round}: bare mark {bare:.0}/s (CPU {:.0}%), raw producer {raw:.0}/s, \
              claim+mark only {db_only:.0}/s, 1 relay {one:.0}/s (CPU {:.0}%), \
-             4 relays {four:.0}/s (CPU {:.0}%)",
+             4 relays {four:.0}/s (CPU {:.0}%), 1 relay with traceparent {traced:.0}/s",
             bare_cpu * 100.0,
             one_cpu * 100.0,
             four_cpu * 100.0
         );
-        for (i, r) in [bare, raw, db_only, one, four].into_iter().enumerate() {
+        for (i, r) in [bare, raw, db_only, one, four, traced]
+            .into_iter()
+            .enumerate()
+        {
             results[i].push(r);
         }
     }
-    let [bare, raw, db_only, one, four] = results.map(median);
+    let [bare, raw, db_only, one, four, traced] = results.map(median);
     let limit = raw.min(db_only);
     println!();
     println!("medians over {rounds} rounds (events/s):");
@@ -368,6 +406,10 @@ async fn main() {
         "      4 relays                            {four:>9.0}   {:.0}% of min(1, 2), {:.2} x bare mark",
         four / limit * 100.0,
         four / bare
+    );
+    println!(
+        "      1 relay, a traceparent on each      {traced:>9.0}   {:.2} x 1 relay",
+        traced / one
     );
 
     // (5) Backlogs and statistics: a large backlog on a table the planner knows nothing about,
