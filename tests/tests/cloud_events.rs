@@ -6,7 +6,7 @@
 use std::time::Duration;
 
 use outbox_runtime::admin::{Replay, ReplayFilter};
-use outbox_runtime::inbox::{Consumer, HandlerError, MessageMeta};
+use outbox_runtime::inbox::{Consumer, HandlerError, MessageMeta, Mode};
 use outbox_runtime::relay::{CloudEvents, Relay};
 use outbox_runtime::testing::{MockKafka, Record};
 use outbox_runtime::{inbox_handler, Error, OutboxEvent, Uow};
@@ -160,19 +160,24 @@ async fn the_relay_writes_cloudevents_on_the_topics_it_covers_and_a_replay_too()
     assert!(build(CloudEvents::new("/a").topics(Vec::<String>::new())).contains("empty list"));
 }
 
-/// Records the id and type each posting was handled under.
+/// Records the id, type and CloudEvents source and id each posting was handled under.
 #[inbox_handler]
 async fn note(
     event: Posted,
     tx: &mut PgConnection,
     meta: &MessageMeta,
 ) -> Result<(), HandlerError> {
-    sqlx::query("INSERT INTO noted (event_id, event_type, ledger) VALUES ($1, $2, $3)")
-        .bind(meta.event_id())
-        .bind(meta.event_type())
-        .bind(&event.ledger)
-        .execute(tx)
-        .await?;
+    sqlx::query(
+        "INSERT INTO noted (event_id, event_type, ledger, source, ce_id) \
+         VALUES ($1, $2, $3, $4, $5)",
+    )
+    .bind(meta.event_id())
+    .bind(meta.event_type())
+    .bind(&event.ledger)
+    .bind(meta.header("ce_source"))
+    .bind(meta.header("ce_id"))
+    .execute(tx)
+    .await?;
     Ok(())
 }
 
@@ -195,12 +200,24 @@ fn foreign(ce_id: &str, source: &str, spec: Option<&str>, ledger: &str) -> Outgo
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_consumer_reads_another_producers_cloudevents_by_ce_id_and_ce_type() {
+async fn a_dedup_consumer_reads_another_producers_cloudevents_by_ce_id_and_ce_type() {
+    reads_another_producers_cloudevents(Mode::Dedup).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_inbox_consumer_reads_another_producers_cloudevents_by_ce_id_and_ce_type() {
+    reads_another_producers_cloudevents(Mode::Inbox).await;
+}
+
+async fn reads_another_producers_cloudevents(mode: Mode) {
     let db = TestDb::new().await;
-    sqlx::query("CREATE TABLE noted (event_id uuid, event_type text, ledger text)")
-        .execute(&db.pool)
-        .await
-        .unwrap();
+    sqlx::query(
+        "CREATE TABLE noted (event_id uuid, event_type text, ledger text, source text, \
+         ce_id text)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
     let kafka = MockKafka::start().unwrap();
     for topic in [Posted::TOPIC, "ledger.events.retry", "ledger.events.dlq"] {
         kafka.create_topic(topic, 1).unwrap();
@@ -231,6 +248,7 @@ async fn a_consumer_reads_another_producers_cloudevents_by_ce_id_and_ce_type() {
         .brokers(kafka.bootstrap_servers())
         .group_id("ledger-reader")
         .handler(note)
+        .mode(mode)
         .poll_interval(Duration::from_millis(20))
         .build()
         .unwrap();
@@ -256,11 +274,12 @@ async fn a_consumer_reads_another_producers_cloudevents_by_ce_id_and_ce_type() {
     cancel.cancel();
     handle.await.unwrap().unwrap();
 
-    let noted: Vec<(Uuid, String, String)> =
-        sqlx::query_as("SELECT event_id, event_type, ledger FROM noted ORDER BY ledger")
-            .fetch_all(&db.pool)
-            .await
-            .unwrap();
+    let noted: Vec<(Uuid, String, String, Option<String>, Option<String>)> = sqlx::query_as(
+        "SELECT event_id, event_type, ledger, source, ce_id FROM noted ORDER BY ledger",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
     let ledgers: Vec<&str> = noted.iter().map(|n| n.2.as_str()).collect();
     assert_eq!(
         ledgers,
@@ -271,6 +290,22 @@ async fn a_consumer_reads_another_producers_cloudevents_by_ce_id_and_ce_type() {
     assert_ne!(noted[0].0, noted[1].0, "ids are per source");
     assert_eq!(noted[2].0, uuid_id);
     assert_ne!(noted[3].0, uuid_id, "another ce_id, another event");
+    // The handler reads the CloudEvent's attributes, the id as sent too.
+    let attributes: Vec<(Option<&str>, Option<&str>)> = noted
+        .iter()
+        .map(|n| (n.3.as_deref(), n.4.as_deref()))
+        .collect();
+    let upper = uuid_id.simple().to_string().to_uppercase();
+    let uuid_text = uuid_id.to_string();
+    assert_eq!(
+        attributes,
+        [
+            (Some("/billing"), Some("order-42")),
+            (Some("/shipping"), Some("order-42")),
+            (Some("/billing"), Some(uuid_text.as_str())),
+            (Some("/billing"), Some(upper.as_str())),
+        ]
+    );
     assert_eq!(dead.len(), 2);
     let reason = |ce_id: &str| {
         dead.iter()
