@@ -274,7 +274,7 @@ async fn reads_another_producers_cloudevents(mode: Mode) {
     cancel.cancel();
     handle.await.unwrap().unwrap();
 
-    let noted: Vec<(Uuid, String, String, Option<String>, Option<String>)> = sqlx::query_as(
+    let noted: Vec<Noted> = sqlx::query_as(
         "SELECT event_id, event_type, ledger, source, ce_id FROM noted ORDER BY ledger",
     )
     .fetch_all(&db.pool)
@@ -318,6 +318,9 @@ async fn reads_another_producers_cloudevents(mode: Mode) {
     let no_type = reason("order-44");
     assert!(no_type.contains("ce_type"), "{no_type}");
 }
+
+/// A row of `noted`: event id, event type, ledger, and the CloudEvents source and id as sent.
+type Noted = (Uuid, String, String, Option<String>, Option<String>);
 
 /// `record` without its `ce_type` header.
 fn without_type(mut record: Outgoing) -> Outgoing {

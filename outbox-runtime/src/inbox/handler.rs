@@ -222,13 +222,15 @@ impl<'a> MessageMeta<'a> {
         self.key
     }
 
-    /// The application's headers (those given to `emit_with`, or another producer's), in the
+    /// The application's headers (those given to `emit_with`, or another producer's) and, for
+    /// a CloudEvent, its attributes (`ce_source`, `ce_id` as sent, `ce_time`, ...), in the
     /// message's order; none of the framework's own (`event_id`, `outbox_*`, ...).
     pub fn headers(&self) -> &[(&'a str, &'a [u8])] {
         &self.headers
     }
 
-    /// The first application header of this name, if its value is UTF-8.
+    /// The first of [`headers`](Self::headers) of this name, if its value is UTF-8: e.g.
+    /// `header("ce_source")` for a CloudEvent's source.
     pub fn header(&self, name: &str) -> Option<&'a str> {
         self.headers
             .iter()

@@ -47,7 +47,8 @@ struct Read<'m> {
     ce_type: Option<&'m [u8]>,
     ce_source: Option<&'m [u8]>,
     ce_specversion: Option<&'m [u8]>,
-    /// The application's headers (none of the framework's), with `application`.
+    /// The application's headers and CloudEvents attributes (none of the framework's other
+    /// headers), with `application`.
     application: Vec<(&'m str, &'m [u8])>,
 }
 
@@ -64,7 +65,14 @@ fn read<'m>(msg: &'m BorrowedMessage<'_>, application: bool) -> Read<'m> {
     };
     // Of a header given twice, the first counts.
     for header in all.iter() {
-        let slot = match header.key {
+        let name = header.key;
+        // The application's headers, and a CloudEvent's attributes (`ce_*`: its source, its id
+        // as sent, ...), are the handler's to read.
+        if application && (name.starts_with("ce_") || !crate::event::is_reserved_header(name)) {
+            read.application
+                .push((name, header.value.unwrap_or_default()));
+        }
+        let slot = match name {
             "event_id" => &mut read.event_id,
             "event_type" => &mut read.event_type,
             headers::SOURCE_TOPIC => &mut read.source_topic,
@@ -75,13 +83,7 @@ fn read<'m>(msg: &'m BorrowedMessage<'_>, application: bool) -> Read<'m> {
             "ce_type" => &mut read.ce_type,
             "ce_source" => &mut read.ce_source,
             "ce_specversion" => &mut read.ce_specversion,
-            name => {
-                if application && !crate::event::is_reserved_header(name) {
-                    read.application
-                        .push((name, header.value.unwrap_or_default()));
-                }
-                continue;
-            }
+            _ => continue,
         };
         if slot.is_none() {
             *slot = header.value;
