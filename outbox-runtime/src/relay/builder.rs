@@ -5,7 +5,6 @@ use std::time::{Duration, Instant};
 
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{FutureProducer, Producer};
-use sqlx::postgres::PgListener;
 use sqlx::PgPool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -13,6 +12,7 @@ use tokio_util::sync::CancellationToken;
 use super::cloudevents::CloudEvents;
 use super::instance::{Instance, Step};
 use super::publish::PerKey;
+use super::wakeup::Wakeups;
 use super::{status, RelayStatus};
 use crate::config::{self, Backoff};
 use crate::error::{Error, Result};
@@ -362,24 +362,19 @@ impl Relay {
     pub async fn run(&self, cancel: CancellationToken) -> Result<()> {
         let inner = &self.inner;
         let mut instance = Instance::new(inner);
-        let mut listener: Option<PgListener> = None;
+        let mut wakeups = Wakeups::start(&inner.pool, inner.failover_timeout, inner.backoff);
         let mut failures = 0u32;
         let mut gauges_at: Option<Instant> = None;
         // What the pool is asked for besides the instance's own connection must not stall the
-        // loop while the database is away: a lost notification costs a poll, a lost gauge
-        // nothing.
+        // loop while the database is away: a lost gauge costs nothing.
         let aside = inner.poll_interval.max(Duration::from_secs(1));
         while !cancel.is_cancelled() {
-            if listener.is_none() {
-                listener = tokio::time::timeout(aside, listen(&inner.pool))
-                    .await
-                    .ok()
-                    .flatten();
-            }
             if gauges_at.is_none_or(|t| t.elapsed() >= GAUGES_EVERY) {
                 gauges_at = Some(Instant::now());
                 let _ = tokio::time::timeout(aside, report_backlog(&inner.pool)).await;
             }
+            // Notifications from here on may be of rows this step's claim does not see.
+            wakeups.mark_seen();
             match instance.step().await {
                 Ok(Step::Full) => {
                     failures = 0;
@@ -414,11 +409,7 @@ impl Relay {
                     tokio::select! {
                         () = cancel.cancelled() => {}
                         () = tokio::time::sleep(wait) => {}
-                        notified = wait_notification(&mut listener) => {
-                            if !notified {
-                                listener = None;
-                            }
-                        }
+                        () = wakeups.notified() => {}
                     }
                 }
                 Err(e) => {
@@ -427,9 +418,9 @@ impl Relay {
                     tracing::warn!(error = %crate::error_chain(&e), ?backoff, "outbox relay batch failed; retrying");
                     metrics::counter!("outbox_relay_batch_failures_total").increment(1);
                     instance.reset();
-                    if e.is_transient() {
+                    if matches!(e, Error::Database(_)) && e.is_transient() {
                         // A lost connection: the listener's is probably gone too.
-                        listener = None;
+                        wakeups.reconnect();
                     }
                     tokio::select! {
                         () = cancel.cancelled() => {}
@@ -505,20 +496,6 @@ pub async fn explain_claim(pool: &PgPool, cursor: i64, limit: i64) -> Result<ser
         cloud_events: None,
     };
     Instance::new(&inner).explain_claim(cursor).await
-}
-
-async fn listen(pool: &PgPool) -> Option<PgListener> {
-    let mut listener = PgListener::connect_with(pool).await.ok()?;
-    listener.listen("outbox_event").await.ok()?;
-    Some(listener)
-}
-
-/// Waits for a notification; `false` if the listener broke (the caller reconnects it later).
-async fn wait_notification(listener: &mut Option<PgListener>) -> bool {
-    match listener {
-        Some(l) => l.recv().await.is_ok(),
-        None => std::future::pending().await,
-    }
 }
 
 /// How often a running relay reports the backlog gauges.

@@ -54,6 +54,8 @@ mod instance;
 pub(crate) mod publish;
 #[cfg_attr(not(feature = "kafka"), allow(dead_code, unused_imports))]
 pub(crate) mod store;
+#[cfg(feature = "kafka")]
+mod wakeup;
 
 use std::time::Duration;
 
