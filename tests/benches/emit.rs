@@ -2,7 +2,8 @@
 //!
 //! Runs, on one fresh database in one process, a transaction with one domain INSERT alone, with
 //! one `emit`, with one `emit` carrying a W3C `traceparent` header (given, and captured from an
-//! OpenTelemetry span), and with `emit_all` of 10 events, at concurrency 1 and 8. The variants are
+//! OpenTelemetry span), with one `emit` while a relay waits for work (so the commit notifies),
+//! and with `emit_all` of 10 events, at concurrency 1 and 8. The variants are
 //! interleaved round by round so that the machine's noise hits them alike; the figures are
 //! medians over rounds.
 //!
@@ -34,6 +35,9 @@ enum Variant {
     /// One emit inside an OpenTelemetry span (a `tracing-opentelemetry` layer, no exporter):
     /// the span's creation and the capture of its context at emit.
     Emit1Traced,
+    /// One emit while a relay waits for work (registered in `outbox_relay_waiting`, its
+    /// listener drained): every commit sends a NOTIFY.
+    Emit1Notify,
 }
 
 /// A typical W3C `traceparent` (55 bytes).
@@ -64,6 +68,7 @@ impl Variant {
             Variant::EmitAll10 => "insert + emit_all(10)",
             Variant::Emit1Traceparent => "insert + emit, traceparent",
             Variant::Emit1Traced => "insert + emit, OTel span",
+            Variant::Emit1Notify => "insert + emit, relay waiting",
         }
     }
 }
@@ -109,7 +114,7 @@ async fn command_untraced(pool: &PgPool, variant: Variant) {
                 .await
                 .unwrap();
         }
-        Variant::Emit1 => {
+        Variant::Emit1 | Variant::Emit1Notify => {
             uow.emit(&order).await.unwrap();
         }
         Variant::Emit1Flush => {
@@ -159,13 +164,36 @@ async fn hand_insert(pool: &PgPool, order: &OrderCreated) {
     tx.commit().await.unwrap();
 }
 
-/// Runs `txs` transactions in each of `concurrency` tasks; returns (tx/s, per-tx latencies).
+/// What a relay waiting for work leaves: its mark in `outbox_relay_waiting` (so that every
+/// emit notifies), and its listener, read all the time. Abort the task and delete the mark to
+/// undo.
+async fn relay_waiting(pool: &PgPool) -> tokio::task::JoinHandle<()> {
+    sqlx::query("INSERT INTO outbox_relay_waiting (slot) VALUES (4095)")
+        .execute(pool)
+        .await
+        .unwrap();
+    let mut listener = sqlx::postgres::PgListener::connect_with(pool)
+        .await
+        .unwrap();
+    listener.listen("outbox_event").await.unwrap();
+    tokio::spawn(async move { while listener.recv().await.is_ok() {} })
+}
+
+/// Runs `txs` transactions in each of `concurrency` tasks (on `pool`; `aside` serves the
+/// relay's listener of [`Variant::Emit1Notify`]); returns (tx/s, per-tx latencies).
 async fn round(
     pool: &PgPool,
+    aside: &PgPool,
     variant: Variant,
     concurrency: usize,
     txs: usize,
 ) -> (f64, Vec<Duration>) {
+    // A relay waiting: its mark, and a listener that reads every notification.
+    let listener = if variant == Variant::Emit1Notify {
+        Some(relay_waiting(aside).await)
+    } else {
+        None
+    };
     let start = Instant::now();
     let tasks: Vec<_> = (0..concurrency)
         .map(|_| {
@@ -186,6 +214,13 @@ async fn round(
         latencies.extend(task.await.unwrap());
     }
     let rate = (concurrency * txs) as f64 / start.elapsed().as_secs_f64();
+    if let Some(listener) = listener {
+        listener.abort();
+        sqlx::query("DELETE FROM outbox_relay_waiting")
+            .execute(pool)
+            .await
+            .unwrap();
+    }
     (rate, latencies)
 }
 
@@ -207,6 +242,7 @@ async fn main() {
         Variant::EmitAll10,
         Variant::Emit1Traceparent,
         Variant::Emit1Traced,
+        Variant::Emit1Notify,
     ];
     let n = variants.len();
     println!("emit overhead: {rounds} rounds x {txs} transactions per task, medians over rounds");
@@ -223,7 +259,7 @@ async fn main() {
     for concurrency in [1, 8] {
         // Warm-up: connections open, statements prepared.
         for v in variants {
-            round(&pool, v, concurrency, 20).await;
+            round(&pool, &db.pool, v, concurrency, 20).await;
         }
         let mut rates: Vec<Vec<f64>> = vec![Vec::new(); n];
         let mut lats: Vec<Vec<Duration>> = vec![Vec::new(); n];
@@ -231,7 +267,7 @@ async fn main() {
             // Rotate the order each round so that no variant always runs first.
             for k in 0..n {
                 let i = (k + r) % n;
-                let (rate, l) = round(&pool, variants[i], concurrency, txs).await;
+                let (rate, l) = round(&pool, &db.pool, variants[i], concurrency, txs).await;
                 rates[i].push(rate);
                 lats[i].extend(l);
             }
