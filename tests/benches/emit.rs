@@ -3,7 +3,8 @@
 //! Runs, on one fresh database in one process, a transaction with one domain INSERT alone, with
 //! one `emit`, with one `emit` carrying a W3C `traceparent` header (given, and captured from an
 //! OpenTelemetry span), with one `emit` while a relay waits for work (so the commit notifies),
-//! and with `emit_all` of 10 events, at concurrency 1 and 8. The variants are
+//! with one `emit` while a relay runs (on the in-process mock cluster), and with `emit_all` of
+//! 10 events, at concurrency 1 and 8. The variants are
 //! interleaved round by round so that the machine's noise hits them alike; the figures are
 //! medians over rounds.
 //!
@@ -12,11 +13,14 @@
 
 use std::time::{Duration, Instant};
 
+use outbox_runtime::relay::Relay;
 use outbox_runtime::Uow;
 use outbox_tests::bench::{env, median, percentile};
 use outbox_tests::fixtures::OrderCreated;
+use outbox_tests::kafka::Kafka;
 use outbox_tests::TestDb;
 use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -38,6 +42,9 @@ enum Variant {
     /// One emit while a relay waits for work (registered in `outbox_relay_waiting`, its
     /// listener drained): every commit sends a NOTIFY.
     Emit1Notify,
+    /// One emit while a relay runs (on the in-process mock cluster), idle when the round
+    /// starts: it notifies as the relay asks.
+    Emit1Relay,
 }
 
 /// A typical W3C `traceparent` (55 bytes).
@@ -69,6 +76,7 @@ impl Variant {
             Variant::Emit1Traceparent => "insert + emit, traceparent",
             Variant::Emit1Traced => "insert + emit, OTel span",
             Variant::Emit1Notify => "insert + emit, relay waiting",
+            Variant::Emit1Relay => "insert + emit, relay running",
         }
     }
 }
@@ -114,7 +122,7 @@ async fn command_untraced(pool: &PgPool, variant: Variant) {
                 .await
                 .unwrap();
         }
-        Variant::Emit1 | Variant::Emit1Notify => {
+        Variant::Emit1 | Variant::Emit1Notify | Variant::Emit1Relay => {
             uow.emit(&order).await.unwrap();
         }
         Variant::Emit1Flush => {
@@ -179,18 +187,43 @@ async fn relay_waiting(pool: &PgPool) -> tokio::task::JoinHandle<()> {
     tokio::spawn(async move { while listener.recv().await.is_ok() {} })
 }
 
-/// Runs `txs` transactions in each of `concurrency` tasks (on `pool`; `aside` serves the
-/// relay's listener of [`Variant::Emit1Notify`]); returns (tx/s, per-tx latencies).
+/// What some variants need beside the emitters' pool.
+struct Aside {
+    /// For the listener of [`Variant::Emit1Notify`] and the relay's status.
+    pool: PgPool,
+    /// The relay of [`Variant::Emit1Relay`].
+    relay: Relay,
+}
+
+/// Runs `txs` transactions in each of `concurrency` tasks (on `pool`); returns (tx/s, per-tx
+/// latencies).
 async fn round(
     pool: &PgPool,
-    aside: &PgPool,
+    aside: &Aside,
     variant: Variant,
     concurrency: usize,
     txs: usize,
 ) -> (f64, Vec<Duration>) {
     // A relay waiting: its mark, and a listener that reads every notification.
     let listener = if variant == Variant::Emit1Notify {
-        Some(relay_waiting(aside).await)
+        Some(relay_waiting(&aside.pool).await)
+    } else {
+        None
+    };
+    // A relay running, idle: what other variants left published first.
+    let relay = if variant == Variant::Emit1Relay {
+        aside.relay.publish_pending().await.unwrap();
+        let cancel = CancellationToken::new();
+        let handle = aside.relay.spawn(cancel.clone());
+        while sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox_relay_waiting")
+            .fetch_one(&aside.pool)
+            .await
+            .unwrap()
+            == 0
+        {
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        Some((cancel, handle))
     } else {
         None
     };
@@ -221,6 +254,10 @@ async fn round(
             .await
             .unwrap();
     }
+    if let Some((cancel, handle)) = relay {
+        cancel.cancel();
+        handle.await.unwrap().unwrap();
+    }
     (rate, latencies)
 }
 
@@ -234,6 +271,15 @@ async fn main() {
         .await
         .unwrap();
     let pool = db.pool(8).await;
+    let kafka = Kafka::mock();
+    kafka.create_topic("order.events", 6).await;
+    let aside = Aside {
+        pool: db.pool.clone(),
+        relay: Relay::builder(db.pool.clone())
+            .brokers(kafka.bootstrap())
+            .build()
+            .unwrap(),
+    };
     let variants = [
         Variant::NoEmit,
         Variant::HandInsert,
@@ -243,6 +289,7 @@ async fn main() {
         Variant::Emit1Traceparent,
         Variant::Emit1Traced,
         Variant::Emit1Notify,
+        Variant::Emit1Relay,
     ];
     let n = variants.len();
     println!("emit overhead: {rounds} rounds x {txs} transactions per task, medians over rounds");
@@ -259,7 +306,7 @@ async fn main() {
     for concurrency in [1, 8] {
         // Warm-up: connections open, statements prepared.
         for v in variants {
-            round(&pool, &db.pool, v, concurrency, 20).await;
+            round(&pool, &aside, v, concurrency, 20).await;
         }
         let mut rates: Vec<Vec<f64>> = vec![Vec::new(); n];
         let mut lats: Vec<Vec<Duration>> = vec![Vec::new(); n];
@@ -267,7 +314,7 @@ async fn main() {
             // Rotate the order each round so that no variant always runs first.
             for k in 0..n {
                 let i = (k + r) % n;
-                let (rate, l) = round(&pool, &db.pool, variants[i], concurrency, txs).await;
+                let (rate, l) = round(&pool, &aside, variants[i], concurrency, txs).await;
                 rates[i].push(rate);
                 lats[i].extend(l);
             }

@@ -354,8 +354,9 @@ impl Relay {
         tokio::spawn(async move { relay.run(cancel).await })
     }
 
-    /// Runs one relay instance until `cancel` fires: publishes as events commit (woken by
-    /// NOTIFY, and polling every `poll_interval`), retries with backoff on errors (a lost
+    /// Runs one relay instance until `cancel` fires: publishes as events commit (claiming
+    /// again at once while claims find rows; once one finds nothing, woken by NOTIFY, and
+    /// polling every `poll_interval`), retries with backoff on errors (a lost
     /// database or broker, a producer that failed for good). On cancel it finishes the batch in
     /// flight (bounded by the publish timeout) and returns. Errors are logged and retried, never
     /// returned.
@@ -364,6 +365,8 @@ impl Relay {
         let mut instance = Instance::new(inner);
         let mut wakeups = Wakeups::start(&inner.pool, inner.failover_timeout, inner.backoff);
         let mut failures = 0u32;
+        // Whether the last claim found rows.
+        let mut found_rows = false;
         let mut gauges_at: Option<Instant> = None;
         // What the pool is asked for besides the instance's own connection must not stall the
         // loop while the database is away: a lost gauge costs nothing.
@@ -376,17 +379,23 @@ impl Relay {
             // Notifications from here on may be of rows this step's claim does not see.
             wakeups.mark_seen();
             match instance.step().await {
-                Ok(Step::Full) => {
+                Ok(step @ (Step::Full | Step::Partial)) => {
                     failures = 0;
-                    // Busy: emitters need not notify (NOTIFY serializes their commits).
-                    if let Err(e) = instance.set_waiting(false).await {
-                        tracing::warn!(error = %crate::error_chain(&e), "outbox relay could not clear its waiting mark");
-                        instance.reset();
+                    // Events are coming: claim again at once. Once they keep coming (a full
+                    // batch, or rows found twice in a row), emitters need not notify: a
+                    // notifying commit takes a database-wide lock that serializes them.
+                    if step == Step::Full || found_rows {
+                        if let Err(e) = instance.set_waiting(false).await {
+                            tracing::warn!(error = %crate::error_chain(&e), "outbox relay could not clear its waiting mark");
+                            instance.reset();
+                        }
                     }
+                    found_rows = true;
                     continue;
                 }
-                Ok(Step::Idle) => {
+                Ok(Step::Empty) => {
                     failures = 0;
+                    found_rows = false;
                     // About to wait: ask emitters to notify, then look once more, for rows
                     // committed before they could see the mark.
                     if !instance.waiting() && instance.owns_shards() {
@@ -414,6 +423,7 @@ impl Relay {
                 }
                 Err(e) => {
                     failures = failures.saturating_add(1);
+                    found_rows = false;
                     let backoff = inner.backoff.jittered(failures);
                     tracing::warn!(error = %crate::error_chain(&e), ?backoff, "outbox relay batch failed; retrying");
                     metrics::counter!("outbox_relay_batch_failures_total").increment(1);

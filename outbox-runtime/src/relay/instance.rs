@@ -31,11 +31,14 @@ macro_rules! bounded {
 }
 
 /// What a step did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(super) enum Step {
-    /// A full batch was published: there is probably more.
+    /// A full batch was claimed: there is probably more.
     Full,
-    /// Less than a full batch: wait for work.
-    Idle,
+    /// Some rows, less than a full batch: more may have committed meanwhile.
+    Partial,
+    /// Nothing to claim (or no shards to claim from): wait for work.
+    Empty,
 }
 
 /// How often held keys (an operator's problem) are tried again, at most.
@@ -199,7 +202,7 @@ impl<'r> Instance<'r> {
             self.last_rebalance = Some(Instant::now());
         }
         if self.shards.is_empty() {
-            return Ok(Step::Idle);
+            return Ok(Step::Empty);
         }
         let span = tracing::info_span!(
             "outbox_relay_batch",
@@ -225,7 +228,7 @@ impl<'r> Instance<'r> {
         if claim.rows.is_empty() {
             bounded!(failover, store::abandon(conn))?;
             self.cursor.advance(&claim, false, None, None);
-            return Ok(Step::Idle);
+            return Ok(Step::Empty);
         }
         let started = Instant::now();
         let producer = relay.producer.as_ref().map(|slot| slot.get());
@@ -328,7 +331,7 @@ impl<'r> Instance<'r> {
         Ok(if claim.rows.len() as i64 >= limit {
             Step::Full
         } else {
-            Step::Idle
+            Step::Partial
         })
     }
 
