@@ -1,5 +1,6 @@
 //! Months of traffic start with minutes of it: under sustained, bursty emits no session the
-//! framework holds (the relay's, its LISTEN connection, a consumer's) may keep PostgreSQL's
+//! framework holds (the relay's, its LISTEN connection, a dedup consumer's, an inbox receipt's
+//! and processor's) may keep PostgreSQL's
 //! cleanup horizon back, the NOTIFY queue must stay empty, and emitters need not notify. A session whose `backend_xmin`
 //! lags keeps vacuum from removing every row version deleted since (published outbox rows,
 //! the unpublished index's dead entries); a NOTIFY queue that fills refuses every notifying
@@ -14,7 +15,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use outbox_runtime::inbox::{Consumer, HandlerError};
+use outbox_runtime::inbox::{Consumer, HandlerError, Mode};
 use outbox_runtime::{inbox_handler, OutboxEvent};
 use outbox_tests::kafka::Kafka;
 use outbox_tests::payments::wait_for;
@@ -146,14 +147,22 @@ async fn sustained_emits_hold_neither_the_cleanup_horizon_nor_the_notify_queue()
             .spawn()
             .expect("start relay process"),
     );
+    // Two consumer groups, each handling every event once: one in dedup mode, one in inbox
+    // mode (receipt and a processor).
     let cancel = CancellationToken::new();
-    let consumer = Consumer::builder(db.pool.clone())
-        .brokers(kafka.bootstrap())
-        .group_id("meters")
-        .handler(record_read)
-        .build()
-        .unwrap()
-        .spawn(cancel.clone());
+    let consumers: Vec<_> = [("meters", Mode::Dedup), ("meters-inbox", Mode::Inbox)]
+        .into_iter()
+        .map(|(group, mode)| {
+            Consumer::builder(db.pool.clone())
+                .brokers(kafka.bootstrap())
+                .group_id(group)
+                .mode(mode)
+                .handler(record_read)
+                .build()
+                .unwrap()
+                .spawn(cancel.clone())
+        })
+        .collect();
 
     // Commits that do not wait for their WAL flush: more of them per second (and so more
     // notifications) than this machine's disk would allow otherwise.
@@ -247,18 +256,24 @@ async fn sustained_emits_hold_neither_the_cleanup_horizon_nor_the_notify_queue()
         worst_usage * 100.0,
         notified as f64 / emitted.max(1) as f64 * 100.0
     );
-    // Everything arrives, once.
+    // Everything arrives, once in each group.
     let handled = || async {
         sqlx::query_scalar::<_, i64>("SELECT count(*) FROM meter_read")
             .fetch_one(&db.pool)
             .await
             .unwrap() as u64
     };
-    wait_for("every event handled", Duration::from_secs(120), || async {
-        handled().await >= emitted
+    wait_for("every event handled", Duration::from_secs(180), || async {
+        handled().await >= 2 * emitted
     })
     .await;
     cancel.cancel();
-    consumer.await.unwrap().unwrap();
-    assert_eq!(handled().await, emitted, "each event handled once");
+    for consumer in consumers {
+        consumer.await.unwrap().unwrap();
+    }
+    assert_eq!(
+        handled().await,
+        2 * emitted,
+        "each event handled once by each group"
+    );
 }
