@@ -322,7 +322,8 @@ async fn relay(args: RelayArgs) -> Result {
         outbox_runtime::serve_prometheus(addr).map_err(chain)?;
     }
     let config = producer_config(&brokers)?;
-    // Each instance holds a connection, and a listening one for notifications.
+    // Each instance takes a connection of its own off the pool when it connects (and listens
+    // for notifications on another, outside the pool); the pool serves the backlog gauges.
     let pool = connect_migrated(&db, u32::from(instances) * 2 + 2).await?;
     let relay = Relay::builder(pool)
         .producer_config(config)

@@ -69,6 +69,7 @@ async fn sample(conn: &mut PgConnection, database: &str) -> Sample {
                 coalesce(wait_event_type || ':' || wait_event, '') \
          FROM pg_stat_activity \
          WHERE datname = $1 AND pid <> pg_backend_pid() AND backend_xmin IS NOT NULL \
+           AND backend_type = 'client backend' \
          ORDER BY age(backend_xmin) DESC LIMIT 1",
     )
     .bind(database)
