@@ -6,19 +6,18 @@ use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
+use outbox_runtime::testing::MockKafka;
 use rdkafka::admin::{AdminClient, AdminOptions, NewTopic, TopicReplication};
 use rdkafka::client::DefaultClientContext;
 use rdkafka::config::ClientConfig;
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Headers, Message};
-use rdkafka::mocking::MockCluster;
-use rdkafka::producer::{BaseProducer, DefaultProducerContext, Producer};
 use rdkafka::TopicPartitionList;
 
 /// A broker for one test.
 pub enum Kafka {
-    /// A mock cluster, owned by the client that created it.
-    Mock(BaseProducer),
+    /// A mock cluster in the test's process (the runtime's test kit's).
+    Mock(MockKafka),
     Tansu(Tansu),
 }
 
@@ -29,27 +28,12 @@ impl std::fmt::Debug for Kafka {
 }
 
 /// How many brokers the mock cluster has.
-const MOCK_BROKERS: i32 = 3;
+const MOCK_BROKERS: u16 = 3;
 
 impl Kafka {
-    /// librdkafka's in-process mock cluster (3 brokers), with consumer groups that form at once
-    /// (its default initial rebalance delay is 3 s).
+    /// librdkafka's in-process mock cluster (3 brokers), with consumer groups that form at once.
     pub fn mock() -> Kafka {
-        let owner: BaseProducer = ClientConfig::new()
-            .set("test.mock.num.brokers", MOCK_BROKERS.to_string())
-            .create()
-            .expect("start the mock Kafka cluster");
-        // SAFETY: the pointer is the live mock cluster of `owner`, which outlives this call.
-        unsafe {
-            let cluster = rdkafka_sys::rd_kafka_handle_mock_cluster(owner.client().native_ptr());
-            assert!(!cluster.is_null(), "the client has a mock cluster");
-            rdkafka_sys::rd_kafka_mock_group_initial_rebalance_delay_ms(cluster, 0);
-        }
-        Kafka::Mock(owner)
-    }
-
-    fn cluster(owner: &BaseProducer) -> MockCluster<'_, DefaultProducerContext> {
-        owner.client().mock_cluster().expect("mock cluster")
+        Kafka::Mock(MockKafka::with_brokers(MOCK_BROKERS).expect("start the mock Kafka cluster"))
     }
 
     /// A tansu broker process on a free local port.
@@ -59,15 +43,15 @@ impl Kafka {
 
     pub fn bootstrap(&self) -> String {
         match self {
-            Kafka::Mock(m) => Self::cluster(m).bootstrap_servers(),
+            Kafka::Mock(m) => m.bootstrap_servers().to_owned(),
             Kafka::Tansu(t) => t.bootstrap(),
         }
     }
 
     pub async fn create_topic(&self, topic: &str, partitions: i32) {
         match self {
-            Kafka::Mock(m) => Self::cluster(m)
-                .create_topic(topic, partitions, 1)
+            Kafka::Mock(m) => m
+                .create_topic(topic, partitions)
                 .expect("create topic on the mock cluster"),
             Kafka::Tansu(_) => {
                 let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
@@ -90,9 +74,9 @@ impl Kafka {
     /// (then normally again).
     pub fn fail_produce_requests(&self, errors: &[rdkafka::types::RDKafkaRespErr]) {
         match self {
-            Kafka::Mock(m) => {
-                Self::cluster(m).request_errors(rdkafka::types::RDKafkaApiKey::Produce, errors)
-            }
+            Kafka::Mock(m) => m
+                .cluster()
+                .request_errors(rdkafka::types::RDKafkaApiKey::Produce, errors),
             Kafka::Tansu(_) => panic!("only the mock cluster injects errors"),
         }
     }
@@ -100,9 +84,9 @@ impl Kafka {
     /// The mock cluster forgets the produce errors not yet used.
     pub fn clear_produce_errors(&self) {
         match self {
-            Kafka::Mock(m) => {
-                Self::cluster(m).clear_request_errors(rdkafka::types::RDKafkaApiKey::Produce)
-            }
+            Kafka::Mock(m) => m
+                .cluster()
+                .clear_request_errors(rdkafka::types::RDKafkaApiKey::Produce),
             Kafka::Tansu(_) => panic!("only the mock cluster injects errors"),
         }
     }
@@ -111,8 +95,8 @@ impl Kafka {
     pub fn set_latency(&self, delay: Duration) {
         match self {
             Kafka::Mock(m) => {
-                for id in 1..=MOCK_BROKERS {
-                    Self::cluster(m)
+                for id in 1..=i32::from(MOCK_BROKERS) {
+                    m.cluster()
                         .broker_round_trip_time(id, delay)
                         .expect("mock broker latency");
                 }
@@ -125,8 +109,8 @@ impl Kafka {
     pub fn stop(&mut self) {
         match self {
             Kafka::Mock(m) => {
-                for id in 1..=MOCK_BROKERS {
-                    Self::cluster(m).broker_down(id).expect("mock broker down");
+                for id in 1..=i32::from(MOCK_BROKERS) {
+                    m.cluster().broker_down(id).expect("mock broker down");
                 }
             }
             Kafka::Tansu(t) => t.kill(),
@@ -137,8 +121,8 @@ impl Kafka {
     pub async fn restart(&mut self) {
         match self {
             Kafka::Mock(m) => {
-                for id in 1..=MOCK_BROKERS {
-                    Self::cluster(m).broker_up(id).expect("mock broker up");
+                for id in 1..=i32::from(MOCK_BROKERS) {
+                    m.cluster().broker_up(id).expect("mock broker up");
                 }
             }
             Kafka::Tansu(t) => t.spawn().await,

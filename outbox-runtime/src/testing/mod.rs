@@ -55,14 +55,7 @@
 //! ```
 
 use std::sync::Arc;
-use std::time::Duration;
 
-use rdkafka::consumer::{BaseConsumer, Consumer};
-use rdkafka::error::KafkaError;
-use rdkafka::mocking::MockCluster;
-use rdkafka::producer::DefaultProducerContext;
-use rdkafka::types::RDKafkaErrorCode;
-use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
 use serde::de::DeserializeOwned;
 use sqlx::{PgExecutor, PgPool, Row};
 use uuid::Uuid;
@@ -72,7 +65,10 @@ use crate::event::OutboxEvent;
 use crate::inbox::dedup;
 use crate::inbox::handler::{Handler, MessageMeta, Routes};
 use crate::inbox::message::Incoming;
-use crate::relay::Relay;
+
+mod mock_kafka;
+
+pub use mock_kafka::{MockKafka, Record};
 
 /// The events of type `E` in the outbox, the oldest first: committed ones, or, given the test's
 /// own transaction (`&mut *tx`), the ones it emitted so far (after
@@ -175,7 +171,7 @@ pub async fn emitted_records<'e>(db: impl PgExecutor<'e>) -> Result<Vec<EmittedR
 }
 
 /// The value of the first of `headers` named `name`.
-fn first_header<'h>(headers: &'h [(String, String)], name: &str) -> Option<&'h str> {
+pub(crate) fn first_header<'h>(headers: &'h [(String, String)], name: &str) -> Option<&'h str> {
     headers
         .iter()
         .find(|(k, _)| k == name)
@@ -266,170 +262,4 @@ where
         None if outcome.duplicates > 0 => Delivery::Duplicate,
         None => Delivery::Handled,
     })
-}
-
-/// A record [`MockKafka::records`] read.
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct Record {
-    /// Its partition.
-    pub partition: i32,
-    /// Its offset in the partition.
-    pub offset: i64,
-    /// Its key.
-    pub key: Option<Vec<u8>>,
-    /// Its value.
-    pub payload: Option<Vec<u8>>,
-    /// Its headers, in order (the relay's own first: `event_id`, `event_type`,
-    /// `aggregate_type`, `aggregate_id`, `content-type`, `outbox_id`; then the event's).
-    pub headers: Vec<(String, String)>,
-}
-
-impl Record {
-    /// The value of its first header named `name`.
-    pub fn header(&self, name: &str) -> Option<&str> {
-        first_header(&self.headers, name)
-    }
-}
-
-/// librdkafka's mock cluster, in the test's process and memory: a Kafka that real clients
-/// (the relay, consumers, the test's own) talk to over the Kafka protocol on a local port.
-/// Dropped, it is gone. It stays on the task that created it (librdkafka's handle is neither
-/// `Send` nor `Sync`): give other tasks its [`bootstrap_servers`](Self::bootstrap_servers).
-pub struct MockKafka {
-    cluster: MockCluster<'static, DefaultProducerContext>,
-    bootstrap: String,
-}
-
-impl std::fmt::Debug for MockKafka {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("MockKafka")
-            .field("bootstrap", &self.bootstrap)
-            .finish_non_exhaustive()
-    }
-}
-
-impl MockKafka {
-    /// Starts a mock cluster of one broker.
-    pub fn start() -> Result<Self> {
-        let cluster = MockCluster::new(1)?;
-        let bootstrap = cluster.bootstrap_servers();
-        Ok(MockKafka { cluster, bootstrap })
-    }
-
-    /// Its bootstrap servers, for `brokers(...)` of a relay or consumer.
-    pub fn bootstrap_servers(&self) -> &str {
-        &self.bootstrap
-    }
-
-    /// Creates `topic` with `partitions` partitions.
-    pub fn create_topic(&self, topic: &str, partitions: i32) -> Result<()> {
-        Ok(self.cluster.create_topic(topic, partitions, 1)?)
-    }
-
-    /// Publishes the unpublished outbox rows of `pool` with a relay (the real one: the same
-    /// producer settings, batches and per-key order), and returns how many it published. It is
-    /// one relay instance: with no other relay running on the database it owns every shard and
-    /// publishes every row; beside a running relay it takes its share only.
-    pub async fn relay_pending(&self, pool: &PgPool) -> Result<u64> {
-        Relay::builder(pool.clone())
-            .brokers(self.bootstrap.clone())
-            .build()?
-            .publish_pending()
-            .await
-    }
-
-    /// Every record of `topic`, in order per partition (partitions in order).
-    pub async fn records(&self, topic: &str) -> Result<Vec<Record>> {
-        let config = {
-            let mut config = ClientConfig::new();
-            config
-                .set("bootstrap.servers", &self.bootstrap)
-                .set("group.id", "outbox-testing")
-                .set("enable.auto.commit", "false")
-                .set("enable.partition.eof", "true");
-            config
-        };
-        let topic = topic.to_owned();
-        tokio::task::spawn_blocking(move || read_all(&config, &topic))
-            .await
-            .map_err(|source| Error::Task {
-                task: "the mock cluster's reader",
-                source,
-            })?
-    }
-
-    /// The cluster itself, to inject errors or latency (`rdkafka::mocking`).
-    pub fn cluster(&self) -> &MockCluster<'static, DefaultProducerContext> {
-        &self.cluster
-    }
-}
-
-/// Reads `topic` from the beginning to its end, blocking: an unknown topic is an error, and a
-/// partition that does not reach its end within 30 s fails the read (with the last error).
-fn read_all(config: &ClientConfig, topic: &str) -> Result<Vec<Record>> {
-    let consumer: BaseConsumer = config.create()?;
-    let metadata = consumer.fetch_metadata(Some(topic), Duration::from_secs(10))?;
-    let mut partitions = Vec::new();
-    for t in metadata.topics() {
-        if let Some(code) = t.error() {
-            return Err(KafkaError::MetadataFetch(code.into()).into());
-        }
-        partitions.extend(t.partitions().iter().map(|p| p.id()));
-    }
-    if partitions.is_empty() {
-        return Err(KafkaError::MetadataFetch(RDKafkaErrorCode::UnknownTopicOrPartition).into());
-    }
-    let mut assignment = TopicPartitionList::new();
-    for &p in &partitions {
-        assignment.add_partition_offset(topic, p, Offset::Beginning)?;
-    }
-    consumer.assign(&assignment)?;
-    let mut records = Vec::new();
-    let mut at_end = std::collections::HashSet::new();
-    let mut last_error = None;
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    while at_end.len() < partitions.len() {
-        if std::time::Instant::now() >= deadline {
-            return Err(last_error
-                .unwrap_or(KafkaError::MessageConsumption(
-                    RDKafkaErrorCode::OperationTimedOut,
-                ))
-                .into());
-        }
-        match consumer.poll(Duration::from_millis(100)) {
-            Some(Ok(m)) => records.push(Record {
-                partition: m.partition(),
-                offset: m.offset(),
-                key: m.key().map(<[u8]>::to_vec),
-                payload: m.payload().map(<[u8]>::to_vec),
-                headers: headers(&m),
-            }),
-            Some(Err(KafkaError::PartitionEOF(p))) => {
-                at_end.insert(p);
-            }
-            // Passing (a broker connection being set up): tried again until the deadline.
-            Some(Err(e)) => last_error = Some(e),
-            None => {}
-        }
-    }
-    records.sort_by_key(|r| (r.partition, r.offset));
-    Ok(records)
-}
-
-fn headers(message: &impl Message) -> Vec<(String, String)> {
-    use rdkafka::message::Headers;
-    message
-        .headers()
-        .map(|h| {
-            h.iter()
-                .filter_map(|h| {
-                    Some((
-                        h.key.to_owned(),
-                        String::from_utf8_lossy(h.value?).into_owned(),
-                    ))
-                })
-                .collect()
-        })
-        .unwrap_or_default()
 }
