@@ -809,3 +809,58 @@ impl Routes {
         self.routes.is_empty()
     }
 }
+
+#[cfg(all(test, feature = "kafka"))]
+mod tests {
+    use std::borrow::Cow;
+
+    /// A database error with a SQLSTATE, as the server would send it.
+    #[derive(Debug)]
+    struct Coded(&'static str);
+
+    impl std::fmt::Display for Coded {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "SQLSTATE {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Coded {}
+
+    impl sqlx::error::DatabaseError for Coded {
+        fn message(&self) -> &str {
+            self.0
+        }
+        fn code(&self) -> Option<Cow<'_, str>> {
+            Some(Cow::Borrowed(self.0))
+        }
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
+    }
+
+    /// A deadlock is the transaction's failure however the handler's error wraps it: in a
+    /// `sqlx::Error`, in this crate's `Error::Emit` (its source) or `Error::Database` (which
+    /// displays and sources as the sqlx error it holds).
+    #[test]
+    fn a_deadlock_is_the_transactions_failure_in_any_wrapper() {
+        let deadlock = || sqlx::Error::Database(Box::new(Coded("40P01")));
+        let emit = crate::Error::Emit {
+            event_type: "E".into(),
+            source: deadlock(),
+        };
+        assert!(super::is_transaction_failure(&deadlock()));
+        assert!(super::is_transaction_failure(&emit));
+        assert!(super::is_transaction_failure(&crate::Error::Database(
+            deadlock()
+        )));
+    }
+}
