@@ -239,7 +239,7 @@ impl Error {
     pub fn is_transient(&self) -> bool {
         match self {
             Error::Emit { source, .. } | Error::Commit { source, .. } | Error::Database(source) => {
-                is_transient_sqlx(source)
+                crate::sqlstate::DbError::of(source).is_transient()
             }
             #[cfg(feature = "kafka")]
             Error::Publish(_) => true,
@@ -278,25 +278,4 @@ pub fn error_chain<'a>(
         }
     }
     Chain(error)
-}
-
-/// Errors that say nothing about the work itself: the same statements may succeed again.
-pub(crate) fn is_transient_sqlx(error: &sqlx::Error) -> bool {
-    match error {
-        sqlx::Error::Database(e) => e.code().is_some_and(|code| {
-            // 40001 serialization_failure, 40P01 deadlock_detected, 08*** connection
-            // exceptions, 53300 too_many_connections, 57P01..57P03 shutdown or starting up,
-            // 55P03 lock_not_available (lock_timeout), 57014 query_canceled (statement_timeout,
-            // or a cancel request).
-            matches!(
-                code.as_ref(),
-                "40001" | "40P01" | "53300" | "57P01" | "57P02" | "57P03" | "55P03" | "57014"
-            ) || code.starts_with("08")
-        }),
-        sqlx::Error::Io(_)
-        | sqlx::Error::PoolTimedOut
-        | sqlx::Error::PoolClosed
-        | sqlx::Error::WorkerCrashed => true,
-        _ => false,
-    }
 }

@@ -17,6 +17,7 @@ pub mod migrate;
 #[cfg(feature = "prometheus")]
 mod prometheus;
 pub mod relay;
+mod sqlstate;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;

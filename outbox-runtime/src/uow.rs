@@ -13,6 +13,7 @@ use uuid::Uuid;
 
 use crate::error::{Error, Result};
 use crate::event::{IntoRecord, OutboxEvent, OutboxRecord};
+use crate::sqlstate::DbError;
 
 /// One call for any number of rows. `outbox_emit` (see the relay migration) takes a
 /// transaction-scoped advisory lock on the hash of each partition key, so that one key's rows
@@ -346,9 +347,7 @@ async fn run_counting(
 /// What a failed commit means: refused (nothing written), aborted earlier, or unknown.
 fn commit_error(source: sqlx::Error, event_types: Cow<'static, str>) -> Error {
     match &source {
-        sqlx::Error::Database(e) if e.code().as_deref() == Some("25P02") => {
-            Error::Aborted { event_types }
-        }
+        _ if DbError::of(&source) == DbError::Aborted => Error::Aborted { event_types },
         // A statement failed: the server skipped the rest, COMMIT included.
         sqlx::Error::Database(e) if !is_fatal(e.as_ref()) => Error::Commit {
             event_types,

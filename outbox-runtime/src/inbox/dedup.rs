@@ -24,6 +24,7 @@ use uuid::Uuid;
 use super::handler::{Failure, Routes};
 use super::message::Incoming;
 use crate::error::{Error, Result};
+use crate::sqlstate::DbError;
 
 /// A message of a batch: checked, or the reason it is bad.
 pub(crate) type Checked<'m> = std::result::Result<Incoming<'m>, String>;
@@ -243,7 +244,7 @@ async fn chained(
 fn aborted_as_none<T, E: Into<Error>>(result: std::result::Result<T, E>) -> Result<Option<T>> {
     match result.map_err(Into::into) {
         Ok(value) => Ok(Some(value)),
-        Err(Error::Database(e)) if is_aborted(&e) => Ok(None),
+        Err(Error::Database(e)) if DbError::of(&e) == DbError::Aborted => Ok(None),
         Err(e) => Err(e),
     }
 }
@@ -429,7 +430,9 @@ async fn isolated_in(
                             outcome.processed += 1;
                             continue;
                         }
-                        Err(e) if is_aborted(&e) => Failure::left_aborted(route.handler.name()),
+                        Err(e) if DbError::of(&e) == DbError::Aborted => {
+                            Failure::left_aborted(route.handler.name())
+                        }
                         Err(e) => return Err(e.into()),
                     },
                     // The connection may be anywhere in a query: give up this transaction.
@@ -505,10 +508,8 @@ async fn one_by_one(
 /// message's, not the database's. Integrity violations are permanent.
 pub(crate) fn refused_at_commit(error: &sqlx::Error) -> Failure {
     let message = format!("the transaction of its handlers was refused at commit: {error}");
-    match error {
-        sqlx::Error::Database(e) if e.code().is_some_and(|c| c.starts_with("23")) => {
-            Failure::Permanent(message)
-        }
+    match DbError::of(error) {
+        DbError::Integrity => Failure::Permanent(message),
         _ => Failure::Retryable(message),
     }
 }
@@ -520,9 +521,4 @@ pub(crate) async fn discard(tx: sqlx::Transaction<'_, sqlx::Postgres>) {
     if let Err(e) = tx.rollback().await {
         tracing::debug!(error = %crate::error_chain(&e), "cannot roll back a transaction given up on; its connection is closed");
     }
-}
-
-/// The transaction is aborted (SQLSTATE 25P02): what a statement after a swallowed error gets.
-pub(crate) fn is_aborted(error: &sqlx::Error) -> bool {
-    matches!(error, sqlx::Error::Database(e) if e.code().as_deref() == Some("25P02"))
 }

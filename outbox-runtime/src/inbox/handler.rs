@@ -15,6 +15,7 @@ use sqlx::PgConnection;
 use uuid::Uuid;
 
 use crate::event::OutboxEvent;
+use crate::sqlstate::DbError;
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -78,19 +79,9 @@ impl std::error::Error for HandlerError {
     }
 }
 
-/// Database errors that will fail again: integrity violations (SQLSTATE class 23) and data
-/// exceptions (class 22: a value out of range, text jsonb refuses, ...).
-fn fails_again(error: &sqlx::Error) -> bool {
-    matches!(
-        error,
-        sqlx::Error::Database(e)
-            if e.code().is_some_and(|c| c.starts_with("23") || c.starts_with("22"))
-    )
-}
-
 impl From<sqlx::Error> for HandlerError {
     fn from(error: sqlx::Error) -> Self {
-        if fails_again(&error) {
+        if DbError::of(&error).is_permanent() {
             HandlerError::Permanent(error.into())
         } else {
             HandlerError::Retryable(error.into())
@@ -105,7 +96,7 @@ impl From<crate::Error> for HandlerError {
             || match &error {
                 Error::Emit { source, .. }
                 | Error::Commit { source, .. }
-                | Error::Database(source) => !fails_again(source),
+                | Error::Database(source) => !DbError::of(source).is_permanent(),
                 _ => false,
             };
         if retryable {
@@ -537,23 +528,6 @@ struct Erased<H, S> {
 }
 
 #[cfg(feature = "kafka")]
-/// A database error of the transaction rather than of the message: in an aborted transaction
-/// (25P02), a deadlock or serialization failure (class 40).
-fn is_transaction_failure(error: &(dyn std::error::Error + 'static)) -> bool {
-    // The database error may be wrapped (by this crate's `Error`, or the application's own).
-    let mut next = Some(error);
-    while let Some(e) = next {
-        if let Some(sqlx::Error::Database(db)) = e.downcast_ref::<sqlx::Error>() {
-            return db
-                .code()
-                .is_some_and(|c| c == "25P02" || c.starts_with("40"));
-        }
-        next = e.source();
-    }
-    false
-}
-
-#[cfg(feature = "kafka")]
 /// The text of a panic's payload.
 fn panic_message(payload: &(dyn std::any::Any + Send)) -> String {
     payload
@@ -618,7 +592,8 @@ impl<S: Send + Sync + 'static, H: Handler<S>> ErasedHandler for Erased<H, S> {
             .map_err(panicked)?;
             let name = self.handler.name();
             result.map_err(|error| {
-                let transaction_failure = is_transaction_failure(error.inner());
+                let transaction_failure =
+                    DbError::find(error.inner()).is_some_and(DbError::is_transaction_failure);
                 let e = crate::error_chain(error.inner());
                 match error {
                     // Whatever the handler called it: the transaction's failure, judged again
@@ -807,60 +782,5 @@ impl Routes {
 
     pub(crate) fn is_empty(&self) -> bool {
         self.routes.is_empty()
-    }
-}
-
-#[cfg(all(test, feature = "kafka"))]
-mod tests {
-    use std::borrow::Cow;
-
-    /// A database error with a SQLSTATE, as the server would send it.
-    #[derive(Debug)]
-    struct Coded(&'static str);
-
-    impl std::fmt::Display for Coded {
-        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            write!(f, "SQLSTATE {}", self.0)
-        }
-    }
-
-    impl std::error::Error for Coded {}
-
-    impl sqlx::error::DatabaseError for Coded {
-        fn message(&self) -> &str {
-            self.0
-        }
-        fn code(&self) -> Option<Cow<'_, str>> {
-            Some(Cow::Borrowed(self.0))
-        }
-        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
-            self
-        }
-        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
-            self
-        }
-        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
-            self
-        }
-        fn kind(&self) -> sqlx::error::ErrorKind {
-            sqlx::error::ErrorKind::Other
-        }
-    }
-
-    /// A deadlock is the transaction's failure however the handler's error wraps it: in a
-    /// `sqlx::Error`, in this crate's `Error::Emit` (its source) or `Error::Database` (which
-    /// displays and sources as the sqlx error it holds).
-    #[test]
-    fn a_deadlock_is_the_transactions_failure_in_any_wrapper() {
-        let deadlock = || sqlx::Error::Database(Box::new(Coded("40P01")));
-        let emit = crate::Error::Emit {
-            event_type: "E".into(),
-            source: deadlock(),
-        };
-        assert!(super::is_transaction_failure(&deadlock()));
-        assert!(super::is_transaction_failure(&emit));
-        assert!(super::is_transaction_failure(&crate::Error::Database(
-            deadlock()
-        )));
     }
 }

@@ -9,9 +9,10 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use super::consumer::Inner;
-use super::dedup::{discard, is_aborted, refused_at_commit};
+use super::dedup::{discard, refused_at_commit};
 use super::handler::{Failure, MessageMeta, Routes};
 use crate::error::{Error, Result};
+use crate::sqlstate::DbError;
 
 /// A checked message, ready to store in the inbox.
 pub(crate) struct InboxRow<'m> {
@@ -47,12 +48,12 @@ pub(crate) async fn receive(pool: &PgPool, rows: &[InboxRow<'_>]) -> Result<Rece
             new,
             refused: Vec::new(),
         }),
-        Err(e) if is_data_error(&e) => {
+        Err(e) if DbError::of(&e) == DbError::Data => {
             let mut received = Received::default();
             for (i, row) in rows.iter().enumerate() {
                 match insert(pool, std::slice::from_ref(row)).await {
                     Ok(new) => received.new += new,
-                    Err(e) if is_data_error(&e) => received
+                    Err(e) if DbError::of(&e) == DbError::Data => received
                         .refused
                         .push((i, format!("PostgreSQL refuses the payload as jsonb: {e}"))),
                     Err(e) => return Err(e.into()),
@@ -62,11 +63,6 @@ pub(crate) async fn receive(pool: &PgPool, rows: &[InboxRow<'_>]) -> Result<Rece
         }
         Err(e) => Err(e.into()),
     }
-}
-
-/// SQLSTATE class 22, data exception: the input, not the database, is at fault.
-fn is_data_error(error: &sqlx::Error) -> bool {
-    matches!(error, sqlx::Error::Database(e) if e.code().is_some_and(|c| c.starts_with("22")))
 }
 
 async fn insert(pool: &PgPool, rows: &[InboxRow<'_>]) -> std::result::Result<u64, sqlx::Error> {
@@ -269,7 +265,7 @@ async fn process_optimistic(inner: &Inner, routes: &Routes) -> Result<Processed>
         if let Err(e) = mark_processed(&mut tx, &done).await {
             discard(tx).await;
             return match e {
-                Error::Database(e) if is_aborted(&e) => Ok(Processed::Aborted),
+                Error::Database(e) if DbError::of(&e) == DbError::Aborted => Ok(Processed::Aborted),
                 e => Err(e),
             };
         }
@@ -389,7 +385,7 @@ async fn process_isolated(
                     done.push(row.event_id);
                     continue;
                 }
-                Err(e) if is_aborted(&e) => {
+                Err(e) if DbError::of(&e) == DbError::Aborted => {
                     let names: Vec<&str> = routes
                         .get(&row.topic, &row.event_type)
                         .iter()

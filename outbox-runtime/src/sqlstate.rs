@@ -1,0 +1,239 @@
+//! What a database error means to the framework: one classifier (by SQLSTATE, and by the kind
+//! of sqlx error when the server did not answer), which every path matches on. Whether to try
+//! again, whether the data is at fault, whether the transaction rather than the statement
+//! failed: each is a question about the [`DbError`], never a list of codes of its own.
+
+/// A database error, as the framework treats it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum DbError {
+    /// The server or the connection is away, shutting down, or out of connections (SQLSTATE
+    /// class 08, 53300, 57P01 to 57P03), or no answer came at all (an I/O error, a pool that
+    /// timed out or was closed): try again later. Nobody's data is at fault.
+    Unavailable,
+    /// Lost to a concurrent transaction: 40001 `serialization_failure`, 40P01
+    /// `deadlock_detected`. Run the transaction again.
+    Conflict,
+    /// Waited too long: 55P03 `lock_not_available` (`lock_timeout`), 57014 `query_canceled`
+    /// (`statement_timeout`, a cancel request). Try again.
+    TimedOut,
+    /// Any other transaction rollback (class 40: 40000, 40002, 40003): the transaction's
+    /// failure rather than a statement's, but not one known to pass if tried again.
+    RolledBack,
+    /// 25P02 `in_failed_sql_transaction`: an earlier statement failed and aborted the
+    /// transaction (its error was caught, and this statement ran anyway).
+    Aborted,
+    /// Class 23, an integrity constraint violation: the data fails again, however often.
+    Integrity,
+    /// Class 22, a data exception (a value out of range, text `jsonb` refuses): the data
+    /// fails again, however often.
+    Data,
+    /// Anything else: a statement's own error (syntax, permissions, a missing table), or an
+    /// error that is not the database's (decoding, configuration).
+    Other,
+}
+
+impl DbError {
+    /// Classifies `error`.
+    pub(crate) fn of(error: &sqlx::Error) -> DbError {
+        match error {
+            sqlx::Error::Database(e) => e.code().map_or(DbError::Other, |c| Self::code(&c)),
+            sqlx::Error::Io(_)
+            | sqlx::Error::PoolTimedOut
+            | sqlx::Error::PoolClosed
+            | sqlx::Error::WorkerCrashed => DbError::Unavailable,
+            _ => DbError::Other,
+        }
+    }
+
+    /// Classifies a SQLSTATE.
+    fn code(code: &str) -> DbError {
+        match code {
+            "40001" | "40P01" => DbError::Conflict,
+            "55P03" | "57014" => DbError::TimedOut,
+            "25P02" => DbError::Aborted,
+            "53300" | "57P01" | "57P02" | "57P03" => DbError::Unavailable,
+            _ if code.starts_with("08") => DbError::Unavailable,
+            _ if code.starts_with("40") => DbError::RolledBack,
+            _ if code.starts_with("23") => DbError::Integrity,
+            _ if code.starts_with("22") => DbError::Data,
+            _ => DbError::Other,
+        }
+    }
+
+    /// The class of the first sqlx error in `error`'s chain of sources (a handler's error may
+    /// wrap the database's, in this crate's [`Error`](crate::Error) or the application's own).
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
+    pub(crate) fn find(error: &(dyn std::error::Error + 'static)) -> Option<DbError> {
+        let mut next = Some(error);
+        while let Some(e) = next {
+            if let Some(sqlx) = e.downcast_ref::<sqlx::Error>() {
+                return Some(Self::of(sqlx));
+            }
+            // Transparent: its sources are the sqlx error's, which is not among them.
+            if let Some(crate::Error::Database(sqlx)) = e.downcast_ref::<crate::Error>() {
+                return Some(Self::of(sqlx));
+            }
+            next = e.source();
+        }
+        None
+    }
+
+    /// Doing the same work again may succeed, and the failure counts against nothing.
+    pub(crate) fn is_transient(self) -> bool {
+        matches!(
+            self,
+            DbError::Unavailable | DbError::Conflict | DbError::TimedOut
+        )
+    }
+
+    /// The data is at fault: the same work fails again, however often it is tried.
+    pub(crate) fn is_permanent(self) -> bool {
+        matches!(self, DbError::Integrity | DbError::Data)
+    }
+
+    /// The transaction failed rather than the statement: in a transaction shared by several
+    /// messages, possibly another message's doing.
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
+    pub(crate) fn is_transaction_failure(self) -> bool {
+        matches!(
+            self,
+            DbError::Aborted | DbError::Conflict | DbError::RolledBack
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::borrow::Cow;
+
+    use super::DbError::{self, *};
+
+    /// A database error with a SQLSTATE, as the server would send it.
+    #[derive(Debug)]
+    struct Coded(&'static str);
+
+    impl std::fmt::Display for Coded {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "SQLSTATE {}", self.0)
+        }
+    }
+
+    impl std::error::Error for Coded {}
+
+    impl sqlx::error::DatabaseError for Coded {
+        fn message(&self) -> &str {
+            self.0
+        }
+        fn code(&self) -> Option<Cow<'_, str>> {
+            Some(Cow::Borrowed(self.0))
+        }
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
+    }
+
+    fn of(code: &'static str) -> DbError {
+        DbError::of(&sqlx::Error::Database(Box::new(Coded(code))))
+    }
+
+    /// Each class, with the codes that stand for it.
+    #[test]
+    fn each_sqlstate_class() {
+        let classes: [(DbError, &[&str]); 8] = [
+            (
+                Unavailable,
+                &[
+                    "08000", "08003", "08006", "53300", "57P01", "57P02", "57P03",
+                ],
+            ),
+            (Conflict, &["40001", "40P01"]),
+            (TimedOut, &["55P03", "57014"]),
+            (RolledBack, &["40000", "40002", "40003"]),
+            (Aborted, &["25P02"]),
+            (
+                Integrity,
+                &["23000", "23502", "23503", "23505", "23514", "23P01"],
+            ),
+            (
+                Data,
+                &["22000", "22001", "22003", "22012", "22P02", "22P05"],
+            ),
+            (
+                Other,
+                &["42601", "42P01", "42501", "55000", "XX000", "25001"],
+            ),
+        ];
+        for (class, codes) in classes {
+            for code in codes {
+                assert_eq!(of(code), class, "SQLSTATE {code}");
+            }
+        }
+    }
+
+    /// Errors without a SQLSTATE: no answer is an outage, anything else is not.
+    #[test]
+    fn errors_without_a_sqlstate() {
+        let io = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert_eq!(DbError::of(&io), Unavailable);
+        assert_eq!(DbError::of(&sqlx::Error::PoolTimedOut), Unavailable);
+        assert_eq!(DbError::of(&sqlx::Error::PoolClosed), Unavailable);
+        assert_eq!(DbError::of(&sqlx::Error::WorkerCrashed), Unavailable);
+        assert_eq!(DbError::of(&sqlx::Error::RowNotFound), Other);
+        assert_eq!(DbError::of(&sqlx::Error::Protocol("x".into())), Other);
+    }
+
+    /// What each class means to its callers: try again, the data's fault, the transaction's.
+    #[test]
+    fn what_each_class_means() {
+        let all = [
+            Unavailable,
+            Conflict,
+            TimedOut,
+            RolledBack,
+            Aborted,
+            Integrity,
+            Data,
+            Other,
+        ];
+        let transient: Vec<_> = all.into_iter().filter(|c| c.is_transient()).collect();
+        assert_eq!(transient, [Unavailable, Conflict, TimedOut]);
+        let permanent: Vec<_> = all.into_iter().filter(|c| c.is_permanent()).collect();
+        assert_eq!(permanent, [Integrity, Data]);
+        let transaction: Vec<_> = all
+            .into_iter()
+            .filter(|c| c.is_transaction_failure())
+            .collect();
+        assert_eq!(transaction, [Conflict, RolledBack, Aborted]);
+    }
+
+    /// A deadlock is the transaction's failure however the handler's error wraps it: in a
+    /// `sqlx::Error`, in this crate's `Error::Emit` (its source) or `Error::Database` (which
+    /// displays and sources as the sqlx error it holds).
+    #[test]
+    fn a_deadlock_is_the_transactions_failure_in_any_wrapper() {
+        let deadlock = || sqlx::Error::Database(Box::new(Coded("40P01")));
+        let emit = crate::Error::Emit {
+            event_type: "E".into(),
+            source: deadlock(),
+        };
+        let is_transaction_failure = |e: &(dyn std::error::Error + 'static)| {
+            DbError::find(e).is_some_and(DbError::is_transaction_failure)
+        };
+        assert!(is_transaction_failure(&deadlock()));
+        assert!(is_transaction_failure(&emit));
+        assert!(is_transaction_failure(&crate::Error::Database(deadlock())));
+        let boxed: Box<dyn std::error::Error + Send + Sync> = Box::new(emit);
+        assert_eq!(DbError::find(boxed.as_ref()), Some(Conflict));
+        let plain = std::io::Error::other("not a database error");
+        assert_eq!(DbError::find(&plain), None);
+    }
+}
