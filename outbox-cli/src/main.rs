@@ -14,8 +14,8 @@ macro_rules! out {
 }
 
 mod commands;
-mod dev_broker;
 mod parse;
+mod shutdown;
 mod ui;
 
 use std::io::{ErrorKind, IsTerminal, Write};
@@ -93,6 +93,66 @@ struct RelayArgs {
     metrics_addr: Option<std::net::SocketAddr>,
 }
 
+/// `outbox replay`'s options.
+#[derive(Debug, Args)]
+struct ReplayArgs {
+    #[command(flatten)]
+    db: Db,
+    #[command(flatten)]
+    brokers: Brokers,
+    /// The topic whose published events to replay
+    #[arg(long)]
+    topic: String,
+    /// Only events created at or after this time (RFC 3339, a date, or a duration ago: 2h)
+    #[arg(long, value_parser = parse::time, value_name = "TIME")]
+    since: Option<chrono::DateTime<chrono::Utc>>,
+    /// Only events created before this time
+    #[arg(long, value_parser = parse::time, value_name = "TIME")]
+    until: Option<chrono::DateTime<chrono::Utc>>,
+    /// Only events of this aggregate type
+    #[arg(long)]
+    aggregate_type: Option<String>,
+    /// Only events of this event type
+    #[arg(long)]
+    event_type: Option<String>,
+    /// Publish to this topic instead of the original one
+    #[arg(long, value_name = "TOPIC")]
+    to_topic: Option<String>,
+    /// Count what would be replayed, publish nothing
+    #[arg(long)]
+    dry_run: bool,
+    /// Records sent before waiting for their acknowledgements
+    #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=50_000))]
+    batch_size: u32,
+}
+
+/// `outbox cleanup`'s options.
+#[derive(Debug, Args)]
+struct CleanupArgs {
+    #[command(flatten)]
+    db: Db,
+    /// The retention, e.g. 30d, 12h, 1w
+    #[arg(long, value_parser = parse::duration, value_name = "DURATION")]
+    older_than: Duration,
+    /// A longer retention for the dedup records (processed inbox rows, processed_event):
+    /// a message delivered again after its record is gone is handled again. Default: the
+    /// same as --older-than (a replay can resend anything still in the outbox)
+    #[arg(long, value_parser = parse::duration, value_name = "DURATION")]
+    dedup_older_than: Option<Duration>,
+    /// Rows deleted per transaction
+    #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
+    batch: u32,
+    /// Only these tables (outbox, inbox, processed); repeatable; default all three
+    #[arg(long = "table", value_name = "TABLE")]
+    tables: Vec<outbox_runtime::admin::CleanupTable>,
+    /// Count what would be deleted, delete nothing
+    #[arg(long)]
+    dry_run: bool,
+    /// Do not ask for confirmation
+    #[arg(long, short = 'y')]
+    yes: bool,
+}
+
 #[derive(Debug, Subcommand)]
 enum Command {
     /// Apply the outbox/inbox migrations (idempotent; safe from several processes at once)
@@ -116,62 +176,10 @@ enum Command {
     /// Run relays as a standalone process until Ctrl-C or SIGTERM
     Relay(RelayArgs),
     /// Publish stored events again (with their original event_id), to rebuild a projection
-    Replay {
-        #[command(flatten)]
-        db: Db,
-        #[command(flatten)]
-        brokers: Brokers,
-        /// The topic whose published events to replay
-        #[arg(long)]
-        topic: String,
-        /// Only events created at or after this time (RFC 3339, a date, or a duration ago: 2h)
-        #[arg(long, value_parser = parse::time, value_name = "TIME")]
-        since: Option<chrono::DateTime<chrono::Utc>>,
-        /// Only events created before this time
-        #[arg(long, value_parser = parse::time, value_name = "TIME")]
-        until: Option<chrono::DateTime<chrono::Utc>>,
-        /// Only events of this aggregate type
-        #[arg(long)]
-        aggregate_type: Option<String>,
-        /// Only events of this event type
-        #[arg(long)]
-        event_type: Option<String>,
-        /// Publish to this topic instead of the original one
-        #[arg(long, value_name = "TOPIC")]
-        to_topic: Option<String>,
-        /// Count what would be replayed, publish nothing
-        #[arg(long)]
-        dry_run: bool,
-        /// Records sent before waiting for their acknowledgements
-        #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=50_000))]
-        batch_size: u32,
-    },
+    Replay(ReplayArgs),
     /// Retention: delete published outbox rows, processed inbox rows and processed_event rows
     /// older than a cut-off, in small batches (never an unpublished, parked or dead row)
-    Cleanup {
-        #[command(flatten)]
-        db: Db,
-        /// The retention, e.g. 30d, 12h, 1w
-        #[arg(long, value_parser = parse::duration, value_name = "DURATION")]
-        older_than: Duration,
-        /// A longer retention for the dedup records (processed inbox rows, processed_event):
-        /// a message delivered again after its record is gone is handled again. Default: the
-        /// same as --older-than (a replay can resend anything still in the outbox)
-        #[arg(long, value_parser = parse::duration, value_name = "DURATION")]
-        dedup_older_than: Option<Duration>,
-        /// Rows deleted per transaction
-        #[arg(long, default_value_t = 10_000, value_parser = clap::value_parser!(u32).range(1..=1_000_000))]
-        batch: u32,
-        /// Only these tables (outbox, inbox, processed); repeatable; default all three
-        #[arg(long = "table", value_name = "TABLE")]
-        tables: Vec<outbox_runtime::admin::CleanupTable>,
-        /// Count what would be deleted, delete nothing
-        #[arg(long)]
-        dry_run: bool,
-        /// Do not ask for confirmation
-        #[arg(long, short = 'y')]
-        yes: bool,
-    },
+    Cleanup(CleanupArgs),
     /// Parked outbox events (refused by the broker too often): list, retry, drop
     Parked {
         #[command(subcommand)]

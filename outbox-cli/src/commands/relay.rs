@@ -1,0 +1,70 @@
+//! `outbox relay`: relay instances in this process until Ctrl-C or SIGTERM.
+
+use outbox_runtime::relay::Relay;
+use tokio_util::sync::CancellationToken;
+
+use super::{chain, connect_migrated, producer_config, Result};
+use crate::shutdown::Shutdown;
+use crate::RelayArgs;
+
+pub async fn run(args: RelayArgs) -> Result {
+    let RelayArgs {
+        db,
+        brokers,
+        instances,
+        batch_size,
+        poll_interval,
+        max_attempts,
+        metrics_addr,
+    } = args;
+    if let Some(addr) = metrics_addr {
+        outbox_runtime::serve_prometheus(addr).map_err(chain)?;
+    }
+    let config = producer_config(&brokers)?;
+    // Each instance takes a connection of its own off the pool when it connects (and listens
+    // for notifications on another, outside the pool); the pool serves the backlog gauges.
+    let pool = connect_migrated(&db, u32::from(instances) * 2 + 2).await?;
+    let relay = Relay::builder(pool)
+        .producer_config(config)
+        .batch_size(batch_size)
+        .poll_interval(poll_interval)
+        .max_attempts(max_attempts)
+        .build()
+        .map_err(chain)?;
+    let shutdown = Shutdown::listen();
+    let cancel = CancellationToken::new();
+    let handles: Vec<_> = (0..instances)
+        .map(|_| relay.spawn(cancel.clone()))
+        .collect();
+    tracing::info!(
+        instances,
+        brokers = %brokers.brokers,
+        metrics = ?metrics_addr,
+        "outbox relay started"
+    );
+    out!(
+        "outbox relay: {instances} instance(s) publishing to {}; stop with Ctrl-C or SIGTERM",
+        brokers.brokers
+    );
+    shutdown.received().await;
+    tracing::info!("outbox relay stopping: finishing the batches in flight");
+    cancel.cancel();
+    let mut failed = None;
+    for handle in handles {
+        match handle.await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => failed = Some(chain(e)),
+            Err(e) => failed = Some(chain(e)),
+        }
+    }
+    if let Some(e) = failed {
+        return Err(format!("a relay instance failed to stop cleanly: {e}"));
+    }
+    let status = relay.status().await.map_err(chain)?;
+    out!(
+        "stopped; {} unpublished, {} parked",
+        status.unpublished,
+        status.parked
+    );
+    Ok(())
+}

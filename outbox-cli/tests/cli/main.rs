@@ -1,0 +1,14 @@
+//! The `outbox` binary against real PostgreSQL and Kafka (the mock cluster): every command, its
+//! effects checked in the database and on the broker, and its errors. One test binary, a module
+//! per area; `support` holds what they share.
+
+mod support;
+
+mod cleanup;
+mod dev_broker;
+mod errors;
+mod poison;
+mod relay;
+mod replay;
+mod status;
+mod tls;
