@@ -3,11 +3,12 @@
 use std::collections::{BTreeSet, VecDeque};
 use std::time::{Duration, Instant};
 
-use sqlx::{Executor, PgConnection};
+use sqlx::{Executor, PgConnection, PgPool};
 use tracing::Instrument;
 
-use super::builder::{Inner, REBALANCE_EVERY};
+use super::producer::ProducerSlot;
 use super::publish::{self, Outcome};
+use super::settings::Settings;
 use super::store::{self, Claim, Table};
 use crate::error::{Error, PublishError, Result};
 
@@ -43,6 +44,10 @@ pub(super) enum Step {
 
 /// How often held keys (an operator's problem) are tried again, at most.
 const HELD_RETRY: Duration = Duration::from_secs(10);
+
+/// How often an instance checks its share of the shards (when busy; an idle one checks each
+/// time it wakes).
+pub(super) const REBALANCE_EVERY: Duration = Duration::from_millis(100);
 
 /// Where the next claim starts, so that a claim never walks what earlier claims covered (rows
 /// since published, whose index entries stay until a vacuum): the cost of a claim stays that of
@@ -102,7 +107,10 @@ impl Cursor {
 
 /// One relay instance's state: its connection, member slot, owned shards and cursor.
 pub(super) struct Instance<'r> {
-    relay: &'r Inner,
+    pool: &'r PgPool,
+    settings: &'r Settings,
+    /// `None` when it only measures the database's work: every row counts as acknowledged.
+    producer: Option<&'r ProducerSlot>,
     conn: Option<PgConnection>,
     table: Option<Table>,
     slot: i32,
@@ -115,9 +123,15 @@ pub(super) struct Instance<'r> {
 }
 
 impl<'r> Instance<'r> {
-    pub(super) fn new(relay: &'r Inner) -> Self {
+    pub(super) fn new(
+        pool: &'r PgPool,
+        settings: &'r Settings,
+        producer: Option<&'r ProducerSlot>,
+    ) -> Self {
         Instance {
-            relay,
+            pool,
+            settings,
+            producer,
             conn: None,
             table: None,
             slot: 0,
@@ -145,7 +159,7 @@ impl<'r> Instance<'r> {
         if self.waiting == waiting {
             return Ok(());
         }
-        let (slot, limit) = (self.slot, self.relay.failover_timeout);
+        let (slot, limit) = (self.slot, self.settings.failover_timeout);
         let Some(conn) = self.conn.as_mut() else {
             return Ok(());
         };
@@ -169,9 +183,8 @@ impl<'r> Instance<'r> {
         if self.conn.is_some() {
             return Ok(());
         }
-        let relay = self.relay;
-        let work = open(&relay.pool, relay.failover_timeout);
-        let (conn, table, slot) = bounded!(relay.failover_timeout, work)?;
+        let failover = self.settings.failover_timeout;
+        let (conn, table, slot) = bounded!(failover, open(self.pool, failover))?;
         self.conn = Some(conn);
         self.table = Some(table);
         self.slot = slot;
@@ -186,7 +199,7 @@ impl<'r> Instance<'r> {
         if due {
             self.connect().await?;
             let (table, slot) = (self.table.expect("connected"), self.slot);
-            let limit = self.relay.failover_timeout;
+            let limit = self.settings.failover_timeout;
             let conn = self.conn.as_mut().expect("connected above");
             let rebalance = store::rebalance(conn, table, &mut self.shards, slot);
             let gained = bounded!(limit, rebalance)?;
@@ -215,7 +228,7 @@ impl<'r> Instance<'r> {
     }
 
     async fn batch(&mut self) -> Result<Step> {
-        let relay = self.relay;
+        let relay = self.settings;
         let limit = relay.batch_size as i64;
         let table = self.table.expect("connected in step");
         let (after, failover) = (self.cursor.after, relay.failover_timeout);
@@ -231,7 +244,7 @@ impl<'r> Instance<'r> {
             return Ok(Step::Empty);
         }
         let started = Instant::now();
-        let producer = relay.producer.as_ref().map(|slot| slot.get());
+        let producer = self.producer.map(ProducerSlot::get);
         let outcomes = match &producer {
             Some(producer) => {
                 publish::publish(
@@ -295,7 +308,7 @@ impl<'r> Instance<'r> {
             }
         }
         let conn = self.conn.as_mut().expect("connected in step");
-        let finish = store::finish(conn, &published, &failed, relay.max_attempts);
+        let finish = store::finish(conn, &published, &failed, relay.max_attempts_i32());
         let finished = bounded!(failover, finish)?;
         let parked = finished.parked;
         tracing::debug!(
@@ -311,7 +324,7 @@ impl<'r> Instance<'r> {
         );
         let full = claim.rows.len() as i64 >= limit;
         self.cursor.advance(&claim, full, unsettled, finished.xid);
-        if let (Some(slot), Some(producer)) = (&relay.producer, &producer) {
+        if let (Some(slot), Some(producer)) = (self.producer, &producer) {
             slot.recover(producer);
         }
         let n = published.len() as u64;
@@ -341,7 +354,7 @@ impl<'r> Instance<'r> {
         let table = self.table.expect("connected");
         let conn = self.conn.as_mut().expect("connected");
         let all: BTreeSet<i32> = (0..store::SHARDS).collect();
-        store::explain_claim(conn, table, &all, cursor, self.relay.batch_size as i64).await
+        store::explain_claim(conn, table, &all, cursor, self.settings.batch_size as i64).await
     }
 }
 

@@ -51,7 +51,13 @@ mod cloudevents;
 #[cfg(feature = "kafka")]
 mod instance;
 #[cfg(feature = "kafka")]
+mod producer;
+#[cfg(feature = "kafka")]
 pub(crate) mod publish;
+#[cfg(feature = "kafka")]
+mod run;
+#[cfg(feature = "kafka")]
+mod settings;
 #[cfg_attr(not(feature = "kafka"), allow(dead_code, unused_imports))]
 pub(crate) mod store;
 #[cfg(feature = "kafka")]
@@ -64,13 +70,16 @@ use sqlx::PgPool;
 use crate::error::Result;
 
 #[cfg(feature = "kafka")]
-pub(crate) use builder::create_producer;
-#[cfg(feature = "kafka")]
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
-pub use builder::{drain_without_kafka, explain_claim, Relay, RelayBuilder};
+pub use builder::RelayBuilder;
 #[cfg(feature = "kafka")]
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub use cloudevents::CloudEvents;
+#[cfg(feature = "kafka")]
+pub(crate) use producer::create_producer;
+#[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+pub use run::{drain_without_kafka, explain_claim, Relay};
 
 /// Backlog figures: see [`status`].
 #[derive(Debug, Clone, PartialEq, Eq)]

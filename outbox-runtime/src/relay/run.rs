@@ -1,0 +1,221 @@
+//! [`Relay`]: the run loop of an instance (claim, publish, mark; wait for work; back off).
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+
+use super::instance::{Instance, Step, REBALANCE_EVERY};
+use super::producer::ProducerSlot;
+use super::settings::Settings;
+use super::wakeup::Wakeups;
+use super::{status, RelayStatus};
+use crate::error::{Error, Result};
+
+/// Publishes the outbox to Kafka. Cheap to clone; every [`run`](Self::run) or
+/// [`spawn`](Self::spawn) is one more instance sharing the producer. See the
+/// [module documentation](super) for how it works.
+#[derive(Clone)]
+pub struct Relay {
+    shared: Arc<Shared>,
+}
+
+/// What a relay's instances share.
+struct Shared {
+    pool: PgPool,
+    /// `None` only in [`drain_without_kafka`], which measures the database side alone.
+    producer: Option<ProducerSlot>,
+    settings: Settings,
+}
+
+impl std::fmt::Debug for Relay {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let s = &self.shared.settings;
+        f.debug_struct("Relay")
+            .field("batch_size", &s.batch_size)
+            .field("poll_interval", &s.poll_interval)
+            .field("publish_timeout", &s.publish_timeout)
+            .field("failover_timeout", &s.failover_timeout)
+            .field("max_attempts", &s.max_attempts)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Relay {
+    pub(super) fn new(pool: PgPool, producer: Option<ProducerSlot>, settings: Settings) -> Relay {
+        Relay {
+            shared: Arc::new(Shared {
+                pool,
+                producer,
+                settings,
+            }),
+        }
+    }
+
+    /// A new instance of this relay.
+    fn instance(&self) -> Instance<'_> {
+        let shared = &*self.shared;
+        Instance::new(&shared.pool, &shared.settings, shared.producer.as_ref())
+    }
+
+    /// Runs one relay instance on a tokio task until `cancel` fires; see [`run`](Self::run).
+    pub fn spawn(&self, cancel: CancellationToken) -> JoinHandle<Result<()>> {
+        let relay = self.clone();
+        tokio::spawn(async move { relay.run(cancel).await })
+    }
+
+    /// Runs one relay instance until `cancel` fires: publishes as events commit (claiming
+    /// again at once while claims find rows; once one finds nothing, woken by NOTIFY, and
+    /// polling every `poll_interval`), retries with backoff on errors (a lost
+    /// database or broker, a producer that failed for good). On cancel it finishes the batch in
+    /// flight (bounded by the publish timeout) and returns. Errors are logged and retried, never
+    /// returned.
+    pub async fn run(&self, cancel: CancellationToken) -> Result<()> {
+        let (pool, settings) = (&self.shared.pool, &self.shared.settings);
+        let mut instance = self.instance();
+        let mut wakeups = Wakeups::start(pool, settings.failover_timeout, settings.backoff);
+        let mut failures = 0u32;
+        // Whether the last claim found rows.
+        let mut found_rows = false;
+        let mut gauges_at: Option<Instant> = None;
+        // What the pool is asked for besides the instance's own connection must not stall the
+        // loop while the database is away: a lost gauge costs nothing.
+        let aside = settings.poll_interval.max(Duration::from_secs(1));
+        while !cancel.is_cancelled() {
+            if gauges_at.is_none_or(|t| t.elapsed() >= GAUGES_EVERY) {
+                gauges_at = Some(Instant::now());
+                let _ = tokio::time::timeout(aside, report_backlog(pool)).await;
+            }
+            // Notifications from here on may be of rows this step's claim does not see.
+            wakeups.mark_seen();
+            match instance.step().await {
+                Ok(step @ (Step::Full | Step::Partial)) => {
+                    failures = 0;
+                    // Events are coming: claim again at once. Once they keep coming (a full
+                    // batch, or rows found twice in a row), emitters need not notify: a
+                    // notifying commit takes a database-wide lock that serializes them.
+                    if step == Step::Full || found_rows {
+                        if let Err(e) = instance.set_waiting(false).await {
+                            tracing::warn!(error = %crate::error_chain(&e), "outbox relay could not clear its waiting mark");
+                            instance.reset();
+                        }
+                    }
+                    found_rows = true;
+                    continue;
+                }
+                Ok(Step::Empty) => {
+                    failures = 0;
+                    found_rows = false;
+                    // About to wait: ask emitters to notify, then look once more, for rows
+                    // committed before they could see the mark.
+                    if !instance.waiting() && instance.owns_shards() {
+                        match instance.set_waiting(true).await {
+                            Ok(()) => continue,
+                            Err(e) => {
+                                tracing::warn!(error = %crate::error_chain(&e), "outbox relay could not mark itself waiting");
+                                instance.reset();
+                            }
+                        }
+                    }
+                    // Without shards, look again soon: another instance is about to free some.
+                    // With them, soon enough that the server does not take the session for a
+                    // dead one.
+                    let wait = if instance.owns_shards() {
+                        settings.poll_interval.min(settings.failover_timeout / 2)
+                    } else {
+                        settings.poll_interval.min(REBALANCE_EVERY)
+                    };
+                    tokio::select! {
+                        () = cancel.cancelled() => {}
+                        () = tokio::time::sleep(wait) => {}
+                        () = wakeups.notified() => {}
+                    }
+                }
+                Err(e) => {
+                    failures = failures.saturating_add(1);
+                    found_rows = false;
+                    let backoff = settings.backoff.jittered(failures);
+                    tracing::warn!(error = %crate::error_chain(&e), ?backoff, "outbox relay batch failed; retrying");
+                    metrics::counter!("outbox_relay_batch_failures_total").increment(1);
+                    instance.reset();
+                    if matches!(e, Error::Database(_)) && e.is_transient() {
+                        // A lost connection: the listener's is probably gone too.
+                        wakeups.reconnect();
+                    }
+                    tokio::select! {
+                        () = cancel.cancelled() => {}
+                        () = tokio::time::sleep(backoff) => {}
+                    }
+                }
+            }
+        }
+        if let Err(e) = instance.set_waiting(false).await {
+            tracing::debug!(error = %crate::error_chain(&e), "outbox relay could not clear its waiting mark on shutdown");
+        }
+        // Every batch waited for its own acknowledgements: nothing to flush. Records a timed-out
+        // batch left with the producer stay unpublished in the outbox; whoever publishes them
+        // next sends them again.
+        Ok(())
+    }
+
+    /// Publishes everything unpublished that this instance can own, once, and returns how many
+    /// rows it published. For tests, scripts and benchmarks; a failed batch is an error.
+    pub async fn publish_pending(&self) -> Result<u64> {
+        let mut instance = self.instance();
+        while let Step::Full = instance.step().await? {}
+        Ok(instance.published())
+    }
+
+    /// The backlog figures; the same as [`status`](super::status).
+    pub async fn status(&self) -> Result<RelayStatus> {
+        status(&self.shared.pool).await
+    }
+}
+
+/// Runs the relay's database work alone (claim, mark, commit; every row counts as
+/// acknowledged, nothing is sent) until nothing is left, and returns how many rows it marked.
+/// For the benchmark that measures the database's share of the relay's cost.
+#[doc(hidden)]
+pub async fn drain_without_kafka(pool: PgPool, batch_size: usize) -> Result<u64> {
+    let settings = Settings {
+        batch_size,
+        ..Settings::default()
+    };
+    Relay::new(pool, None, settings).publish_pending().await
+}
+
+/// `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` of one claim of `limit` rows of every shard after
+/// `cursor`, on a connection set up as a relay's (and rolled back). For the tests that check a
+/// claim's cost does not grow with the backlog.
+#[doc(hidden)]
+pub async fn explain_claim(pool: &PgPool, cursor: i64, limit: i64) -> Result<serde_json::Value> {
+    let settings = Settings {
+        batch_size: limit as usize,
+        ..Settings::default()
+    };
+    Instance::new(pool, &settings, None)
+        .explain_claim(cursor)
+        .await
+}
+
+/// How often a running relay reports the backlog gauges.
+const GAUGES_EVERY: Duration = Duration::from_secs(10);
+
+/// Sets `outbox_relay_backlog`, `outbox_relay_held`, `outbox_relay_parked` and
+/// `outbox_relay_oldest_unpublished_age_seconds` from [`status`].
+async fn report_backlog(pool: &PgPool) {
+    match status(pool).await {
+        Ok(s) => {
+            metrics::gauge!("outbox_relay_backlog").set(s.unpublished as f64);
+            metrics::gauge!("outbox_relay_held").set(s.held as f64);
+            metrics::gauge!("outbox_relay_parked").set(s.parked as f64);
+            metrics::gauge!("outbox_relay_oldest_unpublished_age_seconds")
+                .set(s.oldest_unpublished_age.map_or(0.0, |a| a.as_secs_f64()));
+        }
+        Err(e) => {
+            tracing::debug!(error = %crate::error_chain(&e), "cannot read the outbox backlog")
+        }
+    }
+}

@@ -1,0 +1,79 @@
+//! A relay's settings: what its builder sets and checks, kept whole by the running relay.
+
+use std::time::Duration;
+
+use super::cloudevents::CloudEvents;
+use super::publish::PerKey;
+use crate::config::Backoff;
+use crate::error::{Error, Result};
+
+/// A relay's settings (see [`RelayBuilder`](super::RelayBuilder) for each), with its
+/// defaults.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    pub(crate) batch_size: usize,
+    pub(crate) poll_interval: Duration,
+    pub(crate) publish_timeout: Duration,
+    pub(crate) failover_timeout: Duration,
+    pub(crate) max_attempts: u32,
+    pub(crate) backoff: Backoff,
+    pub(crate) hold_operator_errors: bool,
+    pub(crate) per_key: PerKey,
+    pub(crate) cloud_events: Option<CloudEvents>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Settings {
+            batch_size: 500,
+            poll_interval: Duration::from_millis(500),
+            publish_timeout: Duration::from_secs(10),
+            failover_timeout: Duration::from_secs(20),
+            max_attempts: 5,
+            backoff: Backoff {
+                first: Duration::from_secs(1),
+                max: Duration::from_secs(60),
+            },
+            hold_operator_errors: true,
+            per_key: PerKey::Pipelined,
+            cloud_events: None,
+        }
+    }
+}
+
+impl Settings {
+    /// `Err(Error::Config)` names the first setting that cannot work (`brokers`: the
+    /// producer's `bootstrap.servers`).
+    pub(crate) fn check(&self, brokers: Option<&str>) -> Result<()> {
+        let config_err = |msg: String| Err(Error::Config(msg));
+        crate::config::check_common(
+            brokers,
+            self.batch_size,
+            self.poll_interval,
+            self.max_attempts,
+            self.backoff,
+        )?;
+        if self.publish_timeout < Duration::from_millis(100) {
+            return config_err(format!(
+                "publish_timeout must be at least 100 ms, not {:?}",
+                self.publish_timeout
+            ));
+        }
+        if self.failover_timeout < self.publish_timeout + Duration::from_secs(1) {
+            return config_err(format!(
+                "failover_timeout ({:?}) must exceed publish_timeout ({:?}) by at least 1 s: a \
+                 relay is silent that long while it waits for acknowledgements",
+                self.failover_timeout, self.publish_timeout
+            ));
+        }
+        if let Some(ce) = &self.cloud_events {
+            ce.check().map_err(Error::Config)?;
+        }
+        Ok(())
+    }
+
+    /// `max_attempts` as the database's `attempts` column counts.
+    pub(crate) fn max_attempts_i32(&self) -> i32 {
+        self.max_attempts.min(i32::MAX as u32) as i32
+    }
+}
