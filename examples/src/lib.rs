@@ -1,6 +1,6 @@
 //! Runnable examples (see the README):
 //!
-//! - `quickstart.rs`: an orders HTTP API and a payments service, each with its own database and
+//! - `quickstart/`: an orders HTTP API and a payments service, each with its own database and
 //!   outbox, talking through Kafka (`cargo run --example quickstart`);
 //! - `expanded.rs`: what `#[derive(OutboxEvent)]` generates, written out
 //!   (`cargo run --example expanded`).

@@ -1,0 +1,72 @@
+//! The command line: `--listen`, `--demo`, `--trace`, `--help`.
+
+use std::net::{Ipv4Addr, SocketAddr};
+
+pub const USAGE: &str = "\
+usage: cargo run --example quickstart -- [--listen ADDR] [--demo N] [--trace]
+
+  --listen ADDR   serve the orders API on ADDR (default 127.0.0.1:3000; port 0: a free port)
+  --demo N        post N orders to the API, wait until all are paid, print the time, stop
+  --trace         print every span as it ends (stderr): each order's spans share a trace id
+  --help          this text
+
+environment:
+  DATABASE_URL    orders database (default postgres://postgres@127.0.0.1:5432/outbox_quickstart);
+                  the payments service uses the same name + `_payments`; both are created
+  KAFKA_BROKERS   a Kafka to use (default: an embedded mock cluster)";
+
+#[derive(Debug)]
+pub struct Args {
+    /// Where the orders API listens.
+    pub listen: SocketAddr,
+    /// `--demo N`: post N orders, wait until they are paid, stop.
+    pub demo: Option<usize>,
+    /// `--trace`: print every span as it ends.
+    pub trace: bool,
+}
+
+impl Args {
+    /// The arguments, or `None` for `--help`.
+    pub fn parse(mut args: impl Iterator<Item = String>) -> Result<Option<Args>, String> {
+        let mut parsed = Args {
+            listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 3000)),
+            demo: None,
+            trace: false,
+        };
+        while let Some(arg) = args.next() {
+            let (flag, inline) = match arg.split_once('=') {
+                Some((flag, value)) => (flag.to_owned(), Some(value.to_owned())),
+                None => (arg.clone(), None),
+            };
+            let mut value = || {
+                inline
+                    .clone()
+                    .or_else(|| args.next())
+                    .ok_or_else(|| format!("`{flag}` needs a value"))
+            };
+            match flag.as_str() {
+                "--listen" => {
+                    let value = value()?;
+                    parsed.listen = value.parse().map_err(|_| {
+                        format!("`--listen {value}`: not an address such as 127.0.0.1:3000")
+                    })?;
+                }
+                "--demo" => {
+                    let value = value()?;
+                    match value.parse::<usize>() {
+                        Ok(n) if n > 0 => parsed.demo = Some(n),
+                        _ => {
+                            return Err(format!(
+                                "`--demo {value}`: not a number of orders (1 or more)"
+                            ))
+                        }
+                    }
+                }
+                "--trace" if inline.is_none() => parsed.trace = true,
+                "-h" | "--help" => return Ok(None),
+                _ => return Err(format!("unknown argument `{arg}`")),
+            }
+        }
+        Ok(Some(parsed))
+    }
+}
