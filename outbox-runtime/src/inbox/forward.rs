@@ -7,12 +7,15 @@ use std::time::Duration;
 
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
-use rdkafka::producer::FutureRecord;
-use rdkafka::{Offset, TopicPartitionList};
+use rdkafka::producer::{FutureProducer, FutureRecord};
+use rdkafka::TopicPartitionList;
 use tokio_util::sync::CancellationToken;
 
-use super::consumer::Inner;
 use super::message::headers;
+use super::poll::rewind;
+use super::settings::{Settings, Topics};
+use crate::config::Backoff;
+use crate::error::{Error, Result};
 
 /// `cancel` fired before the message was sent: its offset must stay unstored.
 #[derive(Debug)]
@@ -25,26 +28,6 @@ pub(crate) enum Destination {
     Retry { attempts: u32, due_ms: i64 },
     /// The dead-letter topic.
     DeadLetter { attempts: u32 },
-}
-
-/// Stops consuming `msg`'s partition and rewinds it to `msg`, so that it is read again once
-/// resumed.
-pub(crate) fn hold(consumer: &StreamConsumer, msg: &BorrowedMessage<'_>) {
-    hold_at(consumer, msg.topic(), msg.partition(), msg.offset());
-}
-
-/// Stops consuming a partition and rewinds it to `offset`.
-pub(crate) fn hold_at(consumer: &StreamConsumer, topic: &str, partition: i32, offset: i64) {
-    let mut tpl = TopicPartitionList::new();
-    tpl.add_partition(topic, partition);
-    if let Err(e) = consumer.pause(&tpl) {
-        tracing::debug!(error = %crate::error_chain(&e), "cannot pause a partition");
-    }
-    // Asynchronously (a zero timeout): the call must not block the runtime.
-    if let Err(e) = consumer.seek(topic, partition, Offset::Offset(offset), Duration::ZERO) {
-        tracing::warn!(error = %crate::error_chain(&e), topic, partition,
-            "cannot rewind a partition; its messages come again after a rebalance");
-    }
 }
 
 /// The consumer while a send to `topic` is blocked: every partition paused, still polling (so
@@ -88,7 +71,7 @@ impl<'c> Blocked<'c> {
                 out = &mut future => return Some(out),
                 polled = self.consumer.recv() => {
                     if let Ok(msg) = polled {
-                        hold(self.consumer, &msg);
+                        rewind(self.consumer, &msg);
                         self.paused.add_partition(msg.topic(), msg.partition());
                     }
                 }
@@ -184,11 +167,36 @@ impl Forward<'_, '_> {
     }
 }
 
-impl Inner {
+/// Sends failed messages on to their retry and dead-letter topics, on a producer of its own
+/// (idempotent, `acks=all`).
+pub(crate) struct Forwarder {
+    producer: FutureProducer,
+    topics: Topics,
+    backoff: Backoff,
+}
+
+impl Forwarder {
+    /// Creates the producer.
+    pub(crate) fn new(settings: &Settings) -> Result<Forwarder> {
+        let producer =
+            settings
+                .forwarder_config()
+                .create()
+                .map_err(|source| Error::KafkaClient {
+                    client: "retry and dead-letter producer",
+                    source,
+                })?;
+        Ok(Forwarder {
+            producer,
+            topics: settings.topics.clone(),
+            backoff: settings.backoff,
+        })
+    }
+
     fn destination_topic(&self, item: &Forward<'_, '_>) -> String {
         match item.destination {
-            Destination::Retry { attempts, .. } => self.retry_topic(item.source, attempts),
-            Destination::DeadLetter { .. } => format!("{}{}", item.source, self.dlq_suffix),
+            Destination::Retry { attempts, .. } => self.topics.retry(item.source, attempts),
+            Destination::DeadLetter { .. } => self.topics.dead_letter(item.source),
         }
     }
 
@@ -200,13 +208,13 @@ impl Inner {
         consumer: &StreamConsumer,
         items: &[Forward<'_, '_>],
         cancel: &CancellationToken,
-    ) -> Result<(), Cancelled> {
+    ) -> std::result::Result<(), Cancelled> {
         // Queued together, they share the producer's requests.
         let pending: Vec<_> = items
             .iter()
             .map(|item| {
                 let topic = self.destination_topic(item);
-                self.forwarder.send_result(item.record(&topic)).ok()
+                self.producer.send_result(item.record(&topic)).ok()
             })
             .collect();
         for (item, delivery) in items.iter().zip(pending) {
@@ -230,14 +238,14 @@ impl Inner {
         consumer: &StreamConsumer,
         item: &Forward<'_, '_>,
         cancel: &CancellationToken,
-    ) -> Result<(), Cancelled> {
+    ) -> std::result::Result<(), Cancelled> {
         let topic = self.destination_topic(item);
         let kind = item.kind();
         let mut blocked: Option<Blocked<'_>> = None;
         let mut failures = 0u32;
         loop {
             let send = self
-                .forwarder
+                .producer
                 .send(item.record(&topic), Duration::from_secs(30));
             let sent = match blocked.as_mut() {
                 None => send.await,
@@ -260,7 +268,7 @@ impl Inner {
                              consumer write to it?); consumption waits until it can");
                         Blocked::new(consumer, &topic)
                     });
-                    let wait = tokio::time::sleep(self.outage_backoff(failures));
+                    let wait = tokio::time::sleep(self.backoff.jittered(failures));
                     b.polling(wait, cancel).await.ok_or(Cancelled)?;
                 }
             }

@@ -6,7 +6,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 use uuid::Uuid;
 
-use super::handler::MessageMeta;
+use super::meta::MessageMeta;
 use crate::event::SCHEMA_VERSION_HEADER;
 
 /// Headers the consumer adds to a message it sends to a retry topic.

@@ -96,21 +96,49 @@
 //! is registered for is skipped.
 
 #[cfg(feature = "kafka")]
+pub(crate) mod batch;
+#[cfg(feature = "kafka")]
+mod builder;
+#[cfg(feature = "kafka")]
 mod consumer;
 #[cfg(feature = "kafka")]
-pub(crate) mod dedup;
+mod dedup;
+#[cfg(feature = "kafka")]
+pub(crate) mod failure;
 #[cfg(feature = "kafka")]
 mod forward;
-pub(crate) mod handler;
+mod handler;
 #[cfg(feature = "kafka")]
 pub(crate) mod message;
+mod meta;
+#[cfg(feature = "kafka")]
+mod poll;
+#[cfg(feature = "kafka")]
+mod processor;
+#[cfg(feature = "kafka")]
+mod receive;
+#[cfg(feature = "kafka")]
+pub(crate) mod route;
+#[cfg(feature = "kafka")]
+mod settings;
+#[cfg(feature = "kafka")]
+mod shared;
 #[cfg(feature = "kafka")]
 mod store;
+#[cfg(feature = "kafka")]
+mod upcast;
 
 #[cfg(feature = "kafka")]
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
-pub use consumer::{Consumer, ConsumerBuilder, Mode, RetryPolicy};
-pub use handler::{BoxError, BoxFuture, Handler, HandlerError, MessageMeta};
+pub use builder::ConsumerBuilder;
+#[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+pub use consumer::Consumer;
+pub use handler::{BoxError, BoxFuture, Handler, HandlerError};
+pub use meta::MessageMeta;
+#[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+pub use settings::{Mode, RetryPolicy};
 #[cfg(feature = "kafka")]
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub use store::{inbox_status, InboxStatus};

@@ -1,17 +1,14 @@
-//! Inbox mode's SQL: receipt, processing, status.
+//! Inbox mode's SQL: receipt (with its per-row fallback), claiming due rows, marking them
+//! processed or failed, status.
 
 use std::borrow::Cow;
-use std::collections::HashMap;
 use std::time::Duration;
 
-use sqlx::{Connection, PgPool, Row as _};
-use tracing::Instrument;
+use sqlx::{PgPool, Row as _};
 use uuid::Uuid;
 
-use super::consumer::Inner;
-use super::dedup::{discard, refused_at_commit};
-use super::handler::{Failure, MessageMeta, Routes};
-use crate::error::{Error, Result};
+use super::meta::MessageMeta;
+use crate::error::Result;
 use crate::sqlstate::DbError;
 
 /// A checked message, ready to store in the inbox.
@@ -127,22 +124,22 @@ WHERE event_id = ANY($2) AND NOT processed AND dead_at IS NULL \
 ORDER BY received_at LIMIT $1 FOR UPDATE SKIP LOCKED";
 
 /// A claimed inbox row.
-struct Claimed {
-    event_id: Uuid,
-    topic: String,
-    event_type: String,
-    payload: String,
-    attempts: i32,
-    partition_key: Option<String>,
-    partition: Option<i32>,
-    offset: Option<i64>,
-    headers: Vec<(String, String)>,
-    schema_version: i64,
+pub(crate) struct Claimed {
+    pub(crate) event_id: Uuid,
+    pub(crate) topic: String,
+    pub(crate) event_type: String,
+    pub(crate) payload: String,
+    pub(crate) attempts: i32,
+    pub(crate) partition_key: Option<String>,
+    pub(crate) partition: Option<i32>,
+    pub(crate) offset: Option<i64>,
+    pub(crate) headers: Vec<(String, String)>,
+    pub(crate) schema_version: i64,
 }
 
 impl Claimed {
     /// The metadata its handlers get.
-    fn meta(&self) -> MessageMeta<'_> {
+    pub(crate) fn meta(&self) -> MessageMeta<'_> {
         MessageMeta {
             event_id: self.event_id,
             event_type: Cow::Borrowed(&self.event_type),
@@ -161,7 +158,7 @@ impl Claimed {
     }
 }
 
-async fn claim(
+pub(crate) async fn claim(
     conn: &mut sqlx::PgConnection,
     limit: usize,
     only: Option<&[Uuid]>,
@@ -194,93 +191,8 @@ async fn claim(
         .collect()
 }
 
-/// Failures already seen, by row: not run again.
-type Known = HashMap<Uuid, Failure>;
-
-enum Processed {
-    /// Rows claimed.
-    Done(usize),
-    /// A handler failed (or panicked) and the transaction is gone.
-    Failed(Uuid, Failure),
-    /// The transaction was left aborted, by a handler that returned `Ok`.
-    Aborted,
-    /// PostgreSQL refused the commit.
-    Refused(sqlx::Error),
-}
-
-/// Claims a batch of due rows and processes it: first in one transaction (every handler
-/// straight in it); if a handler fails, panics or leaves the transaction aborted, again with a
-/// savepoint per row, so a failing row undoes only its own work and records its failure; if the
-/// commit is refused (a deferred constraint), each row in a transaction of its own. Returns how
-/// many rows it claimed.
-pub(crate) async fn process_batch(inner: &Inner, routes: &Routes) -> Result<usize> {
-    let mut known = Known::new();
-    let mut isolate = false;
-    loop {
-        let attempt = if isolate {
-            process_isolated(inner, routes, &known, None).await?
-        } else {
-            process_optimistic(inner, routes).await?
-        };
-        match attempt {
-            Processed::Done(claimed) => return Ok(claimed),
-            Processed::Failed(id, failure) => {
-                if isolate || !matches!(failure, Failure::Transaction(_)) {
-                    known.insert(id, failure);
-                }
-                isolate = true;
-            }
-            Processed::Aborted => isolate = true,
-            Processed::Refused(e) => {
-                tracing::info!(error = %crate::error_chain(&e), "an inbox batch was refused at commit; processing its rows one by one");
-                return process_one_by_one(inner, routes, &known).await;
-            }
-        }
-    }
-}
-
-async fn process_optimistic(inner: &Inner, routes: &Routes) -> Result<Processed> {
-    let mut tx = inner.pool.begin().await?;
-    let rows = claim(&mut tx, inner.batch_size, None).await?;
-    let mut done: Vec<Uuid> = Vec::with_capacity(rows.len());
-    for row in &rows {
-        let meta = row.meta();
-        let span = crate::trace::parented(
-            tracing::info_span!("outbox_inbox_row", event_id = %row.event_id, topic = %row.topic),
-            &meta,
-        );
-        for route in routes.get(&row.topic, &row.event_type) {
-            let result = route
-                .handle(row.payload.as_bytes(), &mut tx, &meta)
-                .instrument(span.clone())
-                .await;
-            if let Err(failure) = result {
-                discard(tx).await;
-                return Ok(Processed::Failed(row.event_id, failure));
-            }
-        }
-        done.push(row.event_id);
-    }
-    if !done.is_empty() {
-        if let Err(e) = mark_processed(&mut tx, &done).await {
-            discard(tx).await;
-            return match e {
-                Error::Database(e) if DbError::of(&e) == DbError::Aborted => Ok(Processed::Aborted),
-                e => Err(e),
-            };
-        }
-    }
-    match crate::uow::commit_checked(tx).await {
-        Ok(()) => {}
-        Err(Error::Aborted { .. }) => return Ok(Processed::Aborted),
-        Err(Error::Commit { source, .. }) => return Ok(Processed::Refused(source)),
-        Err(e) => return Err(e),
-    }
-    metrics::counter!("outbox_inbox_processed_total").increment(done.len() as u64);
-    Ok(Processed::Done(rows.len()))
-}
-
-async fn mark_processed(conn: &mut sqlx::PgConnection, done: &[Uuid]) -> Result<()> {
+/// Marks rows processed.
+pub(crate) async fn mark_processed(conn: &mut sqlx::PgConnection, done: &[Uuid]) -> Result<()> {
     sqlx::query(
         "UPDATE inbox_event SET processed = true, processed_at = now(), next_attempt_at = NULL \
          WHERE event_id = ANY($1)",
@@ -292,33 +204,18 @@ async fn mark_processed(conn: &mut sqlx::PgConnection, done: &[Uuid]) -> Result<
 }
 
 /// A row's failure, to record: the error, the wait before its next attempt, whether it is dead.
-struct RowFailure {
-    event_id: Uuid,
-    error: String,
-    backoff_secs: f64,
-    dead: bool,
+pub(crate) struct RowFailure {
+    pub(crate) event_id: Uuid,
+    pub(crate) error: String,
+    pub(crate) backoff_secs: f64,
+    pub(crate) dead: bool,
 }
 
-impl RowFailure {
-    fn new(inner: &Inner, event_id: Uuid, attempts: i32, failure: &Failure) -> RowFailure {
-        let attempt = u32::try_from(attempts).unwrap_or(0) + 1;
-        let dead = failure.is_permanent() || attempt >= inner.max_attempts;
-        tracing::warn!(
-            attempt,
-            dead,
-            error = failure.message(),
-            "inbox handler failed"
-        );
-        RowFailure {
-            event_id,
-            error: failure.message().to_owned(),
-            backoff_secs: inner.backoff(attempt).as_secs_f64(),
-            dead,
-        }
-    }
-}
-
-async fn record_failures(conn: &mut sqlx::PgConnection, failed: &[RowFailure]) -> Result<()> {
+/// Records failures: an attempt more, the error, when to try again; dead if `dead`.
+pub(crate) async fn record_failures(
+    conn: &mut sqlx::PgConnection,
+    failed: &[RowFailure],
+) -> Result<()> {
     if failed.is_empty() {
         return Ok(());
     }
@@ -341,133 +238,6 @@ async fn record_failures(conn: &mut sqlx::PgConnection, failed: &[RowFailure]) -
     .execute(conn)
     .await?;
     Ok(())
-}
-
-/// One transaction, a savepoint per row; `only`: just these rows.
-async fn process_isolated(
-    inner: &Inner,
-    routes: &Routes,
-    known: &Known,
-    only: Option<&[Uuid]>,
-) -> Result<Processed> {
-    let mut tx = inner.pool.begin().await?;
-    let rows = claim(&mut tx, inner.batch_size, only).await?;
-    let claimed = rows.len();
-    let mut done: Vec<Uuid> = Vec::with_capacity(claimed);
-    let mut failed: Vec<RowFailure> = Vec::new();
-    for row in rows {
-        let meta = row.meta();
-        let span = crate::trace::parented(
-            tracing::info_span!("outbox_inbox_row", event_id = %row.event_id,
-                topic = %row.topic, attempt = row.attempts + 1),
-            &meta,
-        );
-        // Its own savepoint: a failure undoes this row's work only.
-        let mut savepoint = Connection::begin(&mut *tx).await?;
-        let mut result = Ok(());
-        match known.get(&row.event_id) {
-            Some(failure) => result = Err(failure.clone()),
-            None => {
-                for route in routes.get(&row.topic, &row.event_type) {
-                    result = route
-                        .handle(row.payload.as_bytes(), &mut savepoint, &meta)
-                        .instrument(span.clone())
-                        .await;
-                    if result.is_err() {
-                        break;
-                    }
-                }
-            }
-        }
-        let failure = match result {
-            Ok(()) => match savepoint.commit().await {
-                Ok(()) => {
-                    done.push(row.event_id);
-                    continue;
-                }
-                Err(e) if DbError::of(&e) == DbError::Aborted => {
-                    let names: Vec<&str> = routes
-                        .get(&row.topic, &row.event_type)
-                        .iter()
-                        .map(|r| r.handler.name())
-                        .collect();
-                    Failure::left_aborted(&names.join("`, `"))
-                }
-                Err(e) => return Err(e.into()),
-            },
-            // The connection may be anywhere in a query: give up this transaction.
-            Err(failure @ Failure::Panicked(_)) if !known.contains_key(&row.event_id) => {
-                drop(savepoint);
-                discard(tx).await;
-                return Ok(Processed::Failed(row.event_id, failure));
-            }
-            Err(failure) => {
-                savepoint.rollback().await?;
-                failure
-            }
-        };
-        failed.push(RowFailure::new(inner, row.event_id, row.attempts, &failure));
-    }
-    if !done.is_empty() {
-        mark_processed(&mut tx, &done).await?;
-    }
-    record_failures(&mut tx, &failed).await?;
-    match crate::uow::commit_checked(tx).await {
-        Ok(()) => {}
-        Err(Error::Commit { source, .. }) => return Ok(Processed::Refused(source)),
-        Err(e) => return Err(e),
-    }
-    metrics::counter!("outbox_inbox_processed_total").increment(done.len() as u64);
-    metrics::counter!("outbox_consumer_retried_total")
-        .increment(failed.iter().filter(|f| !f.dead).count() as u64);
-    metrics::counter!("outbox_inbox_dead_total")
-        .increment(failed.iter().filter(|f| f.dead).count() as u64);
-    Ok(Processed::Done(claimed))
-}
-
-/// After a refused commit: each due row in a transaction of its own, so the refusal falls on
-/// its row, whose failure is then recorded in a transaction of its own.
-async fn process_one_by_one(inner: &Inner, routes: &Routes, known: &Known) -> Result<usize> {
-    let ids: Vec<Uuid> = {
-        let mut conn = inner.pool.acquire().await?;
-        sqlx::query_scalar(
-            "SELECT event_id FROM inbox_event WHERE NOT processed AND dead_at IS NULL \
-               AND (next_attempt_at IS NULL OR next_attempt_at <= now()) \
-             ORDER BY received_at LIMIT $1",
-        )
-        .bind(inner.batch_size as i64)
-        .fetch_all(&mut *conn)
-        .await?
-    };
-    for id in &ids {
-        let mut seen: Known = known
-            .get(id)
-            .map(|f| (*id, f.clone()))
-            .into_iter()
-            .collect();
-        loop {
-            match process_isolated(inner, routes, &seen, Some(std::slice::from_ref(id))).await? {
-                Processed::Done(_) => break,
-                Processed::Failed(id, failure) => {
-                    seen.insert(id, failure);
-                }
-                Processed::Refused(e) => {
-                    let attempts: i32 =
-                        sqlx::query_scalar("SELECT attempts FROM inbox_event WHERE event_id = $1")
-                            .bind(id)
-                            .fetch_one(&inner.pool)
-                            .await?;
-                    let failure = RowFailure::new(inner, *id, attempts, &refused_at_commit(&e));
-                    let mut tx = inner.pool.begin().await?;
-                    record_failures(&mut tx, &[failure]).await?;
-                    tx.commit().await?;
-                    break;
-                }
-                Processed::Aborted => unreachable!("only the optimistic attempt reports it"),
-            }
-        }
-    }
-    Ok(ids.len())
 }
 
 /// Inbox backlog figures.

@@ -62,9 +62,10 @@ use uuid::Uuid;
 
 use crate::error::{Error, Result};
 use crate::event::OutboxEvent;
-use crate::inbox::dedup;
-use crate::inbox::handler::{Handler, MessageMeta, Routes};
+use crate::inbox::batch;
 use crate::inbox::message::Incoming;
+use crate::inbox::route::Routes;
+use crate::inbox::{Handler, MessageMeta};
 
 mod mock_kafka;
 
@@ -253,7 +254,7 @@ where
         meta,
         payload: payload.as_bytes(),
     };
-    let outcome = dedup::handle(pool, &routes, &[Ok(message)], false).await?;
+    let outcome = batch::handle(pool, &routes, &[Ok(message)], false).await?;
     Ok(match outcome.failed.into_iter().next() {
         Some((_, failure)) => Delivery::Failed {
             retryable: !failure.is_permanent(),

@@ -1,0 +1,515 @@
+//! Dedup mode's database work: a batch of messages, their `processed_event` rows and their
+//! handlers, in one transaction and one commit whatever the handlers' faults.
+//!
+//! The batch runs in segments, each straight in the transaction (all its dedup rows in one
+//! statement, every handler without a savepoint). The first segment is the whole batch. If a
+//! handler fails, its segment is undone (the transaction rolled back, or back to the savepoint
+//! taken before the segment once the transaction holds work to keep), the messages before the
+//! failing one run again as a segment, the failing message runs alone (a savepoint per
+//! handler: a failure undoes only its own work; a failure already seen is reused, not run
+//! again), and the next segment starts after it. So each message runs at most twice, and a
+//! failure costs a savepoint and a rerun of the part of its segment before it, not a commit.
+//! A panic gives the transaction up (the connection may be anywhere in a query) and starts
+//! over, the panic known (never run twice). If a handler returned `Ok` but left the
+//! transaction aborted, the batch is done again with a savepoint per message and handler, to
+//! find it. If the commit itself is refused (a deferred constraint), each message gets a
+//! transaction of its own, to find the one it was.
+
+use std::collections::{BTreeSet, HashMap, HashSet};
+
+use sqlx::{Connection, PgConnection, PgPool};
+use tracing::Instrument;
+use uuid::Uuid;
+
+use super::failure::Failure;
+use super::message::Incoming;
+use super::route::Routes;
+use crate::error::{Error, Result};
+use crate::sqlstate::DbError;
+
+/// A message of a batch: checked, or the reason it is bad.
+pub(crate) type Checked<'m> = std::result::Result<Incoming<'m>, String>;
+
+/// What became of a batch, or of its first `done` messages.
+#[derive(Debug, Default)]
+pub(crate) struct Outcome {
+    /// Messages from the start of the batch that are done: committed, or failed (`failed`).
+    pub done: usize,
+    /// Failures among the first `done` messages, one per message, to retry or dead-letter.
+    pub failed: Vec<(usize, Failure)>,
+    /// Retried in place: the message at `done` failed retryably and waits for its retry.
+    pub stopped: Option<Failure>,
+    pub processed: u64,
+    pub duplicates: u64,
+}
+
+impl Outcome {
+    fn new(messages: usize) -> Self {
+        Outcome {
+            done: messages,
+            ..Outcome::default()
+        }
+    }
+
+    /// Adds `part`, the outcome of the messages from `offset` on. `false` if it stopped there
+    /// (in place): so does the whole.
+    fn absorb(&mut self, part: Outcome, offset: usize) -> bool {
+        self.processed += part.processed;
+        self.duplicates += part.duplicates;
+        for (i, failure) in part.failed {
+            self.fail(offset + i, failure);
+        }
+        match part.stopped {
+            Some(failure) => {
+                self.done = offset + part.done;
+                self.failed.retain(|(i, _)| *i < self.done);
+                self.stopped = Some(failure);
+                false
+            }
+            None => true,
+        }
+    }
+
+    /// Records a message's failure; of several, a retryable one wins (the others' handlers
+    /// are deduplicated when it is tried again).
+    fn fail(&mut self, index: usize, failure: Failure) {
+        match self.failed.iter_mut().find(|(i, _)| *i == index) {
+            Some((_, seen)) if seen.is_permanent() && !failure.is_permanent() => *seen = failure,
+            Some(_) => {}
+            None => self.failed.push((index, failure)),
+        }
+    }
+}
+
+/// Failures already seen, by (message, handler) index: not run again.
+type Known = HashMap<(usize, usize), Failure>;
+
+enum Attempt {
+    Done(Outcome),
+    /// A handler panicked and its transaction is gone.
+    Failed(usize, usize, Failure),
+    /// PostgreSQL refused the commit.
+    Refused(sqlx::Error),
+}
+
+/// What became of one pass over a batch in one transaction ([`chained`]).
+enum Pass {
+    Done(Outcome),
+    /// A handler panicked: the transaction was given up (the panic is known now, and never
+    /// run again).
+    Panicked,
+    /// A handler returned `Ok` but left the transaction aborted.
+    Aborted,
+    /// PostgreSQL refused the commit.
+    Refused(sqlx::Error),
+}
+
+/// Handles the messages: see the module documentation. `in_place`: a retryable failure stops
+/// the batch there (what came before commits). An error is the database's (nothing lost: the
+/// offsets are not stored, and the dedup rows make doing it again harmless).
+pub(crate) async fn handle(
+    pool: &PgPool,
+    routes: &Routes,
+    messages: &[Checked<'_>],
+    in_place: bool,
+) -> Result<Outcome> {
+    // Failures seen, by (message, handler): reused, never run again.
+    let mut known = Known::new();
+    loop {
+        match chained(pool, routes, messages, &mut known, in_place).await? {
+            Pass::Done(outcome) => return Ok(outcome),
+            Pass::Panicked => {}
+            // Find the handler that did it: a savepoint each. A failure seen in the aborted
+            // transaction may be its doing, not its handler's: judged again (a panic is not
+            // run twice).
+            Pass::Aborted => {
+                known.retain(|_, failure| matches!(failure, Failure::Panicked(_)));
+                return isolated_all(pool, routes, messages, known, in_place).await;
+            }
+            Pass::Refused(e) => {
+                tracing::info!(error = %crate::error_chain(&e), "a batch was refused at commit; handling its messages one by one");
+                return one_by_one(pool, routes, messages, &known, in_place).await;
+            }
+        }
+    }
+}
+
+/// The batch in one transaction, in segments: each segment straight in the transaction
+/// (behind a savepoint once the transaction holds work to keep); a handler that fails ends its
+/// segment, which is undone and done again up to the failing message, which then goes alone
+/// (a savepoint per handler, its failure reused), and the next segment starts after it. Each
+/// message runs at most twice, and the batch commits once.
+async fn chained(
+    pool: &PgPool,
+    routes: &Routes,
+    messages: &[Checked<'_>],
+    known: &mut Known,
+    in_place: bool,
+) -> Result<Pass> {
+    let n = messages.len();
+    let mut outcome = Outcome::new(n);
+    // Messages to handle alone: those whose failure is known.
+    let mut alone: BTreeSet<usize> = known.keys().map(|(i, _)| *i).collect();
+    let mut tx = pool.begin().await?;
+    // Whether the transaction holds work to keep: a segment then runs behind a savepoint.
+    let mut kept = false;
+    let mut start = 0;
+    while start < n {
+        if alone.remove(&start) {
+            let one = &messages[start..=start];
+            let seen = slice_of(known, start, 1);
+            match aborted_as_none(isolated_in(&mut tx, routes, one, &seen, in_place).await)? {
+                None => {
+                    discard(tx).await;
+                    return Ok(Pass::Aborted);
+                }
+                Some(Isolated::Panicked(_, h, failure)) => {
+                    known.insert((start, h), failure);
+                    discard(tx).await;
+                    return Ok(Pass::Panicked);
+                }
+                Some(Isolated::Done(part)) => {
+                    kept = true;
+                    if !outcome.absorb(part, start) {
+                        break;
+                    }
+                }
+            }
+            start += 1;
+            continue;
+        }
+        let end = alone.range(start..).next().copied().unwrap_or(n);
+        let segment = &messages[start..end];
+        let failed = if kept {
+            let Some(mut savepoint) = aborted_as_none(Connection::begin(&mut *tx).await)? else {
+                discard(tx).await;
+                return Ok(Pass::Aborted);
+            };
+            match optimistic_in(&mut savepoint, routes, segment).await? {
+                Ok(part) => {
+                    if aborted_as_none(savepoint.commit().await)?.is_none() {
+                        discard(tx).await;
+                        return Ok(Pass::Aborted);
+                    }
+                    outcome.absorb(part, start);
+                    None
+                }
+                Err(failed) => {
+                    if !matches!(failed.2, Failure::Panicked(_)) {
+                        savepoint.rollback().await?;
+                    }
+                    Some(failed)
+                }
+            }
+        } else {
+            match optimistic_in(&mut tx, routes, segment).await? {
+                Ok(part) => {
+                    outcome.absorb(part, start);
+                    None
+                }
+                Err(failed) => Some(failed),
+            }
+        };
+        let Some((i, h, failure)) = failed else {
+            kept = true;
+            start = end;
+            continue;
+        };
+        if matches!(failure, Failure::Panicked(_)) {
+            // The connection may be anywhere in a query: give up this transaction.
+            known.insert((start + i, h), failure);
+            discard(tx).await;
+            return Ok(Pass::Panicked);
+        }
+        if !kept {
+            discard(tx).await;
+            tx = pool.begin().await?;
+        }
+        // What came before it went well: it goes again, then this message alone. A failure
+        // that may be the transaction's doing (an aborted transaction, a deadlock) is judged
+        // again there.
+        if !matches!(failure, Failure::Transaction(_)) {
+            known.insert((start + i, h), failure);
+        }
+        alone.insert(start + i);
+    }
+    Ok(match crate::uow::commit_checked(tx).await {
+        Ok(()) => Pass::Done(outcome),
+        Err(Error::Aborted { .. }) => Pass::Aborted,
+        Err(Error::Commit { source, .. }) => Pass::Refused(source),
+        Err(e) => return Err(e),
+    })
+}
+
+/// `None` for an error that says the transaction is aborted.
+fn aborted_as_none<T, E: Into<Error>>(result: std::result::Result<T, E>) -> Result<Option<T>> {
+    match result.map_err(Into::into) {
+        Ok(value) => Ok(Some(value)),
+        Err(Error::Database(e)) if DbError::of(&e) == DbError::Aborted => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+/// The failures known of messages `start..start + len`, indexed from `start`.
+fn slice_of(known: &Known, start: usize, len: usize) -> Known {
+    known
+        .iter()
+        .filter(|((i, _), _)| (start..start + len).contains(i))
+        .map(|((i, h), f)| ((i - start, *h), f.clone()))
+        .collect()
+}
+
+/// The messages in one transaction, a savepoint per message and handler, until it commits or
+/// is refused (then one by one).
+async fn isolated_all(
+    pool: &PgPool,
+    routes: &Routes,
+    messages: &[Checked<'_>],
+    mut known: Known,
+    in_place: bool,
+) -> Result<Outcome> {
+    loop {
+        match isolated(pool, routes, messages, &known, in_place).await? {
+            Attempt::Done(outcome) => return Ok(outcome),
+            // A panic: its transaction is given up; never run it again.
+            Attempt::Failed(i, h, failure) => {
+                known.insert((i, h), failure);
+            }
+            Attempt::Refused(e) => {
+                tracing::info!(error = %crate::error_chain(&e), "refused at commit; handling the messages one by one");
+                return one_by_one(pool, routes, messages, &known, in_place).await;
+            }
+        }
+    }
+}
+
+/// The messages straight in the transaction, no savepoints: their outcome, or the first
+/// failure (message, handler), after which the transaction must be rolled back.
+async fn optimistic_in(
+    conn: &mut PgConnection,
+    routes: &Routes,
+    messages: &[Checked<'_>],
+) -> Result<std::result::Result<Outcome, (usize, usize, Failure)>> {
+    let mut outcome = Outcome::new(messages.len());
+    let mut work = Vec::new();
+    for (i, message) in messages.iter().enumerate() {
+        match message {
+            Ok(incoming) => {
+                for (h, route) in routes
+                    .get(incoming.meta.topic, &incoming.meta.event_type)
+                    .iter()
+                    .enumerate()
+                {
+                    work.push((i, h, route, incoming));
+                }
+            }
+            Err(reason) => outcome.fail(i, Failure::Permanent(reason.clone())),
+        }
+    }
+    if work.is_empty() {
+        return Ok(Ok(outcome));
+    }
+    let ids: Vec<Uuid> = work.iter().map(|w| w.3.meta.event_id).collect();
+    let keys: Vec<&str> = work.iter().map(|w| w.2.key.as_str()).collect();
+    let new: Vec<(Uuid, String)> = sqlx::query_as(
+        "INSERT INTO processed_event (event_id, handler) \
+         SELECT * FROM unnest($1::uuid[], $2::text[]) ON CONFLICT DO NOTHING \
+         RETURNING event_id, handler",
+    )
+    .bind(&ids)
+    .bind(&keys)
+    .fetch_all(&mut *conn)
+    .await?;
+    let mut new: HashSet<(Uuid, String)> = new.into_iter().collect();
+    for (i, h, route, incoming) in work {
+        // Each new row runs its handler once, even if the batch holds the event twice.
+        if !new.remove(&(incoming.meta.event_id, route.key.clone())) {
+            outcome.duplicates += 1;
+            continue;
+        }
+        let span = crate::trace::parented(
+            tracing::info_span!("outbox_consume", event_id = %incoming.meta.event_id,
+                handler = route.handler.name()),
+            &incoming.meta,
+        );
+        let result = route
+            .handle(incoming.payload, &mut *conn, &incoming.meta)
+            .instrument(span)
+            .await;
+        if let Err(failure) = result {
+            return Ok(Err((i, h, failure)));
+        }
+        outcome.processed += 1;
+    }
+    Ok(Ok(outcome))
+}
+
+/// What became of messages handled with a savepoint per message and handler.
+enum Isolated {
+    Done(Outcome),
+    /// A handler panicked (not known before): the transaction must be given up.
+    Panicked(usize, usize, Failure),
+}
+
+/// One transaction, a savepoint per message and handler.
+async fn isolated(
+    pool: &PgPool,
+    routes: &Routes,
+    messages: &[Checked<'_>],
+    known: &Known,
+    in_place: bool,
+) -> Result<Attempt> {
+    let mut tx = pool.begin().await?;
+    let outcome = match isolated_in(&mut tx, routes, messages, known, in_place).await? {
+        Isolated::Done(outcome) => outcome,
+        Isolated::Panicked(i, h, failure) => {
+            discard(tx).await;
+            return Ok(Attempt::Failed(i, h, failure));
+        }
+    };
+    Ok(match crate::uow::commit_checked(tx).await {
+        Ok(()) => Attempt::Done(outcome),
+        Err(Error::Commit { source, .. }) => Attempt::Refused(source),
+        Err(e) => return Err(e),
+    })
+}
+/// The messages with a savepoint per message and handler, in `conn`'s transaction.
+async fn isolated_in(
+    conn: &mut PgConnection,
+    routes: &Routes,
+    messages: &[Checked<'_>],
+    known: &Known,
+    in_place: bool,
+) -> Result<Isolated> {
+    let mut outcome = Outcome::new(messages.len());
+    'messages: for (i, message) in messages.iter().enumerate() {
+        let incoming = match message {
+            Ok(incoming) => incoming,
+            Err(reason) => {
+                outcome.fail(i, Failure::Permanent(reason.clone()));
+                continue;
+            }
+        };
+        for (h, route) in routes
+            .get(incoming.meta.topic, &incoming.meta.event_type)
+            .iter()
+            .enumerate()
+        {
+            let failure = if let Some(failure) = known.get(&(i, h)) {
+                // Seen failing in this batch: neither run again nor asked of the database (if
+                // another consumer handled the event meanwhile, its retry is a duplicate).
+                failure.clone()
+            } else {
+                let mut savepoint = Connection::begin(&mut *conn).await?;
+                let new = sqlx::query(
+                    "INSERT INTO processed_event (event_id, handler) VALUES ($1, $2) \
+                     ON CONFLICT DO NOTHING",
+                )
+                .bind(incoming.meta.event_id)
+                .bind(&route.key)
+                .execute(&mut *savepoint)
+                .await?
+                .rows_affected()
+                    == 1;
+                if !new {
+                    savepoint.commit().await?;
+                    outcome.duplicates += 1;
+                    continue;
+                }
+                let span = crate::trace::parented(
+                    tracing::info_span!("outbox_consume",
+                        event_id = %incoming.meta.event_id, handler = route.handler.name()),
+                    &incoming.meta,
+                );
+                let result = route
+                    .handle(incoming.payload, &mut savepoint, &incoming.meta)
+                    .instrument(span)
+                    .await;
+                match result {
+                    Ok(()) => match savepoint.commit().await {
+                        Ok(()) => {
+                            outcome.processed += 1;
+                            continue;
+                        }
+                        Err(e) if DbError::of(&e) == DbError::Aborted => {
+                            Failure::left_aborted(route.handler.name())
+                        }
+                        Err(e) => return Err(e.into()),
+                    },
+                    // The connection may be anywhere in a query: give up this transaction.
+                    Err(failure @ Failure::Panicked(_)) => {
+                        return Ok(Isolated::Panicked(i, h, failure));
+                    }
+                    Err(failure) => {
+                        savepoint.rollback().await?;
+                        failure
+                    }
+                }
+            };
+            if in_place && !failure.is_permanent() {
+                outcome.done = i;
+                outcome.stopped = Some(failure);
+                outcome.failed.retain(|(j, _)| *j < i);
+                break 'messages;
+            }
+            outcome.fail(i, failure);
+        }
+    }
+    Ok(Isolated::Done(outcome))
+}
+
+/// After a refused commit: a transaction per message, so the refusal falls on its message.
+async fn one_by_one(
+    pool: &PgPool,
+    routes: &Routes,
+    messages: &[Checked<'_>],
+    known: &Known,
+    in_place: bool,
+) -> Result<Outcome> {
+    let mut outcome = Outcome::new(messages.len());
+    for (i, message) in messages.iter().enumerate() {
+        let one = std::slice::from_ref(message);
+        let mut seen: Known = known
+            .iter()
+            .filter(|((j, _), _)| *j == i)
+            .map(|((_, h), f)| ((0, *h), f.clone()))
+            .collect();
+        let failure = loop {
+            match isolated(pool, routes, one, &seen, in_place).await? {
+                Attempt::Done(single) => {
+                    outcome.processed += single.processed;
+                    outcome.duplicates += single.duplicates;
+                    if let Some(failure) = single.stopped {
+                        break Some(failure);
+                    }
+                    for (_, failure) in single.failed {
+                        outcome.fail(i, failure);
+                    }
+                    break None;
+                }
+                Attempt::Failed(_, h, failure) => {
+                    seen.insert((0, h), failure);
+                }
+                Attempt::Refused(e) => break Some(Failure::refused_at_commit(&e)),
+            }
+        };
+        if let Some(failure) = failure {
+            if in_place && !failure.is_permanent() {
+                outcome.done = i;
+                outcome.stopped = Some(failure);
+                return Ok(outcome);
+            }
+            outcome.fail(i, failure);
+        }
+    }
+    Ok(outcome)
+}
+
+/// Rolls back a transaction given up on, now: dropped, it would hold its locks (the rows it
+/// claimed or inserted) until its connection is next used, and the next attempt, on another
+/// connection, would skip or wait for them.
+pub(crate) async fn discard(tx: sqlx::Transaction<'_, sqlx::Postgres>) {
+    if let Err(e) = tx.rollback().await {
+        tracing::debug!(error = %crate::error_chain(&e), "cannot roll back a transaction given up on; its connection is closed");
+    }
+}

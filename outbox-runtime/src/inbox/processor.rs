@@ -1,0 +1,360 @@
+//! Inbox mode's processors: each claims due rows `FOR UPDATE SKIP LOCKED` and runs their
+//! handlers, marking them processed in the same transaction (a row that fails gets an attempt,
+//! its error and a retry time, or is dead); a processor that stops on its own is restarted.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use sqlx::Connection;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
+use tracing::Instrument;
+use uuid::Uuid;
+
+use super::batch::discard;
+use super::failure::Failure;
+use super::settings::Settings;
+use super::shared::Shared;
+use super::store::{self, inbox_status, RowFailure};
+use crate::error::{Error, Result};
+use crate::sqlstate::DbError;
+
+/// Runs an inbox processor on a task, and runs it again if it ever stops before `cancel`
+/// (a bug: handler failures and panics are the rows' business, database failures are
+/// waited out), so that receipt never goes on storing offsets with nothing processing.
+pub(crate) fn spawn_supervised(
+    shared: Arc<Shared>,
+    cancel: CancellationToken,
+) -> JoinHandle<Result<()>> {
+    tokio::spawn(async move {
+        let mut restarts = 0;
+        loop {
+            let processor = Arc::clone(&shared);
+            let token = cancel.clone();
+            let ended = tokio::spawn(async move { run(&processor, token).await }).await;
+            if cancel.is_cancelled() {
+                return match ended {
+                    Ok(result) => result,
+                    Err(source) => Err(Error::Task {
+                        task: "an inbox processor",
+                        source,
+                    }),
+                };
+            }
+            restarts += 1;
+            metrics::counter!("outbox_inbox_processor_restarts_total").increment(1);
+            match ended {
+                Ok(Ok(())) => tracing::error!("an inbox processor stopped; restarting it"),
+                Ok(Err(e)) => {
+                    tracing::error!(error = %crate::error_chain(&e), "an inbox processor failed; restarting it")
+                }
+                Err(e) => {
+                    tracing::error!(error = %crate::error_chain(&e), "an inbox processor panicked; restarting it")
+                }
+            }
+            tokio::select! {
+                () = cancel.cancelled() => return Ok(()),
+                () = tokio::time::sleep(shared.settings.outage_backoff(restarts)) => {}
+            }
+        }
+    })
+}
+
+/// Runs one inbox processor until `cancel` fires.
+pub(crate) async fn run(shared: &Shared, cancel: CancellationToken) -> Result<()> {
+    let settings = &shared.settings;
+    let mut failures = 0;
+    let mut gauges_at: Option<std::time::Instant> = None;
+    while !cancel.is_cancelled() {
+        if gauges_at.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
+            gauges_at = Some(std::time::Instant::now());
+            match inbox_status(&shared.pool).await {
+                Ok(s) => {
+                    metrics::gauge!("outbox_inbox_backlog").set(s.unprocessed as f64);
+                    metrics::gauge!("outbox_inbox_dead").set(s.dead as f64);
+                    metrics::gauge!("outbox_inbox_lag_seconds")
+                        .set(s.oldest_unprocessed_age.map_or(0.0, |a| a.as_secs_f64()));
+                }
+                Err(e) => {
+                    tracing::debug!(error = %crate::error_chain(&e), "cannot read the inbox backlog")
+                }
+            }
+        }
+        match process_batch(shared).await {
+            Ok(n) if n >= settings.batch_size => failures = 0,
+            Ok(_) => {
+                failures = 0;
+                tokio::select! {
+                    () = cancel.cancelled() => {}
+                    () = tokio::time::sleep(settings.poll_interval) => {}
+                }
+            }
+            Err(e) => {
+                failures += 1;
+                tracing::warn!(error = %crate::error_chain(&e), "inbox processor batch failed; retrying");
+                tokio::select! {
+                    () = cancel.cancelled() => {}
+                    () = tokio::time::sleep(settings.outage_backoff(failures)) => {}
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Processes the inbox until no row is due, once, and returns how many rows it handled
+/// (processed or failed).
+pub(crate) async fn process_pending(shared: &Shared) -> Result<u64> {
+    let mut total = 0;
+    loop {
+        let n = process_batch(shared).await?;
+        total += n as u64;
+        if n < shared.settings.batch_size {
+            return Ok(total);
+        }
+    }
+}
+
+/// Failures already seen, by row: not run again.
+type Known = HashMap<Uuid, Failure>;
+
+enum Processed {
+    /// Rows claimed.
+    Done(usize),
+    /// A handler failed (or panicked) and the transaction is gone.
+    Failed(Uuid, Failure),
+    /// The transaction was left aborted, by a handler that returned `Ok`.
+    Aborted,
+    /// PostgreSQL refused the commit.
+    Refused(sqlx::Error),
+}
+
+/// Claims a batch of due rows and processes it: first in one transaction (every handler
+/// straight in it); if a handler fails, panics or leaves the transaction aborted, again with a
+/// savepoint per row, so a failing row undoes only its own work and records its failure; if the
+/// commit is refused (a deferred constraint), each row in a transaction of its own. Returns how
+/// many rows it claimed.
+async fn process_batch(shared: &Shared) -> Result<usize> {
+    let mut known = Known::new();
+    let mut isolate = false;
+    loop {
+        let attempt = if isolate {
+            process_isolated(shared, &known, None).await?
+        } else {
+            process_optimistic(shared).await?
+        };
+        match attempt {
+            Processed::Done(claimed) => return Ok(claimed),
+            Processed::Failed(id, failure) => {
+                if isolate || !matches!(failure, Failure::Transaction(_)) {
+                    known.insert(id, failure);
+                }
+                isolate = true;
+            }
+            Processed::Aborted => isolate = true,
+            Processed::Refused(e) => {
+                tracing::info!(error = %crate::error_chain(&e), "an inbox batch was refused at commit; processing its rows one by one");
+                return process_one_by_one(shared, &known).await;
+            }
+        }
+    }
+}
+
+async fn process_optimistic(shared: &Shared) -> Result<Processed> {
+    let routes = &shared.routes;
+    let mut tx = shared.pool.begin().await?;
+    let rows = store::claim(&mut tx, shared.settings.batch_size, None).await?;
+    let mut done: Vec<Uuid> = Vec::with_capacity(rows.len());
+    for row in &rows {
+        let meta = row.meta();
+        let span = crate::trace::parented(
+            tracing::info_span!("outbox_inbox_row", event_id = %row.event_id, topic = %row.topic),
+            &meta,
+        );
+        for route in routes.get(&row.topic, &row.event_type) {
+            let result = route
+                .handle(row.payload.as_bytes(), &mut tx, &meta)
+                .instrument(span.clone())
+                .await;
+            if let Err(failure) = result {
+                discard(tx).await;
+                return Ok(Processed::Failed(row.event_id, failure));
+            }
+        }
+        done.push(row.event_id);
+    }
+    if !done.is_empty() {
+        if let Err(e) = store::mark_processed(&mut tx, &done).await {
+            discard(tx).await;
+            return match e {
+                Error::Database(e) if DbError::of(&e) == DbError::Aborted => Ok(Processed::Aborted),
+                e => Err(e),
+            };
+        }
+    }
+    match crate::uow::commit_checked(tx).await {
+        Ok(()) => {}
+        Err(Error::Aborted { .. }) => return Ok(Processed::Aborted),
+        Err(Error::Commit { source, .. }) => return Ok(Processed::Refused(source)),
+        Err(e) => return Err(e),
+    }
+    metrics::counter!("outbox_inbox_processed_total").increment(done.len() as u64);
+    Ok(Processed::Done(rows.len()))
+}
+
+impl RowFailure {
+    fn new(settings: &Settings, event_id: Uuid, attempts: i32, failure: &Failure) -> RowFailure {
+        let attempt = u32::try_from(attempts).unwrap_or(0) + 1;
+        let dead = failure.is_permanent() || attempt >= settings.max_attempts;
+        tracing::warn!(
+            attempt,
+            dead,
+            error = failure.message(),
+            "inbox handler failed"
+        );
+        RowFailure {
+            event_id,
+            error: failure.message().to_owned(),
+            backoff_secs: settings.backoff(attempt).as_secs_f64(),
+            dead,
+        }
+    }
+}
+
+/// One transaction, a savepoint per row; `only`: just these rows.
+async fn process_isolated(
+    shared: &Shared,
+    known: &Known,
+    only: Option<&[Uuid]>,
+) -> Result<Processed> {
+    let routes = &shared.routes;
+    let mut tx = shared.pool.begin().await?;
+    let rows = store::claim(&mut tx, shared.settings.batch_size, only).await?;
+    let claimed = rows.len();
+    let mut done: Vec<Uuid> = Vec::with_capacity(claimed);
+    let mut failed: Vec<RowFailure> = Vec::new();
+    for row in rows {
+        let meta = row.meta();
+        let span = crate::trace::parented(
+            tracing::info_span!("outbox_inbox_row", event_id = %row.event_id,
+                topic = %row.topic, attempt = row.attempts + 1),
+            &meta,
+        );
+        // Its own savepoint: a failure undoes this row's work only.
+        let mut savepoint = Connection::begin(&mut *tx).await?;
+        let mut result = Ok(());
+        match known.get(&row.event_id) {
+            Some(failure) => result = Err(failure.clone()),
+            None => {
+                for route in routes.get(&row.topic, &row.event_type) {
+                    result = route
+                        .handle(row.payload.as_bytes(), &mut savepoint, &meta)
+                        .instrument(span.clone())
+                        .await;
+                    if result.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+        let failure = match result {
+            Ok(()) => match savepoint.commit().await {
+                Ok(()) => {
+                    done.push(row.event_id);
+                    continue;
+                }
+                Err(e) if DbError::of(&e) == DbError::Aborted => {
+                    let names: Vec<&str> = routes
+                        .get(&row.topic, &row.event_type)
+                        .iter()
+                        .map(|r| r.handler.name())
+                        .collect();
+                    Failure::left_aborted(&names.join("`, `"))
+                }
+                Err(e) => return Err(e.into()),
+            },
+            // The connection may be anywhere in a query: give up this transaction.
+            Err(failure @ Failure::Panicked(_)) if !known.contains_key(&row.event_id) => {
+                drop(savepoint);
+                discard(tx).await;
+                return Ok(Processed::Failed(row.event_id, failure));
+            }
+            Err(failure) => {
+                savepoint.rollback().await?;
+                failure
+            }
+        };
+        failed.push(RowFailure::new(
+            &shared.settings,
+            row.event_id,
+            row.attempts,
+            &failure,
+        ));
+    }
+    if !done.is_empty() {
+        store::mark_processed(&mut tx, &done).await?;
+    }
+    store::record_failures(&mut tx, &failed).await?;
+    match crate::uow::commit_checked(tx).await {
+        Ok(()) => {}
+        Err(Error::Commit { source, .. }) => return Ok(Processed::Refused(source)),
+        Err(e) => return Err(e),
+    }
+    metrics::counter!("outbox_inbox_processed_total").increment(done.len() as u64);
+    metrics::counter!("outbox_consumer_retried_total")
+        .increment(failed.iter().filter(|f| !f.dead).count() as u64);
+    metrics::counter!("outbox_inbox_dead_total")
+        .increment(failed.iter().filter(|f| f.dead).count() as u64);
+    Ok(Processed::Done(claimed))
+}
+
+/// After a refused commit: each due row in a transaction of its own, so the refusal falls on
+/// its row, whose failure is then recorded in a transaction of its own.
+async fn process_one_by_one(shared: &Shared, known: &Known) -> Result<usize> {
+    let ids: Vec<Uuid> = {
+        let mut conn = shared.pool.acquire().await?;
+        sqlx::query_scalar(
+            "SELECT event_id FROM inbox_event WHERE NOT processed AND dead_at IS NULL \
+               AND (next_attempt_at IS NULL OR next_attempt_at <= now()) \
+             ORDER BY received_at LIMIT $1",
+        )
+        .bind(shared.settings.batch_size as i64)
+        .fetch_all(&mut *conn)
+        .await?
+    };
+    for id in &ids {
+        let mut seen: Known = known
+            .get(id)
+            .map(|f| (*id, f.clone()))
+            .into_iter()
+            .collect();
+        loop {
+            match process_isolated(shared, &seen, Some(std::slice::from_ref(id))).await? {
+                Processed::Done(_) => break,
+                Processed::Failed(id, failure) => {
+                    seen.insert(id, failure);
+                }
+                Processed::Refused(e) => {
+                    let attempts: i32 =
+                        sqlx::query_scalar("SELECT attempts FROM inbox_event WHERE event_id = $1")
+                            .bind(id)
+                            .fetch_one(&shared.pool)
+                            .await?;
+                    let failure = RowFailure::new(
+                        &shared.settings,
+                        *id,
+                        attempts,
+                        &Failure::refused_at_commit(&e),
+                    );
+                    let mut tx = shared.pool.begin().await?;
+                    store::record_failures(&mut tx, &[failure]).await?;
+                    tx.commit().await?;
+                    break;
+                }
+                Processed::Aborted => unreachable!("only the optimistic attempt reports it"),
+            }
+        }
+    }
+    Ok(ids.len())
+}
