@@ -15,13 +15,14 @@
 //! find it. If the commit itself is refused (a deferred constraint), each message gets a
 //! transaction of its own, to find the one it was.
 
-use std::collections::{BTreeSet, HashMap, HashSet};
+use std::collections::{BTreeSet, HashSet};
 
 use sqlx::{Connection, PgConnection, PgPool};
 use tracing::Instrument;
 use uuid::Uuid;
 
 use super::failure::Failure;
+use super::ladder::{self, Batch, Pass};
 use super::message::Incoming;
 use super::route::Routes;
 use crate::error::{Error, Result};
@@ -82,26 +83,14 @@ impl Outcome {
 }
 
 /// Failures already seen, by (message, handler) index: not run again.
-type Known = HashMap<(usize, usize), Failure>;
+type Known = ladder::Known<(usize, usize)>;
 
-enum Attempt {
-    Done(Outcome),
-    /// A handler panicked and its transaction is gone.
-    Failed(usize, usize, Failure),
-    /// PostgreSQL refused the commit.
-    Refused(sqlx::Error),
-}
-
-/// What became of one pass over a batch in one transaction ([`chained`]).
-enum Pass {
-    Done(Outcome),
+/// What became of a pass ([`chained`]) that gave its transaction up.
+enum Chained {
+    Pass(Pass<(usize, usize), Outcome>),
     /// A handler panicked: the transaction was given up (the panic is known now, and never
-    /// run again).
+    /// run again); the batch starts over.
     Panicked,
-    /// A handler returned `Ok` but left the transaction aborted.
-    Aborted,
-    /// PostgreSQL refused the commit.
-    Refused(sqlx::Error),
 }
 
 /// Handles the messages: see the module documentation. `in_place`: a retryable failure stops
@@ -113,24 +102,86 @@ pub(crate) async fn handle(
     messages: &[Checked<'_>],
     in_place: bool,
 ) -> Result<Outcome> {
-    // Failures seen, by (message, handler): reused, never run again.
-    let mut known = Known::new();
-    loop {
-        match chained(pool, routes, messages, &mut known, in_place).await? {
-            Pass::Done(outcome) => return Ok(outcome),
-            Pass::Panicked => {}
-            // Find the handler that did it: a savepoint each. A failure seen in the aborted
-            // transaction may be its doing, not its handler's: judged again (a panic is not
-            // run twice).
-            Pass::Aborted => {
-                known.retain(|_, failure| matches!(failure, Failure::Panicked(_)));
-                return isolated_all(pool, routes, messages, known, in_place).await;
-            }
-            Pass::Refused(e) => {
-                tracing::info!(error = %crate::error_chain(&e), "a batch was refused at commit; handling its messages one by one");
-                return one_by_one(pool, routes, messages, &known, in_place).await;
+    ladder::handle(&mut Messages {
+        pool,
+        routes,
+        messages,
+        in_place,
+    })
+    .await
+}
+
+/// A dedup-mode batch, as the [`ladder`] handles it.
+struct Messages<'a, 'm> {
+    pool: &'a PgPool,
+    routes: &'a Routes,
+    messages: &'a [Checked<'m>],
+    in_place: bool,
+}
+
+impl Batch for Messages<'_, '_> {
+    type Key = (usize, usize);
+    type Outcome = Outcome;
+
+    /// In segments ([`chained`]), starting over after a panic.
+    async fn together(&mut self, known: &mut Known) -> Result<Pass<Self::Key, Outcome>> {
+        loop {
+            let chained = chained(self.pool, self.routes, self.messages, known, self.in_place);
+            if let Chained::Pass(pass) = chained.await? {
+                return Ok(pass);
             }
         }
+    }
+
+    async fn isolated(&mut self, known: &Known) -> Result<Pass<Self::Key, Outcome>> {
+        let mut tx = self.pool.begin().await?;
+        let outcome =
+            match isolated_in(&mut tx, self.routes, self.messages, known, self.in_place).await? {
+                Isolated::Done(outcome) => outcome,
+                Isolated::Panicked(i, h, failure) => {
+                    discard(tx).await;
+                    return Ok(Pass::Failed((i, h), failure));
+                }
+            };
+        Ok(match crate::uow::commit_checked(tx).await {
+            Ok(()) => Pass::Done(outcome),
+            Err(Error::Commit { source, .. }) => Pass::Refused(source),
+            Err(e) => return Err(e),
+        })
+    }
+
+    async fn one_by_one(&mut self, known: &Known) -> Result<Outcome> {
+        let mut outcome = Outcome::new(self.messages.len());
+        for (i, message) in self.messages.iter().enumerate() {
+            let mut one = Messages {
+                messages: std::slice::from_ref(message),
+                ..*self
+            };
+            let failure = match ladder::alone(&mut one, slice_of(known, i, 1)).await? {
+                Ok(single) => {
+                    outcome.processed += single.processed;
+                    outcome.duplicates += single.duplicates;
+                    if let Some(failure) = single.stopped {
+                        Some(failure)
+                    } else {
+                        for (_, failure) in single.failed {
+                            outcome.fail(i, failure);
+                        }
+                        None
+                    }
+                }
+                Err(refused) => Some(Failure::refused_at_commit(&refused)),
+            };
+            if let Some(failure) = failure {
+                if self.in_place && !failure.is_permanent() {
+                    outcome.done = i;
+                    outcome.stopped = Some(failure);
+                    return Ok(outcome);
+                }
+                outcome.fail(i, failure);
+            }
+        }
+        Ok(outcome)
     }
 }
 
@@ -145,7 +196,7 @@ async fn chained(
     messages: &[Checked<'_>],
     known: &mut Known,
     in_place: bool,
-) -> Result<Pass> {
+) -> Result<Chained> {
     let n = messages.len();
     let mut outcome = Outcome::new(n);
     // Messages to handle alone: those whose failure is known.
@@ -161,12 +212,12 @@ async fn chained(
             match aborted_as_none(isolated_in(&mut tx, routes, one, &seen, in_place).await)? {
                 None => {
                     discard(tx).await;
-                    return Ok(Pass::Aborted);
+                    return Ok(Chained::Pass(Pass::Aborted));
                 }
                 Some(Isolated::Panicked(_, h, failure)) => {
                     known.insert((start, h), failure);
                     discard(tx).await;
-                    return Ok(Pass::Panicked);
+                    return Ok(Chained::Panicked);
                 }
                 Some(Isolated::Done(part)) => {
                     kept = true;
@@ -183,13 +234,13 @@ async fn chained(
         let failed = if kept {
             let Some(mut savepoint) = aborted_as_none(Connection::begin(&mut *tx).await)? else {
                 discard(tx).await;
-                return Ok(Pass::Aborted);
+                return Ok(Chained::Pass(Pass::Aborted));
             };
             match optimistic_in(&mut savepoint, routes, segment).await? {
                 Ok(part) => {
                     if aborted_as_none(savepoint.commit().await)?.is_none() {
                         discard(tx).await;
-                        return Ok(Pass::Aborted);
+                        return Ok(Chained::Pass(Pass::Aborted));
                     }
                     outcome.absorb(part, start);
                     None
@@ -219,7 +270,7 @@ async fn chained(
             // The connection may be anywhere in a query: give up this transaction.
             known.insert((start + i, h), failure);
             discard(tx).await;
-            return Ok(Pass::Panicked);
+            return Ok(Chained::Panicked);
         }
         if !kept {
             discard(tx).await;
@@ -233,12 +284,12 @@ async fn chained(
         }
         alone.insert(start + i);
     }
-    Ok(match crate::uow::commit_checked(tx).await {
+    Ok(Chained::Pass(match crate::uow::commit_checked(tx).await {
         Ok(()) => Pass::Done(outcome),
         Err(Error::Aborted { .. }) => Pass::Aborted,
         Err(Error::Commit { source, .. }) => Pass::Refused(source),
         Err(e) => return Err(e),
-    })
+    }))
 }
 
 /// `None` for an error that says the transaction is aborted.
@@ -257,30 +308,6 @@ fn slice_of(known: &Known, start: usize, len: usize) -> Known {
         .filter(|((i, _), _)| (start..start + len).contains(i))
         .map(|((i, h), f)| ((i - start, *h), f.clone()))
         .collect()
-}
-
-/// The messages in one transaction, a savepoint per message and handler, until it commits or
-/// is refused (then one by one).
-async fn isolated_all(
-    pool: &PgPool,
-    routes: &Routes,
-    messages: &[Checked<'_>],
-    mut known: Known,
-    in_place: bool,
-) -> Result<Outcome> {
-    loop {
-        match isolated(pool, routes, messages, &known, in_place).await? {
-            Attempt::Done(outcome) => return Ok(outcome),
-            // A panic: its transaction is given up; never run it again.
-            Attempt::Failed(i, h, failure) => {
-                known.insert((i, h), failure);
-            }
-            Attempt::Refused(e) => {
-                tracing::info!(error = %crate::error_chain(&e), "refused at commit; handling the messages one by one");
-                return one_by_one(pool, routes, messages, &known, in_place).await;
-            }
-        }
-    }
 }
 
 /// The messages straight in the transaction, no savepoints: their outcome, or the first
@@ -351,28 +378,6 @@ enum Isolated {
     Panicked(usize, usize, Failure),
 }
 
-/// One transaction, a savepoint per message and handler.
-async fn isolated(
-    pool: &PgPool,
-    routes: &Routes,
-    messages: &[Checked<'_>],
-    known: &Known,
-    in_place: bool,
-) -> Result<Attempt> {
-    let mut tx = pool.begin().await?;
-    let outcome = match isolated_in(&mut tx, routes, messages, known, in_place).await? {
-        Isolated::Done(outcome) => outcome,
-        Isolated::Panicked(i, h, failure) => {
-            discard(tx).await;
-            return Ok(Attempt::Failed(i, h, failure));
-        }
-    };
-    Ok(match crate::uow::commit_checked(tx).await {
-        Ok(()) => Attempt::Done(outcome),
-        Err(Error::Commit { source, .. }) => Attempt::Refused(source),
-        Err(e) => return Err(e),
-    })
-}
 /// The messages with a savepoint per message and handler, in `conn`'s transaction.
 async fn isolated_in(
     conn: &mut PgConnection,
@@ -456,53 +461,6 @@ async fn isolated_in(
         }
     }
     Ok(Isolated::Done(outcome))
-}
-
-/// After a refused commit: a transaction per message, so the refusal falls on its message.
-async fn one_by_one(
-    pool: &PgPool,
-    routes: &Routes,
-    messages: &[Checked<'_>],
-    known: &Known,
-    in_place: bool,
-) -> Result<Outcome> {
-    let mut outcome = Outcome::new(messages.len());
-    for (i, message) in messages.iter().enumerate() {
-        let one = std::slice::from_ref(message);
-        let mut seen: Known = known
-            .iter()
-            .filter(|((j, _), _)| *j == i)
-            .map(|((_, h), f)| ((0, *h), f.clone()))
-            .collect();
-        let failure = loop {
-            match isolated(pool, routes, one, &seen, in_place).await? {
-                Attempt::Done(single) => {
-                    outcome.processed += single.processed;
-                    outcome.duplicates += single.duplicates;
-                    if let Some(failure) = single.stopped {
-                        break Some(failure);
-                    }
-                    for (_, failure) in single.failed {
-                        outcome.fail(i, failure);
-                    }
-                    break None;
-                }
-                Attempt::Failed(_, h, failure) => {
-                    seen.insert((0, h), failure);
-                }
-                Attempt::Refused(e) => break Some(Failure::refused_at_commit(&e)),
-            }
-        };
-        if let Some(failure) = failure {
-            if in_place && !failure.is_permanent() {
-                outcome.done = i;
-                outcome.stopped = Some(failure);
-                return Ok(outcome);
-            }
-            outcome.fail(i, failure);
-        }
-    }
-    Ok(outcome)
 }
 
 /// Rolls back a transaction given up on, now: dropped, it would hold its locks (the rows it

@@ -109,6 +109,8 @@ pub(crate) mod failure;
 mod forward;
 mod handler;
 #[cfg(feature = "kafka")]
+mod ladder;
+#[cfg(feature = "kafka")]
 pub(crate) mod message;
 mod meta;
 #[cfg(feature = "kafka")]

@@ -2,7 +2,6 @@
 //! handlers, marking them processed in the same transaction (a row that fails gets an attempt,
 //! its error and a retry time, or is dead); a processor that stops on its own is restarted.
 
-use std::collections::HashMap;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,6 +13,7 @@ use uuid::Uuid;
 
 use super::batch::discard;
 use super::failure::Failure;
+use super::ladder::{self, Batch, Pass};
 use super::settings::Settings;
 use super::shared::Shared;
 use super::store::{self, inbox_status, RowFailure};
@@ -117,51 +117,79 @@ pub(crate) async fn process_pending(shared: &Shared) -> Result<u64> {
 }
 
 /// Failures already seen, by row: not run again.
-type Known = HashMap<Uuid, Failure>;
+type Known = ladder::Known<Uuid>;
 
-enum Processed {
-    /// Rows claimed.
-    Done(usize),
-    /// A handler failed (or panicked) and the transaction is gone.
-    Failed(Uuid, Failure),
-    /// The transaction was left aborted, by a handler that returned `Ok`.
-    Aborted,
-    /// PostgreSQL refused the commit.
-    Refused(sqlx::Error),
+/// Claims a batch of due rows and processes it down the [`ladder`]: first in one transaction
+/// (every handler straight in it); if a handler fails, panics or leaves the transaction
+/// aborted, again with a savepoint per row, so a failing row undoes only its own work and
+/// records its failure; if the commit is refused (a deferred constraint), each row in a
+/// transaction of its own. Returns how many rows it claimed.
+async fn process_batch(shared: &Shared) -> Result<usize> {
+    ladder::handle(&mut Rows { shared, only: None }).await
 }
 
-/// Claims a batch of due rows and processes it: first in one transaction (every handler
-/// straight in it); if a handler fails, panics or leaves the transaction aborted, again with a
-/// savepoint per row, so a failing row undoes only its own work and records its failure; if the
-/// commit is refused (a deferred constraint), each row in a transaction of its own. Returns how
-/// many rows it claimed.
-async fn process_batch(shared: &Shared) -> Result<usize> {
-    let mut known = Known::new();
-    let mut isolate = false;
-    loop {
-        let attempt = if isolate {
-            process_isolated(shared, &known, None).await?
-        } else {
-            process_optimistic(shared).await?
+/// The due rows a processor claims (`only`: just these), as the [`ladder`] handles them.
+struct Rows<'a> {
+    shared: &'a Shared,
+    only: Option<&'a [Uuid]>,
+}
+
+impl Batch for Rows<'_> {
+    type Key = Uuid;
+    /// Rows claimed.
+    type Outcome = usize;
+
+    async fn together(&mut self, _known: &mut Known) -> Result<Pass<Uuid, usize>> {
+        process_optimistic(self.shared).await
+    }
+
+    async fn isolated(&mut self, known: &Known) -> Result<Pass<Uuid, usize>> {
+        process_isolated(self.shared, known, self.only).await
+    }
+
+    /// Each due row in a transaction of its own, so the refusal falls on its row, whose
+    /// failure is then recorded in a transaction of its own.
+    async fn one_by_one(&mut self, known: &Known) -> Result<usize> {
+        let shared = self.shared;
+        let ids: Vec<Uuid> = {
+            let mut conn = shared.pool.acquire().await?;
+            sqlx::query_scalar(
+                "SELECT event_id FROM inbox_event WHERE NOT processed AND dead_at IS NULL \
+                   AND (next_attempt_at IS NULL OR next_attempt_at <= now()) \
+                 ORDER BY received_at LIMIT $1",
+            )
+            .bind(shared.settings.batch_size as i64)
+            .fetch_all(&mut *conn)
+            .await?
         };
-        match attempt {
-            Processed::Done(claimed) => return Ok(claimed),
-            Processed::Failed(id, failure) => {
-                if isolate || !matches!(failure, Failure::Transaction(_)) {
-                    known.insert(id, failure);
-                }
-                isolate = true;
-            }
-            Processed::Aborted => isolate = true,
-            Processed::Refused(e) => {
-                tracing::info!(error = %crate::error_chain(&e), "an inbox batch was refused at commit; processing its rows one by one");
-                return process_one_by_one(shared, &known).await;
+        for id in &ids {
+            let seen: Known = known
+                .get(id)
+                .map(|f| (*id, f.clone()))
+                .into_iter()
+                .collect();
+            let mut one = Rows {
+                shared,
+                only: Some(std::slice::from_ref(id)),
+            };
+            if let Err(refused) = ladder::alone(&mut one, seen).await? {
+                let attempts: i32 =
+                    sqlx::query_scalar("SELECT attempts FROM inbox_event WHERE event_id = $1")
+                        .bind(id)
+                        .fetch_one(&shared.pool)
+                        .await?;
+                let failure = Failure::refused_at_commit(&refused);
+                let failure = RowFailure::new(&shared.settings, *id, attempts, &failure);
+                let mut tx = shared.pool.begin().await?;
+                store::record_failures(&mut tx, &[failure]).await?;
+                tx.commit().await?;
             }
         }
+        Ok(ids.len())
     }
 }
 
-async fn process_optimistic(shared: &Shared) -> Result<Processed> {
+async fn process_optimistic(shared: &Shared) -> Result<Pass<Uuid, usize>> {
     let routes = &shared.routes;
     let mut tx = shared.pool.begin().await?;
     let rows = store::claim(&mut tx, shared.settings.batch_size, None).await?;
@@ -179,7 +207,7 @@ async fn process_optimistic(shared: &Shared) -> Result<Processed> {
                 .await;
             if let Err(failure) = result {
                 discard(tx).await;
-                return Ok(Processed::Failed(row.event_id, failure));
+                return Ok(Pass::Failed(row.event_id, failure));
             }
         }
         done.push(row.event_id);
@@ -188,19 +216,19 @@ async fn process_optimistic(shared: &Shared) -> Result<Processed> {
         if let Err(e) = store::mark_processed(&mut tx, &done).await {
             discard(tx).await;
             return match e {
-                Error::Database(e) if DbError::of(&e) == DbError::Aborted => Ok(Processed::Aborted),
+                Error::Database(e) if DbError::of(&e) == DbError::Aborted => Ok(Pass::Aborted),
                 e => Err(e),
             };
         }
     }
     match crate::uow::commit_checked(tx).await {
         Ok(()) => {}
-        Err(Error::Aborted { .. }) => return Ok(Processed::Aborted),
-        Err(Error::Commit { source, .. }) => return Ok(Processed::Refused(source)),
+        Err(Error::Aborted { .. }) => return Ok(Pass::Aborted),
+        Err(Error::Commit { source, .. }) => return Ok(Pass::Refused(source)),
         Err(e) => return Err(e),
     }
     metrics::counter!("outbox_inbox_processed_total").increment(done.len() as u64);
-    Ok(Processed::Done(rows.len()))
+    Ok(Pass::Done(rows.len()))
 }
 
 impl RowFailure {
@@ -227,7 +255,7 @@ async fn process_isolated(
     shared: &Shared,
     known: &Known,
     only: Option<&[Uuid]>,
-) -> Result<Processed> {
+) -> Result<Pass<Uuid, usize>> {
     let routes = &shared.routes;
     let mut tx = shared.pool.begin().await?;
     let rows = store::claim(&mut tx, shared.settings.batch_size, only).await?;
@@ -278,7 +306,7 @@ async fn process_isolated(
             Err(failure @ Failure::Panicked(_)) if !known.contains_key(&row.event_id) => {
                 drop(savepoint);
                 discard(tx).await;
-                return Ok(Processed::Failed(row.event_id, failure));
+                return Ok(Pass::Failed(row.event_id, failure));
             }
             Err(failure) => {
                 savepoint.rollback().await?;
@@ -298,7 +326,7 @@ async fn process_isolated(
     store::record_failures(&mut tx, &failed).await?;
     match crate::uow::commit_checked(tx).await {
         Ok(()) => {}
-        Err(Error::Commit { source, .. }) => return Ok(Processed::Refused(source)),
+        Err(Error::Commit { source, .. }) => return Ok(Pass::Refused(source)),
         Err(e) => return Err(e),
     }
     metrics::counter!("outbox_inbox_processed_total").increment(done.len() as u64);
@@ -306,55 +334,5 @@ async fn process_isolated(
         .increment(failed.iter().filter(|f| !f.dead).count() as u64);
     metrics::counter!("outbox_inbox_dead_total")
         .increment(failed.iter().filter(|f| f.dead).count() as u64);
-    Ok(Processed::Done(claimed))
-}
-
-/// After a refused commit: each due row in a transaction of its own, so the refusal falls on
-/// its row, whose failure is then recorded in a transaction of its own.
-async fn process_one_by_one(shared: &Shared, known: &Known) -> Result<usize> {
-    let ids: Vec<Uuid> = {
-        let mut conn = shared.pool.acquire().await?;
-        sqlx::query_scalar(
-            "SELECT event_id FROM inbox_event WHERE NOT processed AND dead_at IS NULL \
-               AND (next_attempt_at IS NULL OR next_attempt_at <= now()) \
-             ORDER BY received_at LIMIT $1",
-        )
-        .bind(shared.settings.batch_size as i64)
-        .fetch_all(&mut *conn)
-        .await?
-    };
-    for id in &ids {
-        let mut seen: Known = known
-            .get(id)
-            .map(|f| (*id, f.clone()))
-            .into_iter()
-            .collect();
-        loop {
-            match process_isolated(shared, &seen, Some(std::slice::from_ref(id))).await? {
-                Processed::Done(_) => break,
-                Processed::Failed(id, failure) => {
-                    seen.insert(id, failure);
-                }
-                Processed::Refused(e) => {
-                    let attempts: i32 =
-                        sqlx::query_scalar("SELECT attempts FROM inbox_event WHERE event_id = $1")
-                            .bind(id)
-                            .fetch_one(&shared.pool)
-                            .await?;
-                    let failure = RowFailure::new(
-                        &shared.settings,
-                        *id,
-                        attempts,
-                        &Failure::refused_at_commit(&e),
-                    );
-                    let mut tx = shared.pool.begin().await?;
-                    store::record_failures(&mut tx, &[failure]).await?;
-                    tx.commit().await?;
-                    break;
-                }
-                Processed::Aborted => unreachable!("only the optimistic attempt reports it"),
-            }
-        }
-    }
-    Ok(ids.len())
+    Ok(Pass::Done(claimed))
 }
