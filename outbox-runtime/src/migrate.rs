@@ -165,3 +165,47 @@ pub async fn migrate_on(conn: &mut PgConnection) -> Result<()> {
     tx.commit().await?;
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::MIGRATIONS;
+
+    /// `migrations/README.md` names, for each SQL function of the outbox and each of its
+    /// arities, the last migration that defines it: the definition in force.
+    #[test]
+    fn the_migrations_readme_names_each_functions_current_definition() {
+        let readme = include_str!("../migrations/README.md");
+        let mut current: Vec<(String, usize, String)> = Vec::new();
+        for m in MIGRATIONS {
+            let file = format!("{}_{}.sql", m.version, m.description);
+            let mut rest = m.sql;
+            while let Some(at) = rest.find("FUNCTION ") {
+                rest = &rest[at + "FUNCTION ".len()..];
+                let name: String = rest
+                    .chars()
+                    .take_while(|c| c.is_alphanumeric() || *c == '_')
+                    .collect();
+                let args = &rest[rest.find('(').unwrap() + 1..rest.find(')').unwrap()];
+                let arity = args.split(',').filter(|a| !a.trim().is_empty()).count();
+                current.retain(|(n, a, _)| !(*n == name && *a == arity));
+                current.push((name, arity, file.clone()));
+            }
+        }
+        assert!(!current.is_empty(), "the migrations define functions");
+        for (name, arity, file) in current {
+            let line = readme
+                .lines()
+                .find(|l| {
+                    l.starts_with(&format!("| `{name}("))
+                        && l.contains(&format!("{arity} arguments"))
+                })
+                .unwrap_or_else(|| {
+                    panic!("migrations/README.md has no line for {name} with {arity} arguments")
+                });
+            assert!(
+                line.contains(&file),
+                "migrations/README.md should name {file} as the definition of {name} with {arity} arguments: {line}"
+            );
+        }
+    }
+}

@@ -15,10 +15,10 @@ use crate::error::{Error, Result};
 use crate::event::{IntoRecord, OutboxEvent, OutboxRecord};
 use crate::sqlstate::DbError;
 
-/// One call for any number of rows. `outbox_emit` (see the relay migration) takes a
-/// transaction-scoped advisory lock on the hash of each partition key, so that one key's rows
-/// commit in `id` order (the relay's per-key ordering relies on it), inserts the rows in the
-/// order given, and wakes waiting relays.
+/// One call for any number of rows. `outbox_emit` (`migrations/README.md` says which file
+/// holds its current definition) takes a transaction-scoped advisory lock on the hash of each
+/// partition key, so that one key's rows commit in `id` order (the relay's per-key ordering
+/// relies on it), inserts the rows in the order given, and wakes waiting relays.
 const EMIT_SQL: &str = "SELECT outbox_emit($1::uuid[], $2::text[], $3::text[], $4::text[], \
                         $5::text[], $6::text[], $7::text[])";
 /// The same with the rows' headers, when one of them has any (emits without headers keep the
