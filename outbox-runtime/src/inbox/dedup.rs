@@ -16,9 +16,9 @@ use super::shared::Shared;
 use crate::error::Result;
 
 /// Dedup mode. Messages are handled in batches, one transaction and one commit (one WAL
-/// flush) each (see [`dedup::handle`]). A failed message is forwarded (to its retry or
+/// flush) each (see [`batch::handle`]). A failed message is forwarded (to its retry or
 /// dead-letter topic) before its offset is stored, offsets in order. A message from a
-/// retry topic that is not due yet holds its partition (paused, rewound) until it is.
+/// retry topic that is not due yet pauses its partition (rewound to it) until it is.
 pub(crate) async fn consume(
     shared: &Shared,
     consumer: &StreamConsumer,

@@ -57,7 +57,7 @@ impl<'c> Blocked<'c> {
     }
 
     /// Awaits `future` while polling: a message still comes from a partition assigned
-    /// meanwhile, which is then held (and resumed with the others). `None` if `cancel` fires
+    /// meanwhile, which is then paused and rewound (and resumed with the others). `None` if `cancel` fires
     /// first.
     async fn polling<F: std::future::Future>(
         &mut self,
