@@ -15,11 +15,10 @@ use outbox_runtime::inbox::{Consumer, HandlerError, Mode, RetryPolicy};
 use outbox_runtime::{inbox_handler, OutboxEvent};
 use outbox_tests::bench::{env, median, rate};
 use outbox_tests::kafka::{produce, Kafka, Outgoing};
-use outbox_tests::TestDb;
+use outbox_tests::{Running, TestDb};
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::ClientConfig;
 use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 const TOPIC: &str = "bench.payments";
@@ -138,15 +137,13 @@ async fn one_percent_retried(
         .retry_backoff(Duration::from_millis(10), Duration::from_millis(10))
         .build()
         .unwrap();
-    let cancel = CancellationToken::new();
-    let handle = consumer.spawn(cancel.clone());
+    let running = Running::consumer(&consumer);
     let sql = "SELECT count(*) FROM processed_event";
     let flow = rate_until(&db.pool, sql, (n - n / 100) as i64).await;
     let at = Instant::now();
     rate_until(&db.pool, sql, n as i64).await;
     let tail_ms = at.elapsed().as_secs_f64() * 1000.0;
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
+    running.stop().await;
     (flow, tail_ms)
 }
 
@@ -185,20 +182,21 @@ async fn main() {
             .execute(&db.pool)
             .await
             .unwrap();
-        let cancel = CancellationToken::new();
-        let handle = consumer(&db, &bootstrap, &format!("dedup-{round}"), Mode::Dedup, 0)
-            .spawn(cancel.clone());
+        let running = Running::consumer(&consumer(
+            &db,
+            &bootstrap,
+            &format!("dedup-{round}"),
+            Mode::Dedup,
+            0,
+        ));
         let dedup = rate_until(&db.pool, "SELECT count(*) FROM processed_event", n as i64).await;
-        cancel.cancel();
-        handle.await.unwrap().unwrap();
+        running.stop().await;
 
         // Receipt alone: no processors.
-        let cancel = CancellationToken::new();
         let inbox = consumer(&db, &bootstrap, &format!("inbox-{round}"), Mode::Inbox, 0);
-        let handle = inbox.spawn(cancel.clone());
+        let running = Running::consumer(&inbox);
         let receipt = rate_until(&db.pool, "SELECT count(*) FROM inbox_event", n as i64).await;
-        cancel.cancel();
-        handle.await.unwrap().unwrap();
+        running.stop().await;
 
         let start = Instant::now();
         inbox.process_inbox_pending().await.unwrap();

@@ -18,9 +18,8 @@ use outbox_runtime::Uow;
 use outbox_tests::bench::{env, median, percentile};
 use outbox_tests::fixtures::OrderCreated;
 use outbox_tests::kafka::Kafka;
-use outbox_tests::TestDb;
+use outbox_tests::{Running, TestDb};
 use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -213,8 +212,7 @@ async fn round(
     // A relay running, idle: what other variants left published first.
     let relay = if variant == Variant::Emit1Relay {
         aside.relay.publish_pending().await.unwrap();
-        let cancel = CancellationToken::new();
-        let handle = aside.relay.spawn(cancel.clone());
+        let running = Running::relay(&aside.relay);
         while sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox_relay_waiting")
             .fetch_one(&aside.pool)
             .await
@@ -223,7 +221,7 @@ async fn round(
         {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
-        Some((cancel, handle))
+        Some(running)
     } else {
         None
     };
@@ -254,9 +252,8 @@ async fn round(
             .await
             .unwrap();
     }
-    if let Some((cancel, handle)) = relay {
-        cancel.cancel();
-        handle.await.unwrap().unwrap();
+    if let Some(running) = relay {
+        running.stop().await;
     }
     (rate, latencies)
 }

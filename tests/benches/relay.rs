@@ -18,13 +18,12 @@ use outbox_runtime::relay::{self, Relay};
 use outbox_runtime::{OutboxEvent, Uow};
 use outbox_tests::bench::{cpu_busy_since, cpu_times, env, median, rate};
 use outbox_tests::kafka::Kafka;
-use outbox_tests::TestDb;
+use outbox_tests::{Running, TestDb};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::{Header, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 const TOPIC: &str = "bench.events";
@@ -254,8 +253,7 @@ async fn latency(db: &TestDb, relay: &Relay, bootstrap: &str, secs: u64) -> Vec<
         .execute(&db.pool)
         .await
         .unwrap();
-    let cancel = CancellationToken::new();
-    let handle = relay.spawn(cancel.clone());
+    let running = Running::relay(relay);
     let consumer: StreamConsumer = ClientConfig::new()
         .set("bootstrap.servers", bootstrap)
         .set("group.id", "bench-latency")
@@ -301,8 +299,7 @@ async fn latency(db: &TestDb, relay: &Relay, bootstrap: &str, secs: u64) -> Vec<
         }
     }
     emitter.await.unwrap();
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
+    running.stop().await;
     latencies
 }
 
@@ -359,17 +356,13 @@ async fn main() {
         let one_cpu = cpu_busy_since(cpu);
 
         write_events(&db.pool, n).await;
-        let cancel = CancellationToken::new();
         let t = Instant::now();
         let cpu = cpu_times();
-        let handles: Vec<_> = (0..4).map(|_| relay.spawn(cancel.clone())).collect();
+        let relays: Vec<_> = (0..4).map(|_| Running::relay(&relay)).collect();
         wait_drained(&db.pool).await;
         let four = rate(n, t.elapsed());
         let four_cpu = cpu_busy_since(cpu);
-        cancel.cancel();
-        for h in handles {
-            h.await.unwrap().unwrap();
-        }
+        Running::stop_all(relays).await;
         write_events_with(&db.pool, n, true).await;
         let t = Instant::now();
         let published = relay.publish_pending().await.unwrap();

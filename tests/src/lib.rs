@@ -16,6 +16,9 @@ pub mod fixtures;
 pub mod kafka;
 pub mod payments;
 pub mod proxy;
+pub mod running;
+
+pub use running::Running;
 
 use std::str::FromStr;
 use std::sync::atomic::{AtomicU64, Ordering};

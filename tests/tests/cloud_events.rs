@@ -13,9 +13,8 @@ use outbox_runtime::{inbox_handler, Error, OutboxEvent, Uow};
 use outbox_tests::fixtures::{posted, PaymentSucceeded, Posted};
 use outbox_tests::kafka::{consume, produce, Outgoing};
 use outbox_tests::payments::wait_for;
-use outbox_tests::TestDb;
+use outbox_tests::{Running, TestDb};
 use sqlx::PgConnection;
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 /// The CloudEvents attribute headers of a record (`ce_*`), by name.
@@ -252,8 +251,7 @@ async fn reads_another_producers_cloudevents(mode: Mode) {
         .poll_interval(Duration::from_millis(20))
         .build()
         .unwrap();
-    let cancel = CancellationToken::new();
-    let handle = consumer.spawn(cancel.clone());
+    let running = Running::consumer(&consumer);
     let dead = consume(
         kafka.bootstrap_servers(),
         "ledger.events.dlq",
@@ -271,8 +269,7 @@ async fn reads_another_producers_cloudevents(mode: Mode) {
             >= 4
     })
     .await;
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
+    running.stop().await;
 
     let noted: Vec<Noted> = sqlx::query_as(
         "SELECT event_id, event_type, ledger, source, ce_id FROM noted ORDER BY ledger",

@@ -10,9 +10,8 @@ use outbox_tests::payments::{
     builder, orders_with_payments, paid_counts, publish, records, setup, setup_on, wait_for,
     PARTITIONS,
 };
-use outbox_tests::{ChildGuard, TestDb};
+use outbox_tests::{ChildGuard, Running, TestDb};
 use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -50,8 +49,7 @@ async fn delivered_twice((db, kafka): (TestDb, Kafka)) {
         .handler(fixtures::mark_order_refunded)
         .build()
         .unwrap();
-    let cancel = CancellationToken::new();
-    let handle = consumer.spawn(cancel.clone());
+    let running = Running::consumer(&consumer);
     let total = twice.len() as i64;
     wait_for(
         "all messages consumed and committed",
@@ -59,8 +57,7 @@ async fn delivered_twice((db, kafka): (TestDb, Kafka)) {
         || async { committed_total(&kafka.bootstrap(), "orders", PAYMENTS, PARTITIONS) == total },
     )
     .await;
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
+    running.stop().await;
 
     assert_eq!(
         paid_counts(&db.pool).await,
@@ -135,8 +132,7 @@ async fn poison((db, kafka): (TestDb, Kafka)) {
         .handler(fixtures::mark_order_paid)
         .build()
         .unwrap();
-    let cancel = CancellationToken::new();
-    let handle = consumer.spawn(cancel.clone());
+    let running = Running::consumer(&consumer);
     let dead = consume(
         &kafka.bootstrap(),
         &format!("{PAYMENTS}.dlq"),
@@ -151,8 +147,7 @@ async fn poison((db, kafka): (TestDb, Kafka)) {
         || async { committed_total(&kafka.bootstrap(), "orders", PAYMENTS, PARTITIONS) == 6 },
     )
     .await;
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
+    running.stop().await;
 
     assert_eq!(
         paid_counts(&db.pool).await.iter().sum::<i32>(),
@@ -201,8 +196,7 @@ async fn inbox_handler_failing_twice_then_succeeding_takes_effect_once() {
         .poll_interval(Duration::from_millis(20))
         .build()
         .unwrap();
-    let cancel = CancellationToken::new();
-    let handle = consumer.spawn(cancel.clone());
+    let running = Running::consumer(&consumer);
     wait_for("the row processed", Duration::from_secs(30), || async {
         sqlx::query_scalar("SELECT processed FROM inbox_event")
             .fetch_optional(&db.pool)
@@ -211,8 +205,7 @@ async fn inbox_handler_failing_twice_then_succeeding_takes_effect_once() {
             .unwrap_or(false)
     })
     .await;
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
+    running.stop().await;
     let (attempts, last_error): (i32, Option<String>) =
         sqlx::query_as("SELECT attempts, last_error FROM inbox_event")
             .fetch_one(&db.pool)
@@ -237,8 +230,7 @@ async fn failing_twice_then_succeeding(policy: RetryPolicy) {
         .retry_policy(policy)
         .build()
         .unwrap();
-    let cancel = CancellationToken::new();
-    let handle = consumer.spawn(cancel.clone());
+    let running = Running::consumer(&consumer);
     wait_for(
         "all applied and consumed",
         Duration::from_secs(30),
@@ -248,8 +240,7 @@ async fn failing_twice_then_succeeding(policy: RetryPolicy) {
         },
     )
     .await;
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
+    running.stop().await;
     assert_eq!(paid_counts(&db.pool).await, [1, 1, 1]);
     // A handler may run again when a batch-mate fails (its work rolled back with the batch):
     // at least three calls each, one effect.
@@ -317,8 +308,7 @@ async fn two_inbox_processors_process_each_of_10000_events_once() {
         .poll_interval(Duration::from_millis(20))
         .build()
         .unwrap();
-    let cancel = CancellationToken::new();
-    let handle = consumer.spawn(cancel.clone());
+    let running = Running::consumer(&consumer);
     wait_for("10,000 processed", Duration::from_secs(120), || async {
         sqlx::query_scalar::<_, i64>("SELECT count(*) FROM inbox_event WHERE processed")
             .fetch_one(&db.pool)
@@ -327,8 +317,7 @@ async fn two_inbox_processors_process_each_of_10000_events_once() {
             == 10_000
     })
     .await;
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
+    running.stop().await;
     assert_eq!(paid_counts(&db.pool).await, vec![1; 10_000]);
     let status = consumer.inbox_status().await.unwrap();
     assert_eq!((status.unprocessed, status.dead), (0, 0));
@@ -344,8 +333,7 @@ async fn an_inbox_burst_is_received_at_once_and_processed_at_the_handlers_pace()
         .poll_interval(Duration::from_millis(20))
         .build()
         .unwrap();
-    let cancel = CancellationToken::new();
-    let handle = consumer.spawn(cancel.clone());
+    let running = Running::consumer(&consumer);
     publish(&kafka, &payments).await;
     // The handler is blocked, yet receipt takes the whole burst.
     wait_for("20,000 received", Duration::from_secs(120), || async {
@@ -368,8 +356,7 @@ async fn an_inbox_burst_is_received_at_once_and_processed_at_the_handlers_pace()
         consumer.inbox_status().await.unwrap().unprocessed == 0
     })
     .await;
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
+    running.stop().await;
     assert_eq!(
         paid_counts(&db.pool).await,
         vec![1; 20_000],
@@ -389,8 +376,7 @@ async fn shutdown_commits_the_offsets_of_committed_work() {
         .handler(fixtures::mark_order_paid)
         .build()
         .unwrap();
-    let cancel = CancellationToken::new();
-    let handle = consumer.spawn(cancel.clone());
+    let running = Running::consumer(&consumer);
     wait_for("50 applied", Duration::from_secs(30), || async {
         paid_counts(&db.pool).await.iter().sum::<i32>() == 50
     })
@@ -399,8 +385,7 @@ async fn shutdown_commits_the_offsets_of_committed_work() {
         committed_total(&kafka.bootstrap(), "orders", PAYMENTS, PARTITIONS),
         0
     );
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
+    running.stop().await;
     assert_eq!(
         committed_total(&kafka.bootstrap(), "orders", PAYMENTS, PARTITIONS),
         50

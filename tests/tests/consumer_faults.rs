@@ -10,8 +10,8 @@ use outbox_tests::kafka::{committed_total, consume, produce, Kafka, Outgoing};
 use outbox_tests::payments::{
     builder, orders_with_payments, paid_counts, publish, records, setup, wait_for, PARTITIONS,
 };
+use outbox_tests::Running;
 use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 async fn count(pool: &PgPool, sql: &str) -> i64 {
@@ -77,8 +77,7 @@ async fn swallowed_errors(mode: Mode) {
         .poll_interval(Duration::from_millis(20))
         .build()
         .unwrap();
-    let cancel = CancellationToken::new();
-    let handle = consumer.spawn(cancel.clone());
+    let running = Running::consumer(&consumer);
     wait_for(
         "196 new payments recorded",
         Duration::from_secs(60),
@@ -86,8 +85,7 @@ async fn swallowed_errors(mode: Mode) {
     )
     .await;
     let reasons = dead_reasons(&db.pool, &kafka, mode, 4).await;
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
+    running.stop().await;
     assert_eq!(reasons.len(), 4, "{reasons:?}");
     for reason in &reasons {
         assert!(reason.contains("left its transaction aborted"), "{reason}");
@@ -139,8 +137,7 @@ async fn inbox_payloads_jsonb_refuses_are_dead_lettered_and_the_partition_flows(
         .poll_interval(Duration::from_millis(20))
         .build()
         .unwrap();
-    let cancel = CancellationToken::new();
-    let handle = consumer.spawn(cancel.clone());
+    let running = Running::consumer(&consumer);
     wait_for(
         "three payments applied",
         Duration::from_secs(30),
@@ -155,8 +152,7 @@ async fn inbox_payloads_jsonb_refuses_are_dead_lettered_and_the_partition_flows(
         |r| r.len() >= 2,
     )
     .await;
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
+    running.stop().await;
     assert_eq!(dead.len(), 2);
     assert_eq!(dead[0].raw, records[1].payload);
     assert_eq!(dead[1].raw, records[2].payload);
@@ -199,8 +195,7 @@ async fn panics(mode: Mode) {
         .poll_interval(Duration::from_millis(20))
         .build()
         .unwrap();
-    let cancel = CancellationToken::new();
-    let handle = consumer.spawn(cancel.clone());
+    let running = Running::consumer(&consumer);
     wait_for("every payment applied", Duration::from_secs(30), || async {
         paid_counts(&db.pool).await.iter().sum::<i32>() == 10
     })
@@ -214,9 +209,8 @@ async fn panics(mode: Mode) {
         || async { paid_counts(&db.pool).await.iter().sum::<i32>() == 15 },
     )
     .await;
-    assert!(!handle.is_finished(), "the consumer is still running");
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
+    assert!(!running.is_finished(), "the consumer is still running");
+    running.stop().await;
     assert!(paid_counts(&db.pool).await.iter().all(|&n| n == 1));
     // A handler may run again when a batch-mate fails (its work rolled back with the
     // batch); the panicking ones ran at least twice, with one effect.
@@ -267,15 +261,15 @@ async fn handlers_of_the_same_name_in_two_groups_do_not_skip_each_other() {
     let (db, kafka) = setup().await;
     let payments = orders_with_payments(&db.pool, 20).await;
     publish(&kafka, &payments).await;
-    let cancel = CancellationToken::new();
-    let handles: Vec<_> = ["billing", "shipping"]
+    let consumers: Vec<_> = ["billing", "shipping"]
         .iter()
         .map(|group| {
-            builder(&db, &kafka, group)
-                .handler(fixtures::mark_order_paid)
-                .build()
-                .unwrap()
-                .spawn(cancel.clone())
+            Running::consumer(
+                &builder(&db, &kafka, group)
+                    .handler(fixtures::mark_order_paid)
+                    .build()
+                    .unwrap(),
+            )
         })
         .collect();
     // Their batches update the same orders: deadlocks are likely, and retried.
@@ -291,10 +285,7 @@ async fn handlers_of_the_same_name_in_two_groups_do_not_skip_each_other() {
         })
         .await;
     }
-    cancel.cancel();
-    for h in handles {
-        h.await.unwrap().unwrap();
-    }
+    Running::stop_all(consumers).await;
     assert_eq!(
         paid_counts(&db.pool).await,
         vec![2; 20],
@@ -329,14 +320,12 @@ async fn a_retried_message_does_not_hold_up_its_partition() {
         .retry_backoff(Duration::from_millis(300), Duration::from_secs(1))
         .build()
         .unwrap();
-    let cancel = CancellationToken::new();
-    let handle = consumer.spawn(cancel.clone());
+    let running = Running::consumer(&consumer);
     wait_for("every payment applied", Duration::from_secs(30), || async {
         paid_counts(&db.pool).await.iter().sum::<i32>() == 6
     })
     .await;
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
+    running.stop().await;
     let handled: Vec<Uuid> = fixtures::HANDLED
         .lock()
         .unwrap()
@@ -383,15 +372,13 @@ async fn refused_at_commit(mode: Mode) {
         .poll_interval(Duration::from_millis(20))
         .build()
         .unwrap();
-    let cancel = CancellationToken::new();
-    let handle = consumer.spawn(cancel.clone());
+    let running = Running::consumer(&consumer);
     wait_for("18 receipts", Duration::from_secs(30), || async {
         count(&db.pool, "SELECT count(*) FROM receipt").await == 18
     })
     .await;
     let reasons = dead_reasons(&db.pool, &kafka, mode, 2).await;
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
+    running.stop().await;
     assert_eq!(reasons.len(), 2, "{reasons:?}");
     for reason in &reasons {
         assert!(reason.contains("refused at commit"), "{reason}");
@@ -453,8 +440,7 @@ async fn messages_waiting_in_the_retry_topic_survive_a_consumer_restart() {
             .build()
             .unwrap()
     };
-    let cancel = CancellationToken::new();
-    let first = start().spawn(cancel.clone());
+    let first = Running::consumer(&start());
     let retry_topic = format!("{PAYMENTS}.retry");
     consume(
         &kafka.bootstrap(),
@@ -468,8 +454,7 @@ async fn messages_waiting_in_the_retry_topic_survive_a_consumer_restart() {
         paid_counts(&db.pool).await.iter().sum::<i32>() == 4
     })
     .await;
-    cancel.cancel();
-    first.await.unwrap().unwrap();
+    first.stop().await;
     let sevens: Vec<Uuid> = payments
         .iter()
         .filter(|(_, p)| p.amount == 7)
@@ -483,8 +468,7 @@ async fn messages_waiting_in_the_retry_topic_survive_a_consumer_restart() {
         );
     }
 
-    let cancel = CancellationToken::new();
-    let second = start().spawn(cancel.clone());
+    let second = Running::consumer(&start());
     wait_for("every payment applied", Duration::from_secs(60), || async {
         paid_counts(&db.pool).await.iter().sum::<i32>() == 6
     })
@@ -495,8 +479,7 @@ async fn messages_waiting_in_the_retry_topic_survive_a_consumer_restart() {
         || async { committed_total(&kafka.bootstrap(), "orders", &retry_topic, PARTITIONS) == 4 },
     )
     .await;
-    cancel.cancel();
-    second.await.unwrap().unwrap();
+    second.stop().await;
     assert_eq!(paid_counts(&db.pool).await, vec![1; 6]);
     for order in &sevens {
         assert_eq!(

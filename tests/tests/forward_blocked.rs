@@ -11,10 +11,9 @@ use outbox_tests::payments::{
     builder, forward_blocked_gauge, orders_with_payments, paid_counts, publish, wait_for,
     PARTITIONS,
 };
-use outbox_tests::TestDb;
+use outbox_tests::{Running, TestDb};
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::ClientConfig;
-use tokio_util::sync::CancellationToken;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_missing_dead_letter_topic_blocks_visibly_keeps_the_membership_and_recovers() {
@@ -54,8 +53,7 @@ async fn a_missing_dead_letter_topic_blocks_visibly_keeps_the_membership_and_rec
         .handler(fixtures::mark_order_paid)
         .build()
         .unwrap();
-    let cancel = CancellationToken::new();
-    let handle = consumer.spawn(cancel.clone());
+    let running = Running::consumer(&consumer);
     wait_for("the blocked gauge", Duration::from_secs(30), || async {
         blocked() == Some(1.0)
     })
@@ -110,8 +108,7 @@ async fn a_missing_dead_letter_topic_blocks_visibly_keeps_the_membership_and_rec
         !r.is_empty()
     })
     .await;
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
+    running.stop().await;
     // Dead letters are sent at least once: a rebalance before its offset is committed sends
     // the message again.
     assert!(dead.iter().all(|d| d.raw == b"not json"), "{dead:?}");

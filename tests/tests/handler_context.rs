@@ -11,8 +11,8 @@ use outbox_tests::fixtures::{PaymentSucceeded, PAYMENTS};
 use outbox_tests::kafka::{consume, produce, Received};
 use outbox_tests::payments::{builder, orders_with_payments, paid_counts, setup, wait_for};
 use outbox_tests::payments::{records, PARTITIONS};
+use outbox_tests::Running;
 use sqlx::PgConnection;
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 /// What a handler saw of one call.
@@ -89,14 +89,12 @@ async fn handled_in(mode: Mode, policy: RetryPolicy) -> (Vec<Seen>, Vec<Received
         .poll_interval(Duration::from_millis(20))
         .build()
         .unwrap();
-    let cancel = CancellationToken::new();
-    let handle = consumer.spawn(cancel.clone());
+    let running = Running::consumer(&consumer);
     wait_for("every order paid", Duration::from_secs(30), || async {
         paid_counts(&db.pool).await == [1, 1, 1]
     })
     .await;
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
+    running.stop().await;
     let produced = consume(
         &kafka.bootstrap(),
         PAYMENTS,
@@ -262,8 +260,7 @@ async fn two_instances_of_one_handler_type_are_two_handlers() {
         .handler(Book { ledger: "tax" })
         .build()
         .unwrap();
-    let cancel = CancellationToken::new();
-    let handle = consumer.spawn(cancel.clone());
+    let running = Running::consumer(&consumer);
     wait_for("both ledgers booked", Duration::from_secs(30), || async {
         sqlx::query_scalar::<_, i64>("SELECT count(*) FROM book")
             .fetch_one(&db.pool)
@@ -272,8 +269,7 @@ async fn two_instances_of_one_handler_type_are_two_handlers() {
             == 4
     })
     .await;
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
+    running.stop().await;
     let mut booked: Vec<(String, Uuid, i64, Uuid)> =
         sqlx::query_as("SELECT ledger, order_id, amount, event_id FROM book")
             .fetch_all(&db.pool)

@@ -8,9 +8,8 @@ use outbox_runtime::inbox::{Consumer, HandlerError, Mode};
 use outbox_runtime::testing::{MockKafka, Record};
 use outbox_runtime::{Error, OutboxEvent, Uow};
 use outbox_tests::fixtures::{posted, Posted};
-use outbox_tests::TestDb;
+use outbox_tests::{Running, TestDb};
 use serde_json::json;
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 const FRAMEWORK: [&str; 6] = [
@@ -179,8 +178,7 @@ async fn inbox_rows_keep_the_applications_headers() {
         .mode(Mode::Inbox)
         .build()
         .unwrap();
-    let cancel = CancellationToken::new();
-    let handle = consumer.spawn(cancel.clone());
+    let running = Running::consumer(&consumer);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
         let processed: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox_event WHERE processed")
@@ -196,8 +194,7 @@ async fn inbox_rows_keep_the_applications_headers() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
+    running.stop().await;
     let inbox = |id: Uuid| {
         let pool = db.pool.clone();
         async move {

@@ -19,7 +19,7 @@ use outbox_runtime::inbox::{Consumer, HandlerError, Mode};
 use outbox_runtime::{inbox_handler, OutboxEvent};
 use outbox_tests::kafka::Kafka;
 use outbox_tests::payments::wait_for;
-use outbox_tests::{ChildGuard, TestDb};
+use outbox_tests::{ChildGuard, Running, TestDb};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
@@ -150,18 +150,18 @@ async fn sustained_emits_hold_neither_the_cleanup_horizon_nor_the_notify_queue()
     );
     // Two consumer groups, each handling every event once: one in dedup mode, one in inbox
     // mode (receipt and a processor).
-    let cancel = CancellationToken::new();
     let consumers: Vec<_> = [("meters", Mode::Dedup), ("meters-inbox", Mode::Inbox)]
         .into_iter()
         .map(|(group, mode)| {
-            Consumer::builder(db.pool.clone())
-                .brokers(kafka.bootstrap())
-                .group_id(group)
-                .mode(mode)
-                .handler(record_read)
-                .build()
-                .unwrap()
-                .spawn(cancel.clone())
+            Running::consumer(
+                &Consumer::builder(db.pool.clone())
+                    .brokers(kafka.bootstrap())
+                    .group_id(group)
+                    .mode(mode)
+                    .handler(record_read)
+                    .build()
+                    .unwrap(),
+            )
         })
         .collect();
 
@@ -268,10 +268,7 @@ async fn sustained_emits_hold_neither_the_cleanup_horizon_nor_the_notify_queue()
         handled().await >= 2 * emitted
     })
     .await;
-    cancel.cancel();
-    for consumer in consumers {
-        consumer.await.unwrap().unwrap();
-    }
+    Running::stop_all(consumers).await;
     assert_eq!(
         handled().await,
         2 * emitted,

@@ -11,8 +11,7 @@ use outbox_runtime::relay::Relay;
 use outbox_runtime::Uow;
 use outbox_tests::fixtures::{self, PaymentSucceeded, PAYMENTS};
 use outbox_tests::kafka::{produce, Kafka, Outgoing};
-use outbox_tests::TestDb;
-use tokio_util::sync::CancellationToken;
+use outbox_tests::{Running, TestDb};
 use uuid::Uuid;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -61,8 +60,7 @@ async fn relay_and_consumer_report_their_counters_and_gauges() {
         .brokers(kafka.bootstrap())
         .build()
         .unwrap();
-    let cancel = CancellationToken::new();
-    let handle = relay.spawn(cancel.clone());
+    let relay = Running::relay(&relay);
 
     // A consumer gets them, and one of them once more.
     let consumer = Consumer::builder(db.pool.clone())
@@ -71,7 +69,7 @@ async fn relay_and_consumer_report_their_counters_and_gauges() {
         .handler(fixtures::mark_order_paid)
         .build()
         .unwrap();
-    let consumer_task = consumer.spawn(cancel.clone());
+    let consumer = Running::consumer(&consumer);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let counter = |name: &str| read().get(&(MetricKind::Counter, name.to_owned())).copied();
     while counter("outbox_consumer_processed_total") < Some(20.0) {
@@ -100,9 +98,7 @@ async fn relay_and_consumer_report_their_counters_and_gauges() {
         assert!(tokio::time::Instant::now() < deadline, "{:?}", read());
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
-    consumer_task.await.unwrap().unwrap();
+    Running::stop_all([relay, consumer]).await;
 
     let m = read();
     assert_eq!(

@@ -16,8 +16,7 @@ use outbox_tests::deposits::{deposit, wait_until_published, Emitted, PARTITIONS,
 use outbox_tests::fixtures::{self, PAYMENTS};
 use outbox_tests::kafka::{committed_total, consume, Kafka};
 use outbox_tests::payments::{self, orders_with_payments, paid_counts, wait_for};
-use outbox_tests::{restart_postgres, TestDb};
-use tokio_util::sync::CancellationToken;
+use outbox_tests::{restart_postgres, Running, TestDb};
 
 /// Emits units of work of 1 to 3 events over keys of its own until `stop`, numbering each key's
 /// events; a failed unit of work is counted, not retried (its numbers are simply skipped).
@@ -46,16 +45,16 @@ async fn relays_recover_from_a_postgres_restart_and_lose_nothing() {
     let kafka = Kafka::mock();
     kafka.create_topic(TOPIC, PARTITIONS).await;
     let pool = db.pool(12).await;
-    let cancel = CancellationToken::new();
     let relays: Vec<_> = (0..3)
         .map(|_| {
-            Relay::builder(pool.clone())
-                .brokers(kafka.bootstrap())
-                .poll_interval(Duration::from_millis(100))
-                .retry_backoff(Duration::from_millis(100), Duration::from_millis(500))
-                .build()
-                .unwrap()
-                .spawn(cancel.clone())
+            Running::relay(
+                &Relay::builder(pool.clone())
+                    .brokers(kafka.bootstrap())
+                    .poll_interval(Duration::from_millis(100))
+                    .retry_backoff(Duration::from_millis(100), Duration::from_millis(500))
+                    .build()
+                    .unwrap(),
+            )
         })
         .collect();
     let stop = Arc::new(AtomicBool::new(false));
@@ -138,10 +137,7 @@ async fn relays_recover_from_a_postgres_restart_and_lose_nothing() {
     // Whether a unit of work was in flight when the server went down is timing (the emitters
     // wait in the pool while it is down): `restart_postgres` checks the restart itself.
     assert!(lost.is_empty(), "lost: {lost:?}");
-    cancel.cancel();
-    for r in relays {
-        r.await.unwrap().unwrap();
-    }
+    Running::stop_all(relays).await;
 }
 
 /// A dedup consumer and an inbox consumer (two processors) handle a stream of payments while
@@ -153,7 +149,6 @@ async fn consumers_recover_from_a_postgres_restart_with_each_effect_once() {
     let (db, kafka) = payments::setup().await;
     fixtures::create_ledger(&db.pool).await;
     let all = orders_with_payments(&db.pool, N).await;
-    let cancel = CancellationToken::new();
     let consumer = |group: &str, mode: Mode| {
         let builder = payments::builder(&db, &kafka, group).mode(mode);
         let builder = match mode {
@@ -162,8 +157,8 @@ async fn consumers_recover_from_a_postgres_restart_with_each_effect_once() {
         };
         builder.build().unwrap()
     };
-    let dedup = consumer("dedup-svc", Mode::Dedup).spawn(cancel.clone());
-    let inbox = consumer("inbox-svc", Mode::Inbox).spawn(cancel.clone());
+    let dedup = Running::consumer(&consumer("dedup-svc", Mode::Dedup));
+    let inbox = Running::consumer(&consumer("inbox-svc", Mode::Inbox));
 
     // The payments arrive over a few seconds; the server restarts once a quarter are applied.
     let producer = {
@@ -208,9 +203,7 @@ async fn consumers_recover_from_a_postgres_restart_with_each_effect_once() {
         !dedup.is_finished() && !inbox.is_finished(),
         "both consumers still run"
     );
-    cancel.cancel();
-    dedup.await.unwrap().unwrap();
-    inbox.await.unwrap().unwrap();
+    Running::stop_all([dedup, inbox]).await;
 
     assert_eq!(
         paid_counts(&db.pool).await,

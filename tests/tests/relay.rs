@@ -10,9 +10,8 @@ use outbox_tests::deposits::{
     TOPIC,
 };
 use outbox_tests::kafka::{consume, Kafka};
-use outbox_tests::{ChildGuard, TestDb};
+use outbox_tests::{ChildGuard, Running, TestDb};
 use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
 
 fn relay(db: &TestDb, kafka: &Kafka) -> RelayBuilder {
     Relay::builder(db.pool.clone())
@@ -26,8 +25,7 @@ async fn end_to_end(kafka: Kafka) {
     let db = TestDb::new().await;
     kafka.create_topic(TOPIC, PARTITIONS).await;
     let relay = relay(&db, &kafka).build().unwrap();
-    let cancel = CancellationToken::new();
-    let handle = relay.spawn(cancel.clone());
+    let running = Running::relay(&relay);
     let n = emit_events(&db.pool, 50, 20, 100).await;
     let received = consume_all(&kafka, n, Duration::from_secs(60)).await;
     wait_until_published(&db.pool, Duration::from_secs(30)).await;
@@ -36,8 +34,7 @@ async fn end_to_end(kafka: Kafka) {
     let status = relay.status().await.unwrap();
     assert_eq!((status.unpublished, status.parked), (0, 0));
     assert_eq!(status.oldest_unpublished_age, None);
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
+    running.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -55,16 +52,9 @@ async fn four_relays_keep_per_key_order_while_writes_continue() {
     let db = TestDb::new().await;
     let kafka = Kafka::mock();
     kafka.create_topic(TOPIC, PARTITIONS).await;
-    let cancel = CancellationToken::new();
     // Four relays as four separate instances, each with its own producer, as four processes.
-    let handles: Vec<_> = (0..4)
-        .map(|_| {
-            relay(&db, &kafka)
-                .batch_size(250)
-                .build()
-                .unwrap()
-                .spawn(cancel.clone())
-        })
+    let relays: Vec<_> = (0..4)
+        .map(|_| Running::relay(&relay(&db, &kafka).batch_size(250).build().unwrap()))
         .collect();
     // 20,000 events over 500 keys, written while the relays run.
     let n = emit_events(&db.pool, 500, 40, 250).await;
@@ -84,10 +74,7 @@ async fn four_relays_keep_per_key_order_while_writes_continue() {
     .await
     .unwrap();
     assert_eq!(shares, [16, 16, 16, 16]);
-    cancel.cancel();
-    for h in handles {
-        h.await.unwrap().unwrap();
-    }
+    Running::stop_all(relays).await;
 }
 
 async fn broker_outage(mut kafka: Kafka) {
@@ -97,8 +84,7 @@ async fn broker_outage(mut kafka: Kafka) {
         .publish_timeout(Duration::from_secs(3))
         .build()
         .unwrap();
-    let cancel = CancellationToken::new();
-    let handle = relay.spawn(cancel.clone());
+    let running = Running::relay(&relay);
     let first = emit_events(&db.pool, 20, 10, 50).await;
     wait_until_published(&db.pool, Duration::from_secs(30)).await;
 
@@ -129,8 +115,7 @@ async fn broker_outage(mut kafka: Kafka) {
     wait_until_published(&db.pool, Duration::from_secs(60)).await;
     let duplicates = check_delivery(&db.pool, &received, written).await;
     println!("broker outage: {written} events, none lost, {duplicates} duplicates");
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
+    running.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -168,8 +153,7 @@ async fn a_poison_record_is_parked_and_the_rest_flow() {
         .retry_backoff(Duration::from_millis(20), Duration::from_millis(100))
         .build()
         .unwrap();
-    let cancel = CancellationToken::new();
-    let handle = relay.spawn(cancel.clone());
+    let running = Running::relay(&relay);
 
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     let status = loop {
@@ -206,8 +190,7 @@ async fn a_poison_record_is_parked_and_the_rest_flow() {
         .map(|r| r.payload["seq"].as_u64().unwrap())
         .collect();
     assert_eq!(key7, [0, 2]);
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
+    running.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -221,8 +204,7 @@ async fn a_committed_event_wakes_the_relay_without_polling() {
         .failover_timeout(Duration::from_secs(7200))
         .build()
         .unwrap();
-    let cancel = CancellationToken::new();
-    let handle = relay.spawn(cancel.clone());
+    let running = Running::relay(&relay);
     // Let the relay go idle first: it found nothing and waits, marked as waiting.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
@@ -251,8 +233,7 @@ async fn a_committed_event_wakes_the_relay_without_polling() {
     )
     .await;
     assert_eq!(received.len(), 1);
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
+    running.stop().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -267,8 +248,7 @@ async fn cancel_returns_within_the_publish_timeout_while_the_broker_is_down() {
         .unwrap();
     kafka.stop();
     emit_events(&db.pool, 10, 10, 100).await;
-    let cancel = CancellationToken::new();
-    let handle = relay.spawn(cancel.clone());
+    let running = Running::relay(&relay);
     // Wait until a batch is in flight: its rows are locked by the relay's transaction.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
@@ -285,11 +265,9 @@ async fn cancel_returns_within_the_publish_timeout_while_the_broker_is_down() {
         assert!(tokio::time::Instant::now() < deadline, "no batch in flight");
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
-    cancel.cancel();
-    let result = tokio::time::timeout(publish_timeout + Duration::from_secs(2), handle)
+    tokio::time::timeout(publish_timeout + Duration::from_secs(2), running.stop())
         .await
         .expect("the relay stops within the publish timeout");
-    result.unwrap().unwrap();
     let status = relay.status().await.unwrap();
     assert_eq!(
         status.unpublished, 100,

@@ -12,11 +12,10 @@ use outbox_tests::deposits::{
 };
 use outbox_tests::kafka::{consume, Kafka, Received};
 use outbox_tests::proxy::Proxy;
-use outbox_tests::TestDb;
+use outbox_tests::{Running, TestDb};
 use rdkafka::types::RDKafkaRespErr;
 use serde::Serialize;
 use sqlx::PgPool;
-use tokio_util::sync::CancellationToken;
 
 fn relay_on(pool: &PgPool, kafka: &Kafka) -> RelayBuilder {
     Relay::builder(pool.clone())
@@ -187,12 +186,10 @@ async fn a_record_refused_at_delivery_is_not_overtaken_by_its_key() {
         .one_record_in_flight_per_key(true)
         .build()
         .unwrap();
-    let cancel = CancellationToken::new();
-    let handle = relay.spawn(cancel.clone());
+    let running = Running::relay(&relay);
     receive_in_order(&kafka, TOPIC, 1, n, Duration::from_secs(60)).await;
     wait_until_published(&db.pool, Duration::from_secs(30)).await;
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
+    running.stop().await;
 }
 
 /// Leadership moves while records are in flight (the broker answers "not leader" once): the
@@ -215,12 +212,10 @@ async fn a_leader_change_in_flight_keeps_order() {
         .one_record_in_flight_per_key(true)
         .build()
         .unwrap();
-    let cancel = CancellationToken::new();
-    let handle = relay.spawn(cancel.clone());
+    let running = Running::relay(&relay);
     receive_in_order(&kafka, TOPIC, 2, n, Duration::from_secs(60)).await;
     wait_until_published(&db.pool, Duration::from_secs(30)).await;
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
+    running.stop().await;
 }
 
 /// A fatal idempotence error (the broker's sequence numbers disagree with the producer's)
@@ -233,13 +228,11 @@ async fn a_fatal_producer_error_is_recovered() {
     let n = emit_events(&db.pool, 20, 10, 200).await;
     kafka.fail_produce_requests(&[RDKafkaRespErr::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER]);
     let relay = relay_on(&db.pool, &kafka).build().unwrap();
-    let cancel = CancellationToken::new();
-    let handle = relay.spawn(cancel.clone());
+    let running = Running::relay(&relay);
     let received = consume_all(&kafka, n, Duration::from_secs(60)).await;
     wait_until_published(&db.pool, Duration::from_secs(30)).await;
     check_delivery(&db.pool, &received, n).await;
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
+    running.stop().await;
 }
 
 /// A broker error nobody classified is not retried forever: it counts as an attempt, and the
@@ -254,8 +247,7 @@ async fn an_unknown_broker_error_counts_as_an_attempt_and_parks() {
     uow.commit().await.unwrap();
     kafka.fail_produce_requests(&[RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_REQUEST; 20]);
     let relay = relay_on(&db.pool, &kafka).max_attempts(3).build().unwrap();
-    let cancel = CancellationToken::new();
-    let handle = relay.spawn(cancel.clone());
+    let running = Running::relay(&relay);
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
         let status = relay.status().await.unwrap();
@@ -272,8 +264,7 @@ async fn an_unknown_broker_error_counts_as_an_attempt_and_parks() {
             .unwrap();
     assert_eq!(attempts, 3);
     assert!(error.contains("Invalid request"), "{error}");
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
+    running.stop().await;
 }
 
 #[derive(Serialize, OutboxEvent)]
@@ -318,8 +309,7 @@ async fn a_missing_topic_holds_its_keys_until_it_exists() {
         .max_attempts(2)
         .build()
         .unwrap();
-    let cancel = CancellationToken::new();
-    let handle = relay.spawn(cancel.clone());
+    let running = Running::relay(&relay);
 
     // acct-2 flows, acct-1's first deposit too; then its audit event is held.
     let early = consume(
@@ -390,8 +380,7 @@ async fn a_missing_topic_holds_its_keys_until_it_exists() {
     assert_eq!(audit.len(), 1);
     let status = relay.status().await.unwrap();
     assert_eq!((status.held, status.parked), (0, 0));
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
+    running.stop().await;
 }
 
 /// A relay whose host vanishes (no FIN, no RST: its traffic is black-holed) loses its shards
@@ -408,18 +397,15 @@ async fn a_vanished_relay_host_gives_up_its_shards_within_the_failover_timeout()
         .connect(&proxy.url(&db.url))
         .await
         .unwrap();
-    let cancel = CancellationToken::new();
     // Relay A (default failover timeout) owns every shard and publishes.
-    let a = relay_on(&behind_proxy, &kafka).build().unwrap();
-    let a_handle = a.spawn(cancel.clone());
+    let a = Running::relay(&relay_on(&behind_proxy, &kafka).build().unwrap());
     let first = emit_events(&db.pool, 50, 4, 100).await;
     wait_until_published(&db.pool, Duration::from_secs(30)).await;
 
     // A's host vanishes. B starts and events keep coming.
     proxy.black_hole();
     let vanished = Instant::now();
-    let b = relay_on(&db.pool, &kafka).build().unwrap();
-    let b_handle = b.spawn(cancel.clone());
+    let b = Running::relay(&relay_on(&db.pool, &kafka).build().unwrap());
     let mut written = first;
     for seq in 4..8 {
         let events: Vec<_> = (0..50).map(|k| deposit(k, seq)).collect();
@@ -434,14 +420,12 @@ async fn a_vanished_relay_host_gives_up_its_shards_within_the_failover_timeout()
     assert!(took <= Duration::from_secs(30), "took {took:?}");
     let received = consume_all(&kafka, written, Duration::from_secs(30)).await;
     check_delivery(&db.pool, &received, written).await;
-    cancel.cancel();
-    b_handle.await.unwrap().unwrap();
+    a.cancel();
+    b.stop().await;
     // A cannot reach its database: it gives up within the failover timeout too.
-    tokio::time::timeout(Duration::from_secs(60), a_handle)
+    tokio::time::timeout(Duration::from_secs(60), a.stop())
         .await
-        .expect("the cut-off relay stops")
-        .unwrap()
-        .unwrap();
+        .expect("the cut-off relay stops");
 }
 
 /// Two installations of the outbox in two schemas of one database, one relay each: neither
@@ -453,15 +437,9 @@ async fn two_schemas_in_one_database_do_not_stall_each_other() {
     kafka.create_topic(TOPIC, PARTITIONS).await;
     let s1 = db.pool_in_schema("s1", 8).await;
     let s2 = db.pool_in_schema("s2", 8).await;
-    let cancel = CancellationToken::new();
     let relays: Vec<_> = [&s1, &s2]
         .iter()
-        .map(|pool| {
-            relay_on(pool, &kafka)
-                .build()
-                .unwrap()
-                .spawn(cancel.clone())
-        })
+        .map(|pool| Running::relay(&relay_on(pool, &kafka).build().unwrap()))
         .collect();
     let n1 = emit_events(&s1, 200, 2, 400).await;
     let n2 = emit_events(&s2, 200, 2, 400).await;
@@ -476,10 +454,7 @@ async fn two_schemas_in_one_database_do_not_stall_each_other() {
             .relay_instances;
         assert_eq!(members, 1, "each schema counts its own relay only");
     }
-    cancel.cancel();
-    for r in relays {
-        r.await.unwrap().unwrap();
-    }
+    Running::stop_all(relays).await;
 }
 
 /// A record parked after repeated refusals, retried by an operator once the cause is gone, is
@@ -494,8 +469,7 @@ async fn a_retried_parked_record_is_published_by_the_running_relay() {
     uow.commit().await.unwrap();
     kafka.fail_produce_requests(&[RDKafkaRespErr::RD_KAFKA_RESP_ERR_POLICY_VIOLATION; 10]);
     let relay = relay_on(&db.pool, &kafka).max_attempts(2).build().unwrap();
-    let cancel = CancellationToken::new();
-    let handle = relay.spawn(cancel.clone());
+    let running = Running::relay(&relay);
     let until = |what: &'static str, done: fn(&relay::RelayStatus) -> bool| {
         let relay = relay.clone();
         async move {
@@ -529,6 +503,5 @@ async fn a_retried_parked_record_is_published_by_the_running_relay() {
     .await;
     let received = consume_all(&kafka, 2, Duration::from_secs(10)).await;
     assert_eq!(received.len(), 2);
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
+    running.stop().await;
 }

@@ -11,9 +11,8 @@ use outbox_tests::payments::{
     builder, forward_blocked_gauge, orders_with_payments, paid_counts, publish, wait_for,
     PARTITIONS,
 };
-use outbox_tests::TestDb;
+use outbox_tests::{Running, TestDb};
 use rdkafka::ClientConfig;
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -38,8 +37,7 @@ async fn a_message_waiting_in_the_retry_topic_survives_a_blocked_send() {
         .retry_backoff(Duration::from_secs(5), Duration::from_secs(10))
         .build()
         .unwrap();
-    let cancel = CancellationToken::new();
-    let handle = consumer.spawn(cancel.clone());
+    let running = Running::consumer(&consumer);
 
     // A payment that fails twice: after its second failure it waits 10 s in the retry topic.
     let waiting: Vec<(Uuid, PaymentSucceeded)> = orders_with_payments(&db.pool, 1)
@@ -94,8 +92,7 @@ async fn a_message_waiting_in_the_retry_topic_survives_a_blocked_send() {
         paid_counts(&db.pool).await.iter().sum::<i32>() == 21
     })
     .await;
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
+    running.stop().await;
     assert_eq!(paid_counts(&db.pool).await, vec![1; 21]);
     assert_eq!(
         fixtures::flaky_calls(order),

@@ -11,10 +11,9 @@ use outbox_runtime::testing::{self, Delivery, MockKafka};
 use outbox_runtime::{inbox_handler, OutboxEvent, OutboxRecord, Uow, SCHEMA_VERSION_HEADER};
 use outbox_tests::kafka::{consume, produce, Outgoing};
 use outbox_tests::payments::wait_for;
-use outbox_tests::TestDb;
+use outbox_tests::{Running, TestDb};
 use serde_json::json;
 use sqlx::{PgConnection, PgPool};
-use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 const TOPIC: &str = "customer.events";
@@ -228,8 +227,7 @@ async fn consumed_in(mode: Mode) -> (TestDb, MockKafka, [Uuid; 3], Uuid) {
         .poll_interval(Duration::from_millis(20))
         .build()
         .unwrap();
-    let cancel = CancellationToken::new();
-    let handle = consumer.spawn(cancel.clone());
+    let running = Running::consumer(&consumer);
     let pool = db.pool.clone();
     wait_for("two names written", Duration::from_secs(30), || async {
         sqlx::query_scalar::<_, i64>("SELECT count(*) FROM names")
@@ -251,8 +249,7 @@ async fn consumed_in(mode: Mode) -> (TestDb, MockKafka, [Uuid; 3], Uuid) {
         })
         .await;
     }
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
+    running.stop().await;
     (db, kafka, ids, garbled_id)
 }
 

@@ -15,9 +15,8 @@ use outbox_runtime::trace::{TraceParent, TRACEPARENT, TRACESTATE};
 use outbox_runtime::{inbox_handler, OutboxEvent, Uow};
 use outbox_tests::fixtures::{posted, Posted};
 use outbox_tests::payments::wait_for;
-use outbox_tests::TestDb;
+use outbox_tests::{Running, TestDb};
 use sqlx::PgConnection;
-use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 use tracing_subscriber::layer::SubscriberExt as _;
@@ -128,16 +127,14 @@ async fn one_trace_from_request_to_handler(mode: Mode, handler_span: &str) {
         .poll_interval(Duration::from_millis(20))
         .build()
         .unwrap();
-    let cancel = CancellationToken::new();
-    let handle = consumer.spawn(cancel.clone());
+    let running = Running::consumer(&consumer);
     wait_for(
         "the provider call's span",
         Duration::from_secs(30),
         || async { spans_of(trace).iter().any(|s| s.name == "charge_provider") },
     )
     .await;
-    cancel.cancel();
-    handle.await.unwrap().unwrap();
+    running.stop().await;
 
     let spans = spans_of(trace);
     let named = |name: &str| {

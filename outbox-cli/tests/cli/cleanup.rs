@@ -5,8 +5,7 @@ use std::time::Duration;
 
 use outbox_runtime::relay::Relay;
 use outbox_tests::kafka::Kafka;
-use outbox_tests::TestDb;
-use tokio_util::sync::CancellationToken;
+use outbox_tests::{Running, TestDb};
 
 use crate::support::{
     assert_error, assert_ok, count, emit_posted, insert_rows, run, stdout, TOPIC,
@@ -97,11 +96,10 @@ async fn cleanup_removes_exactly_the_rows_past_the_cutoff_while_a_relay_publishe
         .poll_interval(Duration::from_millis(50))
         .build()
         .unwrap();
-    let cancel = CancellationToken::new();
-    let relay_task = relay.spawn(cancel.clone());
+    let relay_task = Running::relay(&relay);
     let writer = {
         let pool = db.pool.clone();
-        let cancel = cancel.clone();
+        let cancel = relay_task.token();
         tokio::spawn(async move {
             let mut n = 0;
             while !cancel.is_cancelled() && n < 3_000 {
@@ -136,8 +134,7 @@ async fn cleanup_removes_exactly_the_rows_past_the_cutoff_while_a_relay_publishe
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    cancel.cancel();
-    relay_task.await.unwrap().unwrap();
+    relay_task.stop().await;
 
     let after: HashSet<i64> = sqlx::query_scalar("SELECT id FROM outbox_event")
         .fetch_all(pool)
