@@ -6,18 +6,18 @@ use std::time::Duration;
 use outbox_runtime::relay::{status as relay_status, Relay, RelayBuilder};
 use outbox_runtime::{Error, Uow};
 use outbox_tests::deposits::{
-    check_delivery, consume_all, deposit, emit_events, wait_until_published, Deposited, PARTITIONS,
-    TOPIC,
+    check_delivery, consume_all, deposit, emit_events, relay_on, wait_until_published, Deposited,
+    PARTITIONS, TOPIC,
 };
 use outbox_tests::kafka::{consume, Kafka};
 use outbox_tests::{ChildGuard, Running, TestDb};
 use sqlx::PgPool;
 
+/// The shared relay fixture with these tests' own pace: polling every 200 ms, retries backing
+/// off from 100 ms to 1 s.
 fn relay(db: &TestDb, kafka: &Kafka) -> RelayBuilder {
-    Relay::builder(db.pool.clone())
-        .brokers(kafka.bootstrap())
+    relay_on(&db.pool, kafka)
         .poll_interval(Duration::from_millis(200))
-        .publish_timeout(Duration::from_secs(5))
         .retry_backoff(Duration::from_millis(100), Duration::from_secs(1))
 }
 

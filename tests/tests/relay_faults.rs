@@ -5,10 +5,11 @@
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
 
-use outbox_runtime::relay::{self, Relay, RelayBuilder};
+use outbox_runtime::relay;
 use outbox_runtime::{OutboxEvent, Uow};
 use outbox_tests::deposits::{
-    check_delivery, consume_all, deposit, emit_events, wait_until_published, PARTITIONS, TOPIC,
+    check_delivery, consume_all, deposit, emit_events, relay_on, wait_until_published, PARTITIONS,
+    TOPIC,
 };
 use outbox_tests::kafka::{consume, Kafka, Received};
 use outbox_tests::proxy::Proxy;
@@ -16,14 +17,6 @@ use outbox_tests::{Running, TestDb};
 use rdkafka::types::RDKafkaRespErr;
 use serde::Serialize;
 use sqlx::PgPool;
-
-fn relay_on(pool: &PgPool, kafka: &Kafka) -> RelayBuilder {
-    Relay::builder(pool.clone())
-        .brokers(kafka.bootstrap())
-        .poll_interval(Duration::from_millis(100))
-        .publish_timeout(Duration::from_secs(5))
-        .retry_backoff(Duration::from_millis(50), Duration::from_millis(500))
-}
 
 /// Producer settings of a broker that does not create topics on first use.
 fn no_auto_create() -> rdkafka::ClientConfig {
