@@ -11,7 +11,7 @@ use std::sync::mpsc;
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use outbox_tests::{database_url, url_with_database, ChildGuard, TestDb};
+use outbox_tests::{count, database_url, url_with_database, ChildGuard, TestDb};
 use serde_json::Value;
 use sqlx::PgPool;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -164,13 +164,6 @@ impl Running {
             .expect("run kill");
         assert!(status.success(), "kill -INT failed");
     }
-}
-
-async fn count(pool: &PgPool, sql: &str) -> i64 {
-    sqlx::query_scalar(sql)
-        .fetch_one(pool)
-        .await
-        .unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

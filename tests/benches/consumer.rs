@@ -15,7 +15,7 @@ use outbox_runtime::inbox::{Consumer, HandlerError, Mode, RetryPolicy};
 use outbox_runtime::{inbox_handler, OutboxEvent};
 use outbox_tests::bench::{env, median, rate};
 use outbox_tests::kafka::{produce, Kafka, Outgoing};
-use outbox_tests::{Running, TestDb};
+use outbox_tests::{count, Running, TestDb};
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::ClientConfig;
 use sqlx::PgPool;
@@ -64,10 +64,6 @@ async fn failing_once_in_a_hundred(
         return Err(HandlerError::retryable("fails once"));
     }
     Ok(())
-}
-
-async fn count(pool: &PgPool, sql: &str) -> i64 {
-    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
 
 /// Waits until `sql` counts `n` and returns the rate from the first count above zero it saw:

@@ -18,7 +18,7 @@ use outbox_runtime::Uow;
 use outbox_tests::bench::{env, median, percentile};
 use outbox_tests::fixtures::OrderCreated;
 use outbox_tests::kafka::Kafka;
-use outbox_tests::{Running, TestDb};
+use outbox_tests::{count, Running, TestDb};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -213,12 +213,7 @@ async fn round(
     let relay = if variant == Variant::Emit1Relay {
         aside.relay.publish_pending().await.unwrap();
         let running = Running::relay(&aside.relay);
-        while sqlx::query_scalar::<_, i64>("SELECT count(*) FROM outbox_relay_waiting")
-            .fetch_one(&aside.pool)
-            .await
-            .unwrap()
-            == 0
-        {
+        while count(&aside.pool, "SELECT count(*) FROM outbox_relay_waiting").await == 0 {
             tokio::time::sleep(Duration::from_millis(5)).await;
         }
         Some(running)

@@ -49,6 +49,15 @@ pub fn url_with_database(url: &str, database: &str) -> String {
     }
 }
 
+/// The number `sql` selects (a `count(*)`), on a pool or inside a transaction; panics naming the
+/// query if it fails.
+pub async fn count<'e>(executor: impl sqlx::PgExecutor<'e>, sql: &str) -> i64 {
+    sqlx::query_scalar(sql)
+        .fetch_one(executor)
+        .await
+        .unwrap_or_else(|e| panic!("{sql}: {e}"))
+}
+
 /// A database of its own for one test, dropped (with its connections) when the value drops,
 /// also when the test panics.
 #[derive(Debug)]

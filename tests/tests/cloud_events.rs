@@ -13,7 +13,7 @@ use outbox_runtime::{inbox_handler, Error, OutboxEvent, Uow};
 use outbox_tests::fixtures::{posted, PaymentSucceeded, Posted};
 use outbox_tests::kafka::{consume, produce, Outgoing};
 use outbox_tests::payments::wait_for;
-use outbox_tests::{Running, TestDb};
+use outbox_tests::{count, Running, TestDb};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
@@ -262,11 +262,7 @@ async fn reads_another_producers_cloudevents(mode: Mode) {
     .await;
     let pool = db.pool.clone();
     wait_for("four postings noted", Duration::from_secs(30), || async {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM noted")
-            .fetch_one(&pool)
-            .await
-            .unwrap()
-            >= 4
+        count(&pool, "SELECT count(*) FROM noted").await >= 4
     })
     .await;
     running.stop().await;

@@ -10,7 +10,7 @@ use outbox_tests::payments::{
     builder, orders_with_payments, paid_counts, publish, records, setup, setup_on, wait_for,
     PARTITIONS,
 };
-use outbox_tests::{ChildGuard, Running, TestDb};
+use outbox_tests::{count, ChildGuard, Running, TestDb};
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -310,11 +310,7 @@ async fn two_inbox_processors_process_each_of_10000_events_once() {
         .unwrap();
     let running = Running::consumer(&consumer);
     wait_for("10,000 processed", Duration::from_secs(120), || async {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM inbox_event WHERE processed")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap()
-            == 10_000
+        count(&db.pool, "SELECT count(*) FROM inbox_event WHERE processed").await == 10_000
     })
     .await;
     running.stop().await;

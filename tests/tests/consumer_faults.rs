@@ -10,13 +10,9 @@ use outbox_tests::kafka::{committed_total, consume, produce, Kafka, Outgoing};
 use outbox_tests::payments::{
     builder, orders_with_payments, paid_counts, publish, records, setup, wait_for, PARTITIONS,
 };
-use outbox_tests::Running;
+use outbox_tests::{count, Running};
 use sqlx::PgPool;
 use uuid::Uuid;
-
-async fn count(pool: &PgPool, sql: &str) -> i64 {
-    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
-}
 
 /// The reasons of `n` dead letters: read off the dead-letter topic (dedup mode) or from the
 /// dead inbox rows (inbox mode), once there are `n`.
@@ -396,12 +392,11 @@ async fn refused_at_commit(mode: Mode) {
         .unwrap();
     assert_eq!(written, 0, "the refused messages left nothing");
     if mode == Mode::Dedup {
-        let marked: i64 = sqlx::query_scalar(
+        let marked = count(
+            &db.pool,
             "SELECT count(*) FROM processed_event WHERE handler LIKE 'receipts/%'",
         )
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+        .await;
         assert_eq!(marked, 18, "no dedup row for a refused message");
     }
 }

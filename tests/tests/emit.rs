@@ -6,7 +6,7 @@ use std::collections::{BTreeMap, HashSet};
 use outbox_runtime::{Error, IntoRecord, OutboxEvent, OutboxRecord, Uow};
 use outbox_tests::fixtures::OrderCreated;
 use outbox_tests::proxy::Proxy;
-use outbox_tests::TestDb;
+use outbox_tests::{count, TestDb};
 use serde::Serialize;
 use sqlx::{PgPool, Row};
 use uuid::Uuid;
@@ -70,17 +70,14 @@ async fn place_order(uow: &mut Uow<'_>, event: &OrderCreated) -> outbox_runtime:
     uow.emit(event).await
 }
 
-async fn count(pool: &PgPool, table: &str) -> i64 {
-    sqlx::query_scalar(&format!("SELECT count(*) FROM {table}"))
-        .fetch_one(pool)
-        .await
-        .unwrap()
-}
-
 async fn assert_empty(pool: &PgPool) {
-    assert_eq!(count(pool, "orders").await, 0, "no domain row may remain");
     assert_eq!(
-        count(pool, "outbox_event").await,
+        count(pool, "SELECT count(*) FROM orders").await,
+        0,
+        "no domain row may remain"
+    );
+    assert_eq!(
+        count(pool, "SELECT count(*) FROM outbox_event").await,
         0,
         "no outbox row may remain"
     );
@@ -192,8 +189,11 @@ where
         matches!(&refused, Error::EmitFailedEarlier { first_error } if *first_error == outbox_runtime::error_chain(&err).to_string()),
         "{refused}"
     );
-    assert_eq!(count(&db.pool, "orders").await, 0);
-    assert_eq!(count(&db.pool, "outbox_event").await, 0);
+    assert_eq!(count(&db.pool, "SELECT count(*) FROM orders").await, 0);
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM outbox_event").await,
+        0
+    );
     err
 }
 
@@ -356,7 +356,7 @@ async fn concurrent_units_of_work_write_every_event_once() {
         .unwrap();
     assert_eq!(stored.len(), 3200);
     assert_eq!(stored.into_iter().collect::<HashSet<_>>(), returned);
-    assert_eq!(count(&db.pool, "orders").await, 3200);
+    assert_eq!(count(&db.pool, "SELECT count(*) FROM orders").await, 3200);
 }
 
 /// A pool of one connection through a proxy that counts what the client sends.
@@ -417,12 +417,14 @@ async fn flush_of_1000_events_is_one_statement_and_one_round_trip() {
     assert_eq!(proxy.counts.round_trips() - trips, 1, "one round trip");
     assert_eq!(proxy.counts.statements() - statements, 1, "one statement");
     // Flushed rows are visible inside the transaction, and not outside it before commit.
-    let inside: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_event")
-        .fetch_one(uow.tx())
-        .await
-        .unwrap();
-    assert_eq!(inside, 1001);
-    assert_eq!(count(&db.pool, "outbox_event").await, 0);
+    assert_eq!(
+        count(uow.tx(), "SELECT count(*) FROM outbox_event").await,
+        1001
+    );
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM outbox_event").await,
+        0
+    );
     uow.commit().await.unwrap();
 
     let stored: Vec<Uuid> =
@@ -456,8 +458,11 @@ async fn connection_is_clean_after_the_one_round_trip_commit() {
             "no transaction is left open on the pooled connection"
         );
     }
-    assert_eq!(count(&db.pool, "orders").await, 3);
-    assert_eq!(count(&db.pool, "outbox_event").await, 3);
+    assert_eq!(count(&db.pool, "SELECT count(*) FROM orders").await, 3);
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM outbox_event").await,
+        3
+    );
 }
 
 #[tokio::test]
@@ -525,11 +530,11 @@ async fn unit_of_work_on_a_savepoint_commits_only_the_savepoint() {
         place_order(&mut uow, &order(2)).await.unwrap();
         uow.commit().await.unwrap();
     }
-    let inside: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_event")
-        .fetch_one(&mut *outer)
-        .await
-        .unwrap();
-    assert_eq!(inside, 1, "released into the outer transaction");
+    assert_eq!(
+        count(&mut *outer, "SELECT count(*) FROM outbox_event").await,
+        1,
+        "released into the outer transaction"
+    );
     outer.rollback().await.unwrap();
     assert_empty(&db.pool).await;
 }
@@ -597,14 +602,20 @@ async fn emit_on_an_application_managed_transaction() {
         .await
         .unwrap();
     tx.commit().await.unwrap();
-    assert_eq!(count(&db.pool, "orders").await, 1);
-    assert_eq!(count(&db.pool, "outbox_event").await, 3);
+    assert_eq!(count(&db.pool, "SELECT count(*) FROM orders").await, 1);
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM outbox_event").await,
+        3
+    );
 
     // A unit of work can also wrap a transaction the application began.
     let mut uow = Uow::from_transaction(db.pool.begin().await.unwrap());
     uow.emit(&order(4)).await.unwrap();
     uow.commit().await.unwrap();
-    assert_eq!(count(&db.pool, "outbox_event").await, 4);
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM outbox_event").await,
+        4
+    );
 }
 
 #[tokio::test]
@@ -630,12 +641,11 @@ async fn emitters_of_one_key_commit_in_id_order() {
     });
     let blocked = async {
         loop {
-            let waiting: i64 = sqlx::query_scalar(
+            let waiting = count(
+                &db.pool,
                 "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted",
             )
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+            .await;
             if waiting == 1 {
                 break;
             }

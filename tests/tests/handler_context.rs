@@ -11,7 +11,7 @@ use outbox_tests::fixtures::{PaymentSucceeded, PAYMENTS};
 use outbox_tests::kafka::{consume, produce, Received};
 use outbox_tests::payments::{builder, orders_with_payments, paid_counts, setup, wait_for};
 use outbox_tests::payments::{records, PARTITIONS};
-use outbox_tests::Running;
+use outbox_tests::{count, Running};
 use sqlx::PgConnection;
 use uuid::Uuid;
 
@@ -262,11 +262,7 @@ async fn two_instances_of_one_handler_type_are_two_handlers() {
         .unwrap();
     let running = Running::consumer(&consumer);
     wait_for("both ledgers booked", Duration::from_secs(30), || async {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM book")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap()
-            == 4
+        count(&db.pool, "SELECT count(*) FROM book").await == 4
     })
     .await;
     running.stop().await;

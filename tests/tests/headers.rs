@@ -8,7 +8,7 @@ use outbox_runtime::inbox::{Consumer, HandlerError, Mode};
 use outbox_runtime::testing::{MockKafka, Record};
 use outbox_runtime::{Error, OutboxEvent, Uow};
 use outbox_tests::fixtures::{posted, Posted};
-use outbox_tests::{Running, TestDb};
+use outbox_tests::{count, Running, TestDb};
 use serde_json::json;
 use uuid::Uuid;
 
@@ -147,11 +147,10 @@ async fn reserved_empty_and_repeated_header_names_are_refused_and_nothing_is_wri
             "{refused:?}"
         );
     }
-    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_event")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-    assert_eq!(rows, 0);
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM outbox_event").await,
+        0
+    );
     assert!(outbox_runtime::is_reserved_header("outbox_anything"));
     assert!(!outbox_runtime::is_reserved_header("traceparent"));
 }
@@ -181,10 +180,7 @@ async fn inbox_rows_keep_the_applications_headers() {
     let running = Running::consumer(&consumer);
     let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
     loop {
-        let processed: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox_event WHERE processed")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+        let processed = count(&db.pool, "SELECT count(*) FROM inbox_event WHERE processed").await;
         if processed == 2 {
             break;
         }

@@ -10,7 +10,7 @@ use outbox_tests::deposits::{
     PARTITIONS, TOPIC,
 };
 use outbox_tests::kafka::{consume, Kafka};
-use outbox_tests::{ChildGuard, Running, TestDb};
+use outbox_tests::{count, ChildGuard, Running, TestDb};
 use sqlx::PgPool;
 
 /// The shared relay fixture with these tests' own pace: polling every 200 ms, retries backing
@@ -208,10 +208,7 @@ async fn a_committed_event_wakes_the_relay_without_polling() {
     // Let the relay go idle first: it found nothing and waits, marked as waiting.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let idle: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_relay_waiting")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
+        let idle = count(&db.pool, "SELECT count(*) FROM outbox_relay_waiting").await;
         if idle > 0 {
             break;
         }
@@ -252,13 +249,12 @@ async fn cancel_returns_within_the_publish_timeout_while_the_broker_is_down() {
     // Wait until a batch is in flight: its rows are locked by the relay's transaction.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
-        let in_flight: i64 = sqlx::query_scalar(
+        let in_flight = count(
+            &db.pool,
             "SELECT count(*) FROM pg_stat_activity \
              WHERE application_name = 'outbox-relay' AND state = 'idle in transaction'",
         )
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
+        .await;
         if in_flight > 0 {
             break;
         }

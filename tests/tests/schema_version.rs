@@ -11,7 +11,7 @@ use outbox_runtime::testing::{self, Delivery, MockKafka};
 use outbox_runtime::{inbox_handler, OutboxEvent, OutboxRecord, Uow, SCHEMA_VERSION_HEADER};
 use outbox_tests::kafka::{consume, produce, Outgoing};
 use outbox_tests::payments::wait_for;
-use outbox_tests::{Running, TestDb};
+use outbox_tests::{count, Running, TestDb};
 use serde_json::json;
 use sqlx::{PgConnection, PgPool};
 use uuid::Uuid;
@@ -230,21 +230,16 @@ async fn consumed_in(mode: Mode) -> (TestDb, MockKafka, [Uuid; 3], Uuid) {
     let running = Running::consumer(&consumer);
     let pool = db.pool.clone();
     wait_for("two names written", Duration::from_secs(30), || async {
-        sqlx::query_scalar::<_, i64>("SELECT count(*) FROM names")
-            .fetch_one(&pool)
-            .await
-            .unwrap()
-            == 2
+        count(&pool, "SELECT count(*) FROM names").await == 2
     })
     .await;
     if mode == Mode::Inbox {
         wait_for("one dead inbox row", Duration::from_secs(30), || async {
-            sqlx::query_scalar::<_, i64>(
+            count(
+                &pool,
                 "SELECT count(*) FROM inbox_event WHERE dead_at IS NOT NULL",
             )
-            .fetch_one(&pool)
             .await
-            .unwrap()
                 == 1
         })
         .await;
@@ -396,11 +391,7 @@ async fn a_handler_takes_the_versions_it_declares_and_no_other() {
         other => panic!("version 3 was {other:?}"),
     }
     assert_eq!(deliver(1).await, Delivery::Handled);
-    let written: i64 = sqlx::query_scalar("SELECT count(*) FROM names")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-    assert_eq!(written, 1);
+    assert_eq!(count(&db.pool, "SELECT count(*) FROM names").await, 1);
 }
 
 #[tokio::test]

@@ -5,7 +5,7 @@
 use outbox_runtime::inbox::HandlerError;
 use outbox_runtime::testing::{self, Delivery, MockKafka};
 use outbox_runtime::{OutboxEvent, Uow};
-use outbox_tests::TestDb;
+use outbox_tests::{count, TestDb};
 use serde::{Deserialize, Serialize};
 use uuid::Uuid;
 
@@ -148,11 +148,10 @@ async fn a_handler_runs_once_per_event_and_fails_as_a_consumer_would_see_it() {
     let deliver = || testing::deliver(&db.pool, "stock", reserve_stock, id, &event);
     assert_eq!(deliver().await.unwrap(), Delivery::Handled);
     assert_eq!(deliver().await.unwrap(), Delivery::Duplicate);
-    let reservations: i64 = sqlx::query_scalar("SELECT count(*) FROM reservations")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-    assert_eq!(reservations, 1);
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM reservations").await,
+        1
+    );
     let recorded: String =
         sqlx::query_scalar("SELECT handler FROM processed_event WHERE event_id = $1")
             .bind(id)
@@ -188,11 +187,11 @@ async fn a_handler_runs_once_per_event_and_fails_as_a_consumer_would_see_it() {
         }
         other => panic!("{other:?}"),
     }
-    let recorded: i64 = sqlx::query_scalar("SELECT count(*) FROM processed_event")
-        .fetch_one(&db.pool)
-        .await
-        .unwrap();
-    assert_eq!(recorded, 1, "failed deliveries record nothing");
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM processed_event").await,
+        1,
+        "failed deliveries record nothing"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,7 @@ use std::time::Duration;
 use outbox_runtime::{Error, OutboxEvent, Uow};
 use outbox_tests::fixtures::OrderCreated;
 use outbox_tests::proxy::Proxy;
-use outbox_tests::TestDb;
+use outbox_tests::{count, TestDb};
 use sqlx::{Connection, PgConnection, PgPool};
 use uuid::Uuid;
 
@@ -173,11 +173,10 @@ async fn the_transaction_is_reachable_as_an_sqlx_transaction() {
     uow.emit(&second).await.unwrap();
     // The application takes the transaction over: the events are written into it first.
     let mut tx = uow.into_inner().await.unwrap();
-    let inside: i64 = sqlx::query_scalar("SELECT count(*) FROM outbox_event")
-        .fetch_one(&mut *tx)
-        .await
-        .unwrap();
-    assert_eq!(inside, 2);
+    assert_eq!(
+        count(&mut *tx, "SELECT count(*) FROM outbox_event").await,
+        2
+    );
     assert_eq!(counts(&db.pool).await, (0, 0, 0), "not committed yet");
     tx.commit().await.unwrap();
     assert_eq!(counts(&db.pool).await, (1, 0, 2));

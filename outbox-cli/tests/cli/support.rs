@@ -10,6 +10,8 @@ use outbox_tests::ChildGuard;
 use serde::Serialize;
 use sqlx::PgPool;
 
+pub use outbox_tests::count;
+
 pub const TOPIC: &str = "ledger.events";
 
 #[derive(Serialize, OutboxEvent)]
@@ -86,10 +88,6 @@ pub fn assert_error(o: &Output, expected: &str) {
     assert_eq!(err.lines().count(), 1, "one line: {err}");
     assert!(err.starts_with("error: "), "{err}");
     assert!(err.contains(expected), "expected `{expected}` in: {err}");
-}
-
-pub async fn count(pool: &PgPool, sql: &str) -> i64 {
-    sqlx::query_scalar(sql).fetch_one(pool).await.unwrap()
 }
 
 pub async fn emit_posted(pool: &PgPool, ledgers: usize, per_ledger: u32) -> usize {
