@@ -9,6 +9,8 @@
 use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 
+use sqlx::postgres::PgPoolOptions;
+use sqlx::PgPool;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 
@@ -97,6 +99,15 @@ impl Proxy {
             self.addr,
             &rest[host_end..]
         )
+    }
+
+    /// A pool of at most `max_connections` to the database at `url`, through this proxy.
+    pub async fn pool(&self, url: &str, max_connections: u32) -> PgPool {
+        PgPoolOptions::new()
+            .max_connections(max_connections)
+            .connect(&self.url(url))
+            .await
+            .expect("connect through the proxy")
     }
 }
 

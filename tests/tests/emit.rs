@@ -362,11 +362,7 @@ async fn concurrent_units_of_work_write_every_event_once() {
 /// A pool of one connection through a proxy that counts what the client sends.
 async fn counted_pool(db: &TestDb) -> (Proxy, PgPool) {
     let proxy = Proxy::start("127.0.0.1:5432".into()).await;
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&proxy.url(&db.url))
-        .await
-        .unwrap();
+    let pool = proxy.pool(&db.url, 1).await;
     (proxy, pool)
 }
 

@@ -385,11 +385,7 @@ async fn a_vanished_relay_host_gives_up_its_shards_within_the_failover_timeout()
     let kafka = Kafka::mock();
     kafka.create_topic(TOPIC, PARTITIONS).await;
     let proxy = Proxy::start("127.0.0.1:5432".into()).await;
-    let behind_proxy = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(4)
-        .connect(&proxy.url(&db.url))
-        .await
-        .unwrap();
+    let behind_proxy = proxy.pool(&db.url, 4).await;
     // Relay A (default failover timeout) owns every shard and publishes.
     let a = Running::relay(&relay_on(&behind_proxy, &kafka).build().unwrap());
     let first = emit_events(&db.pool, 50, 4, 100).await;

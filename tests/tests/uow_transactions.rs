@@ -132,11 +132,7 @@ async fn commit_of_a_transaction_aborted_by_a_caught_error_is_an_error() {
 async fn a_connection_lost_after_commit_was_sent_is_an_unknown_outcome() {
     let db = setup().await;
     let proxy = Proxy::start("127.0.0.1:5432".into()).await;
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(1)
-        .connect(&proxy.url(&db.url))
-        .await
-        .unwrap();
+    let pool = proxy.pool(&db.url, 1).await;
     let event = order();
     let mut uow = Uow::begin(&pool).await.unwrap();
     insert_order(uow.tx(), &event).await;
