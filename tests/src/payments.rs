@@ -1,5 +1,5 @@
 //! What the consumer tests share: a consumer builder for the payments topic, orders with their
-//! payment events, and waiting for a condition.
+//! payment events, reading the retry and dead-letter topics, and waiting for a condition.
 
 use std::time::Duration;
 
@@ -10,7 +10,7 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::fixtures::{self, PaymentSucceeded, PAYMENTS};
-use crate::kafka::{produce, Kafka, Outgoing};
+use crate::kafka::{consume, produce, Kafka, Outgoing, Received};
 use crate::TestDb;
 
 /// Partitions of the payments topic.
@@ -43,6 +43,23 @@ pub async fn orders_with_payments(pool: &PgPool, n: usize) -> Vec<(Uuid, Payment
         .collect()
 }
 
+/// [`orders_with_payments`], with `amount` instead of 100 on the payments whose index `picked`
+/// picks (an amount some handlers of [`fixtures`] react to).
+pub async fn orders_with_special_payments(
+    pool: &PgPool,
+    n: usize,
+    picked: impl Fn(usize) -> bool,
+    amount: i64,
+) -> Vec<(Uuid, PaymentSucceeded)> {
+    let mut payments = orders_with_payments(pool, n).await;
+    for (i, (_, payment)) in payments.iter_mut().enumerate() {
+        if picked(i) {
+            payment.amount = amount;
+        }
+    }
+    payments
+}
+
 pub fn records(payments: &[(Uuid, PaymentSucceeded)]) -> Vec<Outgoing> {
     payments
         .iter()
@@ -53,6 +70,31 @@ pub fn records(payments: &[(Uuid, PaymentSucceeded)]) -> Vec<Outgoing> {
 /// Produces the payments as the relay would.
 pub async fn publish(kafka: &Kafka, payments: &[(Uuid, PaymentSucceeded)]) {
     produce(&kafka.bootstrap(), PAYMENTS, &records(payments)).await;
+}
+
+/// What was sent to the payments' retry topic: read for 2 s, or until more than `expected` came
+/// (so that one too many shows).
+pub async fn retried(kafka: &Kafka, expected: usize) -> Vec<Received> {
+    consume(
+        &kafka.bootstrap(),
+        &format!("{PAYMENTS}.retry"),
+        PARTITIONS,
+        Duration::from_secs(2),
+        |r| r.len() > expected,
+    )
+    .await
+}
+
+/// The payments' dead letters: read until `n` came, or `timeout` passed.
+pub async fn dead_letters(kafka: &Kafka, n: usize, timeout: Duration) -> Vec<Received> {
+    consume(
+        &kafka.bootstrap(),
+        &format!("{PAYMENTS}.dlq"),
+        1,
+        timeout,
+        |r| r.len() >= n,
+    )
+    .await
 }
 
 /// Polls `condition` until it holds; panics with `what` after `timeout`.

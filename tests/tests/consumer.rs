@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use outbox_runtime::inbox::{Consumer, ConsumerBuilder, HandlerError, Mode, RetryPolicy};
 use outbox_tests::fixtures::{self, PaymentRefunded, PaymentSucceeded, PAYMENTS};
-use outbox_tests::kafka::{committed_total, consume, produce, Kafka, Outgoing};
+use outbox_tests::kafka::{committed_total, produce, Kafka, Outgoing};
 use outbox_tests::payments::{
-    builder, orders_with_payments, paid_counts, publish, records, setup, setup_on, wait_for,
-    PARTITIONS,
+    builder, dead_letters, orders_with_payments, paid_counts, publish, records, retried, setup,
+    setup_on, wait_for, PARTITIONS,
 };
 use outbox_tests::{count, ChildGuard, Running, TestDb};
 use sqlx::PgPool;
@@ -133,14 +133,7 @@ async fn poison((db, kafka): (TestDb, Kafka)) {
         .build()
         .unwrap();
     let running = Running::consumer(&consumer);
-    let dead = consume(
-        &kafka.bootstrap(),
-        &format!("{PAYMENTS}.dlq"),
-        1,
-        Duration::from_secs(30),
-        |r| r.len() >= 4,
-    )
-    .await;
+    let dead = dead_letters(&kafka, 4, Duration::from_secs(30)).await;
     wait_for(
         "the partition consumed",
         Duration::from_secs(30),
@@ -251,15 +244,7 @@ async fn failing_twice_then_succeeding(policy: RetryPolicy) {
         RetryPolicy::InPlace => 0,
         _ => 6,
     };
-    // Reads for 2 s, or until more than expected came.
-    let retried = consume(
-        &kafka.bootstrap(),
-        &format!("{PAYMENTS}.retry"),
-        PARTITIONS,
-        Duration::from_secs(2),
-        |r| r.len() > expected,
-    )
-    .await;
+    let retried = retried(&kafka, expected).await;
     assert_eq!(retried.len(), expected, "messages sent to the retry topic");
     for (event_id, _) in payments.iter().filter(|_| policy == RetryPolicy::Topic) {
         let mut attempts: Vec<&str> = retried

@@ -5,10 +5,11 @@
 use std::time::Duration;
 
 use outbox_runtime::inbox::Mode;
-use outbox_tests::fixtures::{self, PaymentSucceeded, PAYMENTS};
+use outbox_tests::fixtures::{self, PAYMENTS};
 use outbox_tests::kafka::{committed_total, consume, produce, Kafka, Outgoing};
 use outbox_tests::payments::{
-    builder, orders_with_payments, paid_counts, publish, records, setup, wait_for, PARTITIONS,
+    builder, dead_letters, orders_with_payments, orders_with_special_payments, paid_counts,
+    publish, records, retried, setup, wait_for, PARTITIONS,
 };
 use outbox_tests::{count, Running};
 use sqlx::PgPool;
@@ -18,17 +19,11 @@ use uuid::Uuid;
 /// dead inbox rows (inbox mode), once there are `n`.
 async fn dead_reasons(pool: &PgPool, kafka: &Kafka, mode: Mode, n: usize) -> Vec<String> {
     match mode {
-        Mode::Dedup => consume(
-            &kafka.bootstrap(),
-            &format!("{PAYMENTS}.dlq"),
-            1,
-            Duration::from_secs(30),
-            |r| r.len() >= n,
-        )
-        .await
-        .iter()
-        .map(|r| r.header("dlq_error").to_owned())
-        .collect(),
+        Mode::Dedup => dead_letters(kafka, n, Duration::from_secs(30))
+            .await
+            .iter()
+            .map(|r| r.header("dlq_error").to_owned())
+            .collect(),
         Mode::Inbox => {
             wait_for(
                 &format!("{n} dead rows"),
@@ -140,14 +135,7 @@ async fn inbox_payloads_jsonb_refuses_are_dead_lettered_and_the_partition_flows(
         || async { paid_counts(&db.pool).await.iter().sum::<i32>() == 3 },
     )
     .await;
-    let dead = consume(
-        &kafka.bootstrap(),
-        &format!("{PAYMENTS}.dlq"),
-        1,
-        Duration::from_secs(30),
-        |r| r.len() >= 2,
-    )
-    .await;
+    let dead = dead_letters(&kafka, 2, Duration::from_secs(30)).await;
     running.stop().await;
     assert_eq!(dead.len(), 2);
     assert_eq!(dead[0].raw, records[1].payload);
@@ -173,17 +161,7 @@ async fn inbox_payloads_jsonb_refuses_are_dead_lettered_and_the_partition_flows(
 /// effect once; the consumer and the processors keep running.
 async fn panics(mode: Mode) {
     let (db, kafka) = setup().await;
-    let payments: Vec<(Uuid, PaymentSucceeded)> = orders_with_payments(&db.pool, 10)
-        .await
-        .into_iter()
-        .enumerate()
-        .map(|(i, (id, mut p))| {
-            if i % 5 == 0 {
-                p.amount = 13;
-            }
-            (id, p)
-        })
-        .collect();
+    let payments = orders_with_special_payments(&db.pool, 10, |i| i % 5 == 0, 13).await;
     publish(&kafka, &payments).await;
     let consumer = builder(&db, &kafka, "orders")
         .handler(fixtures::panicky_mark_paid)
@@ -215,17 +193,11 @@ async fn panics(mode: Mode) {
     }
     // Each panic was one failed attempt, with the panic's message.
     let errors: Vec<String> = match mode {
-        Mode::Dedup => consume(
-            &kafka.bootstrap(),
-            &format!("{PAYMENTS}.retry"),
-            PARTITIONS,
-            Duration::from_secs(2),
-            |r| r.len() > 2,
-        )
-        .await
-        .iter()
-        .map(|r| r.header("outbox_retry_error").to_owned())
-        .collect(),
+        Mode::Dedup => retried(&kafka, 2)
+            .await
+            .iter()
+            .map(|r| r.header("outbox_retry_error").to_owned())
+            .collect(),
         _ => sqlx::query_scalar("SELECT last_error FROM inbox_event WHERE attempts > 0")
             .fetch_all(&db.pool)
             .await
@@ -295,17 +267,7 @@ async fn handlers_of_the_same_name_in_two_groups_do_not_skip_each_other() {
 async fn a_retried_message_does_not_hold_up_its_partition() {
     let (db, kafka) = setup().await;
     let key = "one-partition".to_owned();
-    let payments: Vec<(Uuid, PaymentSucceeded)> = orders_with_payments(&db.pool, 6)
-        .await
-        .into_iter()
-        .enumerate()
-        .map(|(i, (id, mut p))| {
-            if i == 0 {
-                p.amount = 7;
-            }
-            (id, p)
-        })
-        .collect();
+    let payments = orders_with_special_payments(&db.pool, 6, |i| i == 0, 7).await;
     let mut outgoing = records(&payments);
     for r in &mut outgoing {
         r.key = key.clone();
@@ -350,17 +312,7 @@ async fn a_retried_message_does_not_hold_up_its_partition() {
 async fn refused_at_commit(mode: Mode) {
     let (db, kafka) = setup().await;
     fixtures::create_receipts(&db.pool).await;
-    let payments: Vec<(Uuid, PaymentSucceeded)> = orders_with_payments(&db.pool, 20)
-        .await
-        .into_iter()
-        .enumerate()
-        .map(|(i, (id, mut p))| {
-            if i % 10 == 3 {
-                p.amount = 9;
-            }
-            (id, p)
-        })
-        .collect();
+    let payments = orders_with_special_payments(&db.pool, 20, |i| i % 10 == 3, 9).await;
     publish(&kafka, &payments).await;
     let consumer = builder(&db, &kafka, "receipts")
         .handler(fixtures::write_receipt)
@@ -416,17 +368,7 @@ async fn inbox_work_refused_at_commit_fails_its_row_not_the_processor() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_waiting_in_the_retry_topic_survive_a_consumer_restart() {
     let (db, kafka) = setup().await;
-    let payments: Vec<(Uuid, PaymentSucceeded)> = orders_with_payments(&db.pool, 6)
-        .await
-        .into_iter()
-        .enumerate()
-        .map(|(i, (id, mut p))| {
-            if i % 3 == 0 {
-                p.amount = 7;
-            }
-            (id, p)
-        })
-        .collect();
+    let payments = orders_with_special_payments(&db.pool, 6, |i| i % 3 == 0, 7).await;
     publish(&kafka, &payments).await;
     let start = || {
         builder(&db, &kafka, "orders")
@@ -483,13 +425,6 @@ async fn messages_waiting_in_the_retry_topic_survive_a_consumer_restart() {
             "handled on its third attempt"
         );
     }
-    let dead = consume(
-        &kafka.bootstrap(),
-        &format!("{PAYMENTS}.dlq"),
-        1,
-        Duration::from_secs(1),
-        |r| !r.is_empty(),
-    )
-    .await;
+    let dead = dead_letters(&kafka, 1, Duration::from_secs(1)).await;
     assert!(dead.is_empty(), "nothing dead-lettered");
 }

@@ -6,10 +6,10 @@
 use std::time::Duration;
 
 use outbox_tests::fixtures::{self, PAYMENTS};
-use outbox_tests::kafka::{consume, produce, Kafka, Outgoing};
+use outbox_tests::kafka::{produce, Kafka, Outgoing};
 use outbox_tests::payments::{
-    builder, forward_blocked_gauge, orders_with_payments, paid_counts, publish, wait_for,
-    PARTITIONS,
+    builder, dead_letters, forward_blocked_gauge, orders_with_payments, paid_counts, publish,
+    wait_for, PARTITIONS,
 };
 use outbox_tests::{Running, TestDb};
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
@@ -104,10 +104,7 @@ async fn a_missing_dead_letter_topic_blocks_visibly_keeps_the_membership_and_rec
         paid_counts(&db.pool).await.iter().sum::<i32>() == 120
     })
     .await;
-    let dead = consume(&kafka.bootstrap(), &dlq, 1, Duration::from_secs(30), |r| {
-        !r.is_empty()
-    })
-    .await;
+    let dead = dead_letters(&kafka, 1, Duration::from_secs(30)).await;
     running.stop().await;
     // Dead letters are sent at least once: a rebalance before its offset is committed sends
     // the message again.

@@ -10,7 +10,7 @@ use outbox_runtime::inbox_handler;
 use outbox_tests::fixtures::{PaymentSucceeded, PAYMENTS};
 use outbox_tests::kafka::{consume, produce, Received};
 use outbox_tests::payments::{builder, orders_with_payments, paid_counts, setup, wait_for};
-use outbox_tests::payments::{records, PARTITIONS};
+use outbox_tests::payments::{records, retried, PARTITIONS};
 use outbox_tests::{count, Running};
 use sqlx::PgConnection;
 use uuid::Uuid;
@@ -109,15 +109,7 @@ async fn handled_in(mode: Mode, policy: RetryPolicy) -> (Vec<Seen>, Vec<Received
     } else {
         0
     };
-    // Reads for 2 s, or until more than expected came.
-    let retried = consume(
-        &kafka.bootstrap(),
-        &format!("{PAYMENTS}.retry"),
-        PARTITIONS,
-        Duration::from_secs(2),
-        |r| r.len() > expected,
-    )
-    .await;
+    let retried = retried(&kafka, expected).await;
     assert_eq!(retried.len(), expected);
     let seen = seen.lock().unwrap().clone();
     (seen, produced, retried)

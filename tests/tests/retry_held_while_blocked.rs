@@ -5,15 +5,14 @@
 
 use std::time::Duration;
 
-use outbox_tests::fixtures::{self, PaymentSucceeded, PAYMENTS};
+use outbox_tests::fixtures::{self, PAYMENTS};
 use outbox_tests::kafka::{consume, produce, Kafka, Outgoing};
 use outbox_tests::payments::{
-    builder, forward_blocked_gauge, orders_with_payments, paid_counts, publish, wait_for,
-    PARTITIONS,
+    builder, forward_blocked_gauge, orders_with_payments, orders_with_special_payments,
+    paid_counts, publish, wait_for, PARTITIONS,
 };
 use outbox_tests::{Running, TestDb};
 use rdkafka::ClientConfig;
-use uuid::Uuid;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_waiting_in_the_retry_topic_survives_a_blocked_send() {
@@ -40,14 +39,7 @@ async fn a_message_waiting_in_the_retry_topic_survives_a_blocked_send() {
     let running = Running::consumer(&consumer);
 
     // A payment that fails twice: after its second failure it waits 10 s in the retry topic.
-    let waiting: Vec<(Uuid, PaymentSucceeded)> = orders_with_payments(&db.pool, 1)
-        .await
-        .into_iter()
-        .map(|(id, mut p)| {
-            p.amount = 7;
-            (id, p)
-        })
-        .collect();
+    let waiting = orders_with_special_payments(&db.pool, 1, |_| true, 7).await;
     let order = waiting[0].1.order_id;
     publish(&kafka, &waiting).await;
     consume(
