@@ -6,6 +6,7 @@ use std::time::Duration;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use metrics_util::MetricKind;
 use outbox_runtime::inbox::{Consumer, ConsumerBuilder};
+use rdkafka::ClientConfig;
 use sqlx::PgPool;
 use uuid::Uuid;
 
@@ -17,7 +18,7 @@ use crate::TestDb;
 pub const PARTITIONS: i32 = 4;
 
 pub fn builder(db: &TestDb, kafka: &Kafka, group: &str) -> ConsumerBuilder {
-    let mut config = rdkafka::ClientConfig::new();
+    let mut config = ClientConfig::new();
     config.set("auto.commit.interval.ms", "100");
     Consumer::builder(db.pool.clone())
         .brokers(kafka.bootstrap())
@@ -125,14 +126,40 @@ pub async fn setup() -> (TestDb, Kafka) {
 }
 
 pub async fn setup_on(kafka: Kafka) -> (TestDb, Kafka) {
+    let (db, kafka) = setup_without_dead_letter_topic(kafka).await;
+    kafka.create_topic(&format!("{PAYMENTS}.dlq"), 1).await;
+    (db, kafka)
+}
+
+/// [`setup_on`] but for the dead-letter topic, which a test of a missing one creates later.
+pub async fn setup_without_dead_letter_topic(kafka: Kafka) -> (TestDb, Kafka) {
     let db = TestDb::new().await;
     fixtures::create_orders(&db.pool).await;
     kafka.create_topic(PAYMENTS, PARTITIONS).await;
     kafka
         .create_topic(&format!("{PAYMENTS}.retry"), PARTITIONS)
         .await;
-    kafka.create_topic(&format!("{PAYMENTS}.dlq"), 1).await;
     (db, kafka)
+}
+
+/// Producer settings for a consumer's retry and dead-letter sends to a broker that creates no
+/// topic on first use: a send to a missing topic blocks, and a topic created meanwhile is seen
+/// within a second.
+pub fn no_auto_created_topics() -> ClientConfig {
+    let mut config = ClientConfig::new();
+    config
+        .set("allow.auto.create.topics", "false")
+        .set("topic.metadata.propagation.max.ms", "1000");
+    config
+}
+
+/// A record for the payments topic that is not JSON (nor has any header): a dead letter.
+pub fn not_json() -> Outgoing {
+    Outgoing {
+        key: "k".into(),
+        payload: b"not json".to_vec(),
+        headers: Vec::new(),
+    }
 }
 
 /// Installs this test process's metrics recorder (one per test binary) and returns a reader of

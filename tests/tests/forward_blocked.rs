@@ -6,12 +6,13 @@
 use std::time::Duration;
 
 use outbox_tests::fixtures::{self, PAYMENTS};
-use outbox_tests::kafka::{produce, Kafka, Outgoing};
+use outbox_tests::kafka::{produce, Kafka};
 use outbox_tests::payments::{
-    builder, dead_letters, forward_blocked_gauge, orders_with_payments, paid_counts, publish,
-    wait_for, PARTITIONS,
+    builder, dead_letters, forward_blocked_gauge, no_auto_created_topics, not_json,
+    orders_with_payments, paid_counts, publish, setup_without_dead_letter_topic, wait_for,
+    PARTITIONS,
 };
-use outbox_tests::{Running, TestDb};
+use outbox_tests::Running;
 use rdkafka::consumer::{BaseConsumer, Consumer as _};
 use rdkafka::ClientConfig;
 
@@ -20,20 +21,9 @@ async fn a_missing_dead_letter_topic_blocks_visibly_keeps_the_membership_and_rec
     let blocked = forward_blocked_gauge(Some(format!("{PAYMENTS}.dlq")));
     let dlq = format!("{PAYMENTS}.dlq");
 
-    let db = TestDb::new().await;
-    fixtures::create_orders(&db.pool).await;
-    let kafka = Kafka::mock();
-    kafka.create_topic(PAYMENTS, PARTITIONS).await;
-    kafka
-        .create_topic(&format!("{PAYMENTS}.retry"), PARTITIONS)
-        .await;
+    let (db, kafka) = setup_without_dead_letter_topic(Kafka::mock()).await;
     // A message that is not JSON, then good ones.
-    let poison = Outgoing {
-        key: "k".into(),
-        payload: b"not json".to_vec(),
-        headers: Vec::new(),
-    };
-    produce(&kafka.bootstrap(), PAYMENTS, &[poison]).await;
+    produce(&kafka.bootstrap(), PAYMENTS, &[not_json()]).await;
     let payments = orders_with_payments(&db.pool, 20).await;
     publish(&kafka, &payments).await;
 
@@ -43,13 +33,9 @@ async fn a_missing_dead_letter_topic_blocks_visibly_keeps_the_membership_and_rec
         .set("auto.commit.interval.ms", "100")
         .set("session.timeout.ms", "6000")
         .set("max.poll.interval.ms", "7000");
-    let mut producer_config = ClientConfig::new();
-    producer_config
-        .set("allow.auto.create.topics", "false")
-        .set("topic.metadata.propagation.max.ms", "1000");
     let consumer = builder(&db, &kafka, "orders")
         .consumer_config(consumer_config)
-        .producer_config(producer_config)
+        .producer_config(no_auto_created_topics())
         .handler(fixtures::mark_order_paid)
         .build()
         .unwrap();

@@ -6,30 +6,22 @@
 use std::time::Duration;
 
 use outbox_tests::fixtures::{self, PAYMENTS};
-use outbox_tests::kafka::{consume, produce, Kafka, Outgoing};
+use outbox_tests::kafka::{consume, produce, Kafka};
 use outbox_tests::payments::{
-    builder, forward_blocked_gauge, orders_with_payments, orders_with_special_payments,
-    paid_counts, publish, wait_for, PARTITIONS,
+    builder, forward_blocked_gauge, no_auto_created_topics, not_json, orders_with_payments,
+    orders_with_special_payments, paid_counts, publish, setup_without_dead_letter_topic, wait_for,
+    PARTITIONS,
 };
-use outbox_tests::{Running, TestDb};
-use rdkafka::ClientConfig;
+use outbox_tests::Running;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_message_waiting_in_the_retry_topic_survives_a_blocked_send() {
     let blocked = forward_blocked_gauge(None);
 
-    let db = TestDb::new().await;
-    fixtures::create_orders(&db.pool).await;
-    let kafka = Kafka::mock();
-    kafka.create_topic(PAYMENTS, PARTITIONS).await;
+    let (db, kafka) = setup_without_dead_letter_topic(Kafka::mock()).await;
     let retry = format!("{PAYMENTS}.retry");
-    kafka.create_topic(&retry, PARTITIONS).await;
-    let mut producer_config = ClientConfig::new();
-    producer_config
-        .set("allow.auto.create.topics", "false")
-        .set("topic.metadata.propagation.max.ms", "1000");
     let consumer = builder(&db, &kafka, "orders")
-        .producer_config(producer_config)
+        .producer_config(no_auto_created_topics())
         .handler(fixtures::sometimes_failing_mark_paid)
         // A wait of 5 s after a first failure, 10 s after a second; a blocked send tries
         // again after 5 s.
@@ -55,12 +47,7 @@ async fn a_message_waiting_in_the_retry_topic_survives_a_blocked_send() {
     .await;
 
     // Meanwhile a message for a dead-letter topic that does not exist yet, and more payments.
-    let poison = Outgoing {
-        key: "k".into(),
-        payload: b"not json".to_vec(),
-        headers: Vec::new(),
-    };
-    produce(&kafka.bootstrap(), PAYMENTS, &[poison]).await;
+    produce(&kafka.bootstrap(), PAYMENTS, &[not_json()]).await;
     let others = orders_with_payments(&db.pool, 20).await;
     publish(&kafka, &others).await;
     wait_for("the consumer blocked", Duration::from_secs(30), || async {
