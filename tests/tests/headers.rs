@@ -8,6 +8,7 @@ use outbox_runtime::inbox::{Consumer, HandlerError, Mode};
 use outbox_runtime::testing::{MockKafka, Record};
 use outbox_runtime::{Error, OutboxEvent, Uow};
 use outbox_tests::fixtures::{posted, Posted};
+use outbox_tests::payments::wait_for;
 use outbox_tests::{count, Running, TestDb};
 use serde_json::json;
 use uuid::Uuid;
@@ -178,18 +179,12 @@ async fn inbox_rows_keep_the_applications_headers() {
         .build()
         .unwrap();
     let running = Running::consumer(&consumer);
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let processed = count(&db.pool, "SELECT count(*) FROM inbox_event WHERE processed").await;
-        if processed == 2 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "2 inbox rows processed"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for(
+        "2 inbox rows processed",
+        Duration::from_secs(30),
+        || async { count(&db.pool, "SELECT count(*) FROM inbox_event WHERE processed").await == 2 },
+    )
+    .await;
     running.stop().await;
     let inbox = |id: Uuid| {
         let pool = db.pool.clone();

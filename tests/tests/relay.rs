@@ -10,6 +10,7 @@ use outbox_tests::deposits::{
     PARTITIONS, TOPIC,
 };
 use outbox_tests::kafka::{consume, Kafka};
+use outbox_tests::payments::wait_for;
 use outbox_tests::{count, ChildGuard, Running, TestDb};
 use sqlx::PgPool;
 
@@ -206,18 +207,10 @@ async fn a_committed_event_wakes_the_relay_without_polling() {
         .unwrap();
     let running = Running::relay(&relay);
     // Let the relay go idle first: it found nothing and waits, marked as waiting.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let idle = count(&db.pool, "SELECT count(*) FROM outbox_relay_waiting").await;
-        if idle > 0 {
-            break;
-        }
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "relay never listened"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    wait_for("the relay to listen", Duration::from_secs(10), || async {
+        count(&db.pool, "SELECT count(*) FROM outbox_relay_waiting").await > 0
+    })
+    .await;
     let mut uow = Uow::begin(&db.pool).await.unwrap();
     uow.emit(&deposit(1, 1)).await.unwrap();
     uow.commit().await.unwrap();
