@@ -1,5 +1,5 @@
 //! `outbox`: the operator's tool for the transactional outbox and inbox. See `outbox --help`
-//! and the README's "Operations" section.
+//! and its README (`outbox-cli/README.md`); operating the outbox: `docs/operations.md`.
 
 /// `println!` for a command's results. A closed stdout (`outbox status | head -1`) ends the
 /// output, not the command: the rest is dropped, the command finishes its work and exits as it

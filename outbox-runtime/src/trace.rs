@@ -1,18 +1,53 @@
 //! W3C trace context ([`traceparent` and `tracestate`](https://www.w3.org/TR/trace-context/))
 //! carried with an event from the code that emitted it to the handlers that consume it.
 //!
-//! With the `opentelemetry` feature, `emit` captures the OpenTelemetry context of the current
-//! `tracing` span (through `tracing-opentelemetry`'s layer) and stores it in the row's headers
-//! as `traceparent` (and `tracestate`, if the context has one). The relay sends them as Kafka
-//! headers, like any header stored with the row, and a replay sends them again: the trace is
-//! the emitting request's, not the relay's. A consumer makes the context the parent of each
-//! handler's span (`outbox_consume` in dedup mode, `outbox_inbox_row` in inbox mode), so the
-//! handler and whatever it calls join the producer's trace.
+//! With the `opentelemetry` feature and a `tracing-opentelemetry` layer installed:
+//!
+//! - **At emit**, not at relay time: `emit` reads the OpenTelemetry context of the current
+//!   `tracing` span and stores it in the row's headers as `traceparent` (and `tracestate`, if the
+//!   context has one). Outside a traced span, nothing is stored. A `traceparent` given to
+//!   `emit_with` wins over the captured one.
+//! - **On the wire**: the relay sends them as Kafka headers, like any header stored with the row;
+//!   `outbox replay` sends them again, and a retry or dead-letter topic keeps them. The trace is
+//!   the emitting request's, not the relay's (the relay's batches are traces of their own).
+//! - **At the consumer**, each handler runs in a span (`outbox_consume` in dedup mode,
+//!   `outbox_inbox_row` in inbox mode) whose *parent* is the message's context, so the handler and
+//!   everything it calls (a provider's client, its own emits) join the producer's trace. A parent
+//!   rather than a link: one message has one producer, and a trace viewer shows the whole path as
+//!   one tree. Invalid headers are ignored (a new trace starts), as the W3C recommendation asks.
+//! - [`MessageMeta::otel_context`](crate::inbox::MessageMeta) gives the context for spans started
+//!   outside `tracing`, and `context_from_headers(traceparent, tracestate)` turns an HTTP
+//!   request's headers into a parent context, as the quickstart's `POST /orders` does.
 //!
 //! Without the feature, nothing is captured, and the headers are the application's like any
 //! other: given to `emit_with`, they travel the same way, and a handler reads them with
-//! [`MessageMeta::trace_parent`](crate::inbox::MessageMeta::trace_parent). A `traceparent`
-//! given to `emit_with` wins over the captured one.
+//! [`MessageMeta::trace_parent`](crate::inbox::MessageMeta::trace_parent) (parsed, a
+//! [`TraceParent`]) and `MessageMeta::tracestate`.
+//!
+//! Tested with the SDK's in-memory exporter (`tests/tests/trace_context.rs` in the repository):
+//! the handler's span is the child of the span that emitted, in both modes, with the trace state
+//! kept.
+//!
+//! # Seeing it in the quickstart
+//!
+//! `cargo run --example quickstart -- --trace` prints every span as it ends, on stderr,
+//! `span trace=<trace id> span=<id> parent=<parent id> <name>` (then `event_id=<id>` on the
+//! spans that have one). Each order is one trace across both services: `POST /orders` →
+//! `outbox_consume` (the payments handler, whose parent is the request span, through the
+//! `traceparent` header the relay sent) → `provider_charge` → `outbox_inbox_row` (the orders
+//! side's handler, the child of the payments handler, which emitted `PaymentSucceeded` inside its
+//! span).
+//!
+//! ```sh
+//! cargo run --example quickstart -- --demo 1 --trace 2>&1 | grep '^span' | grep -v outbox_relay_batch
+//! # or, serving, continue a trace of your own and follow it:
+//! curl -s -H 'traceparent: 00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01' \
+//!      -H 'content-type: application/json' -d '{"customer_id":"c1","product_id":"p1","amount":100}' \
+//!      http://127.0.0.1:3000/orders     # and in the quickstart's output: grep 0af7651916cd43dd8448eb211c80319c
+//! ```
+//!
+//! In a real service the spans go to a collector (opentelemetry-otlp's exporter in place of the
+//! quickstart's printing span processor), where the same trace id shows the whole path.
 
 use std::fmt;
 

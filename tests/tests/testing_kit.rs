@@ -1,6 +1,6 @@
 //! The test kit (`outbox-runtime`'s feature `testing`), used as an application would in its own
 //! tests: what a command emitted, a handler run as a consumer runs it, a relay publishing to an
-//! in-process mock cluster. The README's "Testing your application" shows this file.
+//! in-process mock cluster. The `testing` module's docs show the same uses.
 
 use outbox_runtime::inbox::HandlerError;
 use outbox_runtime::testing::{self, Delivery, MockKafka};

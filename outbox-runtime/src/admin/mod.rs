@@ -1,11 +1,16 @@
 //! Operations on the outbox and inbox tables, for operators and their tools (the `outbox` CLI
-//! is a thin layer over this module): backlog figures per topic, retention, poison events,
-//! replay.
+//! is a thin layer over this module): backlog figures per topic ([`status`]), retention
+//! ([`Cleanup`]), poison events (parked outbox rows and dead inbox rows: [`list_parked`],
+//! [`retry_parked`], [`drop_parked`], [`list_dead`], [`retry_dead`]), replay ([`Replay`]).
 //!
 //! Everything here works on the database alone, except [`replay`](crate::admin::Replay), which
 //! publishes (feature `kafka`). Every function is safe to run while relays and consumers run:
 //! retention deletes in small batches and skips rows another transaction holds, and the poison
 //! tools only touch parked or dead rows, which no relay or processor works on.
+//!
+//! What each operation is for, and when to run it: the
+//! [operations guide](https://github.com/outbox-rs/outbox/blob/main/docs/operations.md); the
+//! CLI's commands: [`outbox-cli`'s README](https://github.com/outbox-rs/outbox/blob/main/outbox-cli/README.md).
 
 mod cleanup;
 mod poison;

@@ -7,42 +7,136 @@
 //!
 //! # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
 //! let relay = Relay::builder(pool.clone())
-//!     .brokers("127.0.0.1:9092")
+//!     .brokers("127.0.0.1:9092")              // or .producer_config(rdkafka::ClientConfig)
 //!     .batch_size(500)
 //!     .poll_interval(Duration::from_millis(500))
-//!     .build()?;
+//!     .build()?;                              // refuses enable.idempotence=false or acks!=all
 //! let cancel = CancellationToken::new();
-//! let handle = relay.spawn(cancel.clone());
+//! let handle = relay.spawn(cancel.clone());   // a tokio task; or `relay.run(cancel).await`
 //! // ... the application runs ...
 //! cancel.cancel();
-//! handle.await??; // finishes the batch in flight, flushes, returns
+//! handle.await??; // finishes the batch in flight, returns
 //! # Ok(()) }
 //! ```
 //!
+//! Run as many instances as you like, in one process ([`Relay::spawn`] again) or in many (the
+//! `outbox relay` command of `outbox-cli` is one such process): they share the work through
+//! PostgreSQL alone, with no other coordination. Each instance holds two connections of the pool
+//! (its work and its `LISTEN`): size the pool for them.
+//!
 //! # How it works
 //!
-//! Each running instance (a [`Relay::spawn`] or [`Relay::run`]; several per process or across
-//! processes) holds one PostgreSQL connection. Partition keys are spread over 64 shards
-//! (`hashtext(partition_key) & 63`); through session advisory locks every instance owns a fair
-//! share of the shards, and only the owner publishes a shard's rows. A batch claims the owned
-//! shards' unpublished rows `ORDER BY id ... FOR UPDATE SKIP LOCKED`, sends them on the
-//! idempotent producer (`acks=all`) so that no key overtakes itself, waits for the
-//! acknowledgements (at most the publish timeout), then marks the acknowledged rows published
-//! and commits. Ownership moves only between batches. So events of one key reach Kafka in `id`
-//! order however many relays run, and a relay that dies frees its shards: at once if its
-//! connection closes, within the [failover timeout](RelayBuilder::failover_timeout) if its
-//! host vanished. Its unmarked rows are published again by the next owner (at-least-once).
+//! Each running instance (a [`Relay::spawn`] or [`Relay::run`]) holds one PostgreSQL connection
+//! for its work. Partition keys are spread over 64 shards (`hashtext(partition_key) & 63`);
+//! through session advisory locks (keyed by the outbox table, so installations in two schemas of
+//! one database stay apart) every instance owns a fair share of the shards, and only the owner
+//! publishes a shard's rows. A batch claims the owned shards' unpublished rows
+//! `ORDER BY id ... FOR UPDATE SKIP LOCKED`, sends them on the idempotent producer (`acks=all`),
+//! waits for the acknowledgements (at most the [publish timeout](RelayBuilder::publish_timeout)),
+//! then marks the acknowledged rows published and commits. Ownership moves only between batches.
+//! So events of one key reach Kafka in `id` order however many relays run, and a relay that dies
+//! frees its shards: at once if its connection closes, within the
+//! [failover timeout](RelayBuilder::failover_timeout) if its host vanished (no FIN, no RST).
+//! Its unmarked rows are published again by the next owner (at-least-once).
 //!
-//! Each claim starts where the last one ended (a cursor that never passes a row that may still
-//! commit), so a claim costs the same whatever the backlog and whatever the planner's
-//! statistics say.
+//! **Per-key order across failures.** The producer is idempotent with
+//! `enable.gapless.guarantee` and no producer-side message timeout (the batch bounds its own
+//! wait), so a refused record is never overtaken by a later one of its key; a key's record for
+//! another topic waits until its earlier records are acknowledged; a later record is marked
+//! published only if every earlier one of its key was. This relies on the broker checking
+//! idempotent sequence numbers, as Apache Kafka and Redpanda do; for a broker that does not,
+//! [`one_record_in_flight_per_key(true)`](RelayBuilder::one_record_in_flight_per_key) sends a
+//! key's records one at a time. A producer that fails for good (a fatal idempotence error) is
+//! replaced, and the relay goes on.
 //!
-//! A record the broker refuses for good (too large, invalid, an error nobody knows) gets an
-//! attempt, its error and a retry time on its row; later records of its key wait for it; after
-//! `max_attempts` it is parked (`parked_at`), kept for operators and skipped. A record refused
-//! for an operator's reason (the topic does not exist, the relay is not authorized) holds its
-//! key (`held_at`) until that is fixed, without counting attempts. When Kafka is down nothing is
-//! marked: the relay backs off, retries and drains the backlog when it is back.
+//! **A claim costs what its batch costs**, whatever the backlog and whatever the planner's
+//! statistics say (a never-analyzed table after a burst, statistics taken while the table was
+//! empty): each claim starts where the last one ended (a cursor that never steps past a row that
+//! may still commit), and the relay's session can only walk indexes in order.
+//!
+//! **Latency.** Emitters send `NOTIFY` while a relay waits for work, so a committed event is
+//! published within milliseconds; the relay also polls every
+//! [`poll_interval`](RelayBuilder::poll_interval). Under load the relays are busy and emitters
+//! skip the `NOTIFY`, which PostgreSQL would otherwise serialize.
+//!
+//! **What it needs from the database**: rows written through `outbox_emit` (what every emit
+//! function calls), and the `outbox_event.id` sequence at `CACHE 1` (the default; checked). The
+//! relay never deletes a row: retention is a separate job ([`admin::Cleanup`](crate::admin::Cleanup),
+//! `outbox cleanup`).
+//!
+//! # Settings
+//!
+//! Set on [`RelayBuilder`]; [`build`](RelayBuilder::build) checks them and says which one cannot
+//! work.
+//!
+//! | setting | default | |
+//! |---|---|---|
+//! | [`brokers`](RelayBuilder::brokers) | required | or `bootstrap.servers` in `producer_config` |
+//! | [`producer_config`](RelayBuilder::producer_config) | | librdkafka's settings (security, compression); `enable.idempotence`, `acks=all`, `enable.gapless.guarantee` and `message.timeout.ms=0` are always set (settings that say otherwise are refused); `linger.ms=0` and `topic.metadata.propagation.max.ms=1000` unless set |
+//! | [`batch_size`](RelayBuilder::batch_size) | 500 | rows claimed per batch |
+//! | [`poll_interval`](RelayBuilder::poll_interval) | 500 ms | how often an idle relay looks for work without a notification |
+//! | [`publish_timeout`](RelayBuilder::publish_timeout) | 10 s | the longest a batch waits for acknowledgements and holds its transaction |
+//! | [`failover_timeout`](RelayBuilder::failover_timeout) | 20 s | how long a silent relay keeps its shards; above the publish timeout |
+//! | [`max_attempts`](RelayBuilder::max_attempts) | 5 | refusals of a record before it is parked |
+//! | [`retry_backoff`](RelayBuilder::retry_backoff) | 1 s, doubling up to 60 s | between attempts at a refused record, and after a failed batch (jittered) |
+//! | [`hold_operator_errors`](RelayBuilder::hold_operator_errors) | `true` | whether an operator's problem holds its key instead of counting attempts |
+//! | [`one_record_in_flight_per_key`](RelayBuilder::one_record_in_flight_per_key) | `false` | for brokers that do not check idempotent sequence numbers |
+//! | [`cloud_events`](RelayBuilder::cloud_events) | off | CloudEvents headers (below) |
+//!
+//! For a secured cluster, see the operations guide's
+//! [TLS](https://github.com/outbox-rs/outbox/blob/main/docs/operations.md#tls) section.
+//!
+//! # The records
+//!
+//! Key: the partition key. Value: the JSON payload. Timestamp: the row's `created_at` (in a
+//! replay, the replay's time). Headers: `event_id`, `event_type`, `aggregate_type`,
+//! `aggregate_id`, `content-type` (`application/json`) and `outbox_id`; then the CloudEvents
+//! attributes, if configured (below); then the row's own headers, in name order: the
+//! application's from [`Uow::emit_with`](crate::Uow::emit_with), the trace context of
+//! [`crate::trace`], and [`SCHEMA_VERSION_HEADER`](crate::SCHEMA_VERSION_HEADER) for an event of
+//! version 2 or later.
+//!
+//! # Refused records: retried, held, parked
+//!
+//! A record the broker refuses (too large, invalid, an error nobody classified) gets an attempt,
+//! its error and a retry time on its row (`attempts`, `last_error`, `next_attempt_at`); later
+//! records of its key wait for it; after `max_attempts` it is parked (`parked_at`), kept for
+//! operators and skipped, and the key's later events go on. A record refused for an operator's
+//! reason (its topic does not exist, the relay may not write to it, authentication fails) *holds*
+//! its key instead (`held_at`): retried every `min(max backoff, 10 s)`, not counted as an attempt,
+//! never parked, until that is fixed; `hold_operator_errors(false)` treats such refusals like any
+//! other. When Kafka is down nothing is marked: the relay backs off, retries, and drains the
+//! backlog when it is back. What to do about parked and held rows: the
+//! [operations guide](https://github.com/outbox-rs/outbox/blob/main/docs/operations.md#poison-events).
+//!
+//! # Draining, status, metrics
+//!
+//! [`Relay::publish_pending`] publishes the backlog once and returns (tests, scripts).
+//! [`status`] (or [`Relay::status`]) gives the backlog figures from the database alone:
+//! unpublished, retrying, held, parked, and the age of the oldest waiting row. A running relay
+//! records metrics through the [`metrics`](https://docs.rs/metrics) facade (their names and what
+//! to alert on: the
+//! [operations guide](https://github.com/outbox-rs/outbox/blob/main/docs/operations.md#metrics))
+//! and runs each batch in a `tracing` span, `outbox_relay_batch`.
+//!
+//! # CloudEvents
+//!
+//! Consumers outside this framework (Knative, another language's CloudEvents SDK) can read the
+//! events as [CloudEvents](https://cloudevents.io) (Kafka protocol binding, binary content mode);
+//! [`CloudEvents`] lists the attributes written and how a replay keeps them, and the
+//! [`inbox`](crate::inbox#cloudevents) consumers read such records too.
+//!
+//! ```no_run
+//! use outbox_runtime::relay::{CloudEvents, Relay};
+//!
+//! fn relay(pool: sqlx::PgPool) -> outbox_runtime::Result<Relay> {
+//!     Relay::builder(pool)
+//!         .brokers("127.0.0.1:9092")
+//!         // every topic; or `CloudEvents::new(..).topics(["order.events"])` for some
+//!         .cloud_events(CloudEvents::new("/orders-service"))
+//!         .build()
+//! }
+//! ```
 
 #[cfg(feature = "kafka")]
 mod builder;

@@ -1,57 +1,65 @@
-//! A test kit for applications (feature `testing`): inside the application's own
-//! `#[tokio::test]` or `#[sqlx::test]`, against its test database, without a Kafka broker.
+//! A test kit for applications (feature `testing`, turned on in the application's
+//! `[dev-dependencies]`): inside its own `#[tokio::test]` or `#[sqlx::test]`, against its test
+//! database, without a Kafka broker.
 //!
 //! - [`emitted`] reads back the events of one type a command emitted (committed, or still in
-//!   the test's transaction), [`emitted_records`] every row with its metadata.
-//! - [`deliver`] hands an event to a handler the way a dedup-mode consumer does: through its
-//!   JSON payload, in a transaction with the `processed_event` record, panics caught, an
-//!   aborted transaction detected; delivered twice, it runs once.
+//!   the test's transaction after a flush), [`emitted_records`] every row with its metadata.
+//! - [`deliver`] hands an event to a handler the way a dedup-mode consumer does (the same code):
+//!   through its JSON payload, in a transaction with the `processed_event` record, panics caught,
+//!   an aborted transaction detected; delivered twice, it runs once. [`deliver_with`] adds the
+//!   consumer's state and the message's metadata
+//!   (`MessageMeta::new(id, event_type, topic).with_attempt(2)`...).
 //! - [`MockKafka`] is librdkafka's mock cluster, in the test's process: a real relay publishes
 //!   to it ([`MockKafka::relay_pending`]) and [`MockKafka::records`] reads what it published.
+//!
+//! `tests/tests/testing_kit.rs` in the repository runs this against a real database:
 //!
 //! ```no_run
 //! use outbox_runtime::inbox::HandlerError;
 //! use outbox_runtime::testing::{self, Delivery, MockKafka};
 //! use outbox_runtime::{OutboxEvent, Uow};
 //!
-//! #[derive(serde::Serialize, serde::Deserialize, OutboxEvent, Debug, PartialEq)]
+//! // The application's event, command and handler.
+//! #[derive(Debug, PartialEq, serde::Serialize, serde::Deserialize, OutboxEvent)]
 //! #[outbox(topic = "order.events", aggregate_type = "Order")]
-//! struct OrderPlaced {
-//!     #[outbox(aggregate_id)]
-//!     order_id: uuid::Uuid,
-//!     amount: i64,
+//! struct OrderPlaced { #[outbox(aggregate_id)] order_id: uuid::Uuid, amount: i64 }
+//!
+//! async fn place_order(pool: &sqlx::PgPool, amount: i64) -> outbox_runtime::Result<uuid::Uuid> {
+//!     let order_id = uuid::Uuid::now_v7();
+//!     let mut uow = Uow::begin(pool).await?;
+//!     sqlx::query("INSERT INTO orders (id, amount) VALUES ($1, $2)")
+//!         .bind(order_id).bind(amount).execute(uow.tx()).await?;
+//!     uow.emit(&OrderPlaced { order_id, amount }).await?;
+//!     uow.commit().await?;
+//!     Ok(order_id)
 //! }
 //!
 //! #[outbox_runtime::inbox_handler]
-//! async fn reserve_stock(
-//!     event: OrderPlaced,
-//!     tx: &mut sqlx::PgConnection,
-//! ) -> Result<(), HandlerError> {
+//! async fn reserve_stock(event: OrderPlaced, tx: &mut sqlx::PgConnection) -> Result<(), HandlerError> {
 //!     sqlx::query("INSERT INTO reservations (order_id) VALUES ($1)")
-//!         .bind(event.order_id)
-//!         .execute(tx)
-//!         .await?;
+//!         .bind(event.order_id).execute(tx).await?;
 //!     Ok(())
 //! }
 //!
-//! # async fn test(pool: sqlx::PgPool) -> outbox_runtime::Result<()> {
-//! let event = OrderPlaced { order_id: uuid::Uuid::now_v7(), amount: 250 };
-//! let mut uow = Uow::begin(&pool).await?;
-//! uow.emit(&event).await?;
-//! uow.commit().await?;
-//! assert_eq!(testing::emitted::<OrderPlaced>(&pool).await?, vec![event]);
+//! // Its tests.
+//! async fn checks(pool: &sqlx::PgPool) -> outbox_runtime::Result<()> {
+//!     // What a command emitted.
+//!     let order_id = place_order(pool, 250).await?;
+//!     assert_eq!(testing::emitted::<OrderPlaced>(pool).await?, vec![OrderPlaced { order_id, amount: 250 }]);
 //!
-//! let record = &testing::emitted_records(&pool).await?[0];
-//! let placed: OrderPlaced = serde_json::from_value(record.payload.clone()).unwrap();
-//! let id = record.event_id;
-//! assert_eq!(testing::deliver(&pool, "stock", reserve_stock, id, &placed).await?, Delivery::Handled);
-//! assert_eq!(testing::deliver(&pool, "stock", reserve_stock, id, &placed).await?, Delivery::Duplicate);
+//!     // A handler, run as a dedup-mode consumer runs it; the same id again is a duplicate.
+//!     let event = OrderPlaced { order_id, amount: 250 };
+//!     let id = testing::emitted_records(pool).await?[0].event_id;
+//!     assert_eq!(testing::deliver(pool, "stock", reserve_stock, id, &event).await?, Delivery::Handled);
+//!     assert_eq!(testing::deliver(pool, "stock", reserve_stock, id, &event).await?, Delivery::Duplicate);
 //!
-//! let kafka = MockKafka::start()?;
-//! kafka.create_topic("order.events", 3)?;
-//! assert_eq!(kafka.relay_pending(&pool).await?, 1);
-//! assert_eq!(kafka.records("order.events").await?.len(), 1);
-//! # Ok(()) }
+//!     // The real relay, publishing to librdkafka's mock cluster in the test's process.
+//!     let kafka = MockKafka::start()?;
+//!     kafka.create_topic("order.events", 3)?;
+//!     assert_eq!(kafka.relay_pending(pool).await?, 1);
+//!     assert_eq!(kafka.records("order.events").await?.len(), 1);
+//!     Ok(())
+//! }
 //! ```
 
 use std::sync::Arc;

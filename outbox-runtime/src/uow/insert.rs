@@ -27,7 +27,7 @@ const EMIT_WITH_HEADERS_SQL: &str = "SELECT outbox_emit($1::uuid[], $2::text[], 
 /// `emit(&mut tx, &event)` with `tx: sqlx::Transaction<'_, Postgres>`.
 ///
 /// The row commits with that connection's transaction. On a connection outside a transaction it
-/// commits at once, alone: use a [`Uow`] or a transaction to keep it atomic with domain writes.
+/// commits at once, alone: use a [`Uow`](crate::Uow) or a transaction to keep it atomic with domain writes.
 pub fn emit<'c, E: OutboxEvent + ?Sized>(
     conn: &'c mut PgConnection,
     event: &E,
@@ -36,7 +36,7 @@ pub fn emit<'c, E: OutboxEvent + ?Sized>(
     Box::pin(async move { Ok(insert(conn, &[record?]).await?[0]) })
 }
 
-/// [`emit`] with the application's headers; see [`Uow::emit_with`].
+/// [`emit`] with the application's headers; see [`Uow::emit_with`](crate::Uow::emit_with).
 pub fn emit_with<'c, E, I, K, V>(
     conn: &'c mut PgConnection,
     event: &E,
