@@ -91,6 +91,60 @@ struct RelayArgs {
     /// Serve Prometheus metrics at http://HOST:PORT/metrics, e.g. 127.0.0.1:9464
     #[arg(long, env = "OUTBOX_METRICS_ADDR", value_name = "HOST:PORT")]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// How often to check the outbox's health and log its warnings (0s: never)
+    #[arg(long, default_value = "30s", value_parser = parse::duration, value_name = "DURATION")]
+    health_interval: Duration,
+    #[command(flatten)]
+    thresholds: Thresholds,
+}
+
+/// When `status` and `relay` warn about the outbox's health.
+#[derive(Debug, Args)]
+struct Thresholds {
+    /// Warn when an event has waited longer than this to be published [default: 1m]
+    #[arg(long, value_parser = parse::duration, value_name = "DURATION")]
+    warn_unpublished_age: Option<Duration>,
+    /// Warn when an inbox row has waited longer than this to be processed [default: 5m]
+    #[arg(long, value_parser = parse::duration, value_name = "DURATION")]
+    warn_unprocessed_age: Option<Duration>,
+    /// Warn when an outbox or inbox table holds more dead rows than this [default: 500000]
+    #[arg(long, value_name = "ROWS")]
+    warn_dead_rows: Option<i64>,
+    /// Warn when a table with 10000 dead rows or more was last vacuumed longer ago than this
+    /// [default: 1h]
+    #[arg(long, value_parser = parse::duration, value_name = "DURATION")]
+    warn_vacuum_age: Option<Duration>,
+    /// Warn when a session or a prepared transaction has held back the cleanup horizon longer
+    /// than this [default: 5m]
+    #[arg(long, value_parser = parse::duration, value_name = "DURATION")]
+    warn_transaction_age: Option<Duration>,
+    /// Leave out warnings of this kind; repeatable. Kinds: autovacuum_off, dead_rows,
+    /// vacuum_overdue, long_transaction, replication_slot, prepared_transaction, old_unpublished,
+    /// old_unprocessed, held_keys, parked, dead_inbox
+    #[arg(long, value_name = "KIND")]
+    ignore: Vec<outbox_runtime::admin::WarningKind>,
+}
+
+impl Thresholds {
+    fn health(&self) -> outbox_runtime::admin::HealthThresholds {
+        let mut t = outbox_runtime::admin::HealthThresholds::default();
+        if let Some(age) = self.warn_unpublished_age {
+            t = t.unpublished_age(age);
+        }
+        if let Some(age) = self.warn_unprocessed_age {
+            t = t.unprocessed_age(age);
+        }
+        if let Some(rows) = self.warn_dead_rows {
+            t = t.dead_rows(rows);
+        }
+        if let Some(age) = self.warn_vacuum_age {
+            t = t.vacuum_age(age);
+        }
+        if let Some(age) = self.warn_transaction_age {
+            t = t.transaction_age(age);
+        }
+        self.ignore.iter().fold(t, |t, kind| t.ignore(*kind))
+    }
 }
 
 /// `outbox replay`'s options.
@@ -161,13 +215,20 @@ enum Command {
         db: Db,
     },
     /// Backlog per topic: unpublished, parked, oldest unpublished age, published in the last
-    /// minute; inbox backlog and dead rows; processed_event size
+    /// minute; inbox backlog and dead rows; processed_event size; the tables' vacuum figures and
+    /// the health warnings (autovacuum off, dead rows, the cleanup horizon held back, ...)
     Status {
         #[command(flatten)]
         db: Db,
         /// Print JSON instead of tables
         #[arg(long)]
         json: bool,
+        /// Exit with an error (code 1) while any health warning stands: a check for cron or a
+        /// probe
+        #[arg(long)]
+        check: bool,
+        #[command(flatten)]
+        thresholds: Thresholds,
         /// Exit with an error (code 1) when an unpublished outbox row or an unprocessed inbox
         /// row is older than this, e.g. 2m: a health check for cron or a probe
         #[arg(long, value_parser = parse::duration, value_name = "DURATION")]

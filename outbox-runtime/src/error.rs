@@ -188,9 +188,9 @@ pub enum Error {
     Metrics {
         /// The address asked for.
         addr: std::net::SocketAddr,
-        /// The exporter's error.
+        /// Why: the address could not be bound, or a `metrics` recorder was installed already.
         #[source]
-        source: metrics_exporter_prometheus::BuildError,
+        source: Box<dyn std::error::Error + Send + Sync>,
     },
 
     /// A background task of a consumer (an inbox processor) panicked or was cancelled.

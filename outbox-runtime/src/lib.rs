@@ -32,7 +32,7 @@ pub use event::{is_reserved_header, IntoRecord, OutboxEvent, OutboxRecord, SCHEM
 pub use migrate::{migrate, migrate_on};
 #[cfg(feature = "prometheus")]
 #[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
-pub use prometheus::serve_prometheus;
+pub use prometheus::{serve_prometheus, serve_prometheus_for_relay};
 pub use uow::{emit, emit_all, emit_with, EmitFuture, Uow};
 
 /// `#[derive(OutboxEvent)]`: see the [`OutboxEvent`](trait@OutboxEvent) trait for its attributes.

@@ -1,7 +1,10 @@
 //! The metrics the relay and the consumer report, read back through a recording `metrics`
-//! recorder (its own test binary: the recorder is process-wide).
+//! recorder, and the relay's health warnings in its log (their own test binary: the recorder and
+//! the log's subscriber are process-wide).
 
 use std::collections::HashMap;
+use std::io::Write;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
@@ -14,8 +17,35 @@ use outbox_tests::kafka::{produce, Kafka, Outgoing};
 use outbox_tests::{Running, TestDb};
 use uuid::Uuid;
 
+/// The log, as the subscriber writes it.
+#[derive(Clone, Default)]
+struct Log(Arc<Mutex<Vec<u8>>>);
+
+impl Write for Log {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Log {
+    fn text(&self) -> String {
+        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_and_consumer_report_their_counters_and_gauges() {
+    let log = Log::default();
+    let writer = log.clone();
+    tracing_subscriber::fmt()
+        .with_writer(move || writer.clone())
+        .with_ansi(false)
+        .with_max_level(tracing::Level::INFO)
+        .init();
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     recorder
@@ -37,8 +67,29 @@ async fn relay_and_consumer_report_their_counters_and_gauges() {
             .collect()
     };
 
+    // A labelled gauge's value.
+    let labelled = |name: &str, label: (&str, &str)| -> Option<f64> {
+        snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .find(|(key, _, _, _)| {
+                key.key().name() == name
+                    && key.key().labels().any(|l| (l.key(), l.value()) == label)
+            })
+            .and_then(|(_, _, _, value)| match value {
+                DebugValue::Gauge(g) => Some(g.into_inner()),
+                _ => None,
+            })
+    };
+
     let db = TestDb::new().await;
     fixtures::create_orders(&db.pool).await;
+    // A cause for a health warning the relay must log and count.
+    sqlx::query("ALTER TABLE processed_event SET (autovacuum_enabled = off)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
     let kafka = Kafka::mock();
     kafka.create_topic(PAYMENTS, 2).await;
 
@@ -128,4 +179,51 @@ async fn relay_and_consumer_report_their_counters_and_gauges() {
         )] >= 0.0
     );
     // (Histogram samples are drained by every snapshot, so they are not checked here.)
+
+    // The relay checked the outbox's health when it started: the warning is logged, naming
+    // its cause, and counted by kind; the tables' figures are gauges. (The check runs on a task
+    // of its own: wait for its report.)
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !log
+        .text()
+        .contains("outbox health: autovacuum is off for table")
+    {
+        assert!(tokio::time::Instant::now() < deadline, "{}", log.text());
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let m = read();
+    let autovacuum_off = labelled("outbox_health_warnings", ("kind", "autovacuum_off"));
+    let server_on: bool = sqlx::query_scalar(
+        "SELECT current_setting('autovacuum')::bool AND current_setting('track_counts')::bool",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        autovacuum_off,
+        Some(if server_on { 1.0 } else { 2.0 }),
+        "the table's, and the server's when it is off"
+    );
+    assert_eq!(
+        labelled("outbox_health_warnings", ("kind", "parked")),
+        Some(0.0),
+        "every kind is reported, 0 when none stands"
+    );
+    assert!(labelled("outbox_table_dead_rows", ("table", "outbox_event")).is_some());
+    assert_eq!(
+        m[&(MetricKind::Gauge, "outbox_autovacuum_enabled".into())],
+        if server_on { 1.0 } else { 0.0 }
+    );
+    let text = log.text();
+    let line = text
+        .lines()
+        .find(|l| l.contains("outbox health: autovacuum is off for table processed_event"))
+        .unwrap_or_else(|| panic!("the warning in the log:\n{text}"));
+    assert!(line.contains("WARN"), "{line}");
+    assert!(line.contains("kind=autovacuum_off"), "{line}");
+    assert_eq!(
+        text.matches("is off for table processed_event").count(),
+        1,
+        "logged once while it stands:\n{text}"
+    );
 }

@@ -27,7 +27,13 @@ type Result<T = ()> = std::result::Result<T, String>;
 pub async fn run(command: Command) -> Result {
     match command {
         Command::Migrate { db } => migrate::run(&db).await,
-        Command::Status { db, json, max_age } => status::run(&db, json, max_age).await,
+        Command::Status {
+            db,
+            json,
+            check,
+            thresholds,
+            max_age,
+        } => status::run(&db, json, check, &thresholds.health(), max_age).await,
         Command::Relay(args) => relay::run(args).await,
         Command::Replay(args) => replay::run(args).await,
         Command::Cleanup(args) => cleanup::run(args).await,

@@ -16,10 +16,9 @@ pub async fn run(args: RelayArgs) -> Result {
         poll_interval,
         max_attempts,
         metrics_addr,
+        health_interval,
+        thresholds,
     } = args;
-    if let Some(addr) = metrics_addr {
-        outbox_runtime::serve_prometheus(addr).map_err(chain)?;
-    }
     let config = producer_config(&brokers)?;
     // Each instance takes a connection of its own off the pool when it connects (and listens
     // for notifications on another, outside the pool); the pool serves the backlog gauges.
@@ -29,8 +28,13 @@ pub async fn run(args: RelayArgs) -> Result {
         .batch_size(batch_size)
         .poll_interval(poll_interval)
         .max_attempts(max_attempts)
+        .health_interval(health_interval)
+        .health(thresholds.health())
         .build()
         .map_err(chain)?;
+    if let Some(addr) = metrics_addr {
+        outbox_runtime::serve_prometheus_for_relay(addr, &relay).map_err(chain)?;
+    }
     let shutdown = Shutdown::listen();
     let cancel = CancellationToken::new();
     let handles: Vec<_> = (0..instances)

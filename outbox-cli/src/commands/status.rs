@@ -1,22 +1,41 @@
-//! `outbox status`: the backlog figures, as tables or JSON, and the `--max-age` health check.
+//! `outbox status`: the backlog figures, the tables' vacuum figures and the health warnings, as
+//! tables or JSON, and the `--check` and `--max-age` health checks.
 
 use std::time::Duration;
 
-use outbox_runtime::admin::{self, Status};
+use outbox_runtime::admin::{self, Health, HealthThresholds, Status};
 
 use super::{chain, connect_migrated, print_json, Result};
 use crate::parse::human;
 use crate::ui;
 use crate::Db;
 
-pub async fn run(db: &Db, json: bool, max_age: Option<Duration>) -> Result {
+pub async fn run(
+    db: &Db,
+    json: bool,
+    check: bool,
+    thresholds: &HealthThresholds,
+    max_age: Option<Duration>,
+) -> Result {
     let pool = connect_migrated(db, 2).await?;
-    let status = admin::status(&pool).await.map_err(chain)?;
+    let health = admin::health(&pool, thresholds).await.map_err(chain)?;
     if json {
-        print_json(&status)?;
+        print_json(&health)?;
     } else {
-        print_status(&status);
+        print_status(&health.status);
+        print_health(&health);
     }
+    if check && !health.warnings.is_empty() {
+        let mut kinds: Vec<&str> = health.warnings.iter().map(|w| w.kind().as_str()).collect();
+        kinds.dedup();
+        return Err(format!(
+            "{} health warning(s) stand ({}); the first: {}",
+            health.warnings.len(),
+            kinds.join(", "),
+            health.warnings[0]
+        ));
+    }
+    let status = &health.status;
     let Some(max_age) = max_age else {
         return Ok(());
     };
@@ -115,4 +134,55 @@ fn print_status(status: &Status) {
     }
     out!();
     out!("processed_event rows: {}", status.processed_event_rows);
+}
+
+fn print_health(health: &Health) {
+    out!();
+    out!(
+        "tables (autovacuum {} for the server)",
+        if health.autovacuum { "on" } else { "off" }
+    );
+    let rows: Vec<Vec<String>> = health
+        .tables
+        .iter()
+        .map(|t| {
+            vec![
+                t.table.clone(),
+                t.live_rows.to_string(),
+                t.dead_rows.to_string(),
+                if t.autovacuum_enabled { "on" } else { "off" }.to_owned(),
+                t.last_vacuum_age_secs
+                    .map_or_else(|| "never".to_owned(), |s| age(Some(s))),
+                t.last_analyze_age_secs
+                    .map_or_else(|| "never".to_owned(), |s| age(Some(s))),
+            ]
+        })
+        .collect();
+    ui::table(
+        &[
+            "TABLE",
+            "LIVE",
+            "DEAD",
+            "AUTOVACUUM",
+            "LAST VACUUM",
+            "LAST ANALYZE",
+        ],
+        &[false, true, true, false, true, true],
+        &rows,
+    );
+    if let Some(secs) = health.oldest_transaction_age_secs {
+        out!(
+            "oldest transaction holding the cleanup horizon: {}",
+            age(Some(secs))
+        );
+    }
+    out!();
+    if health.warnings.is_empty() {
+        out!("health: no warnings");
+    } else {
+        out!("health: {} warning(s)", health.warnings.len());
+        for warning in &health.warnings {
+            out!("  ! {warning}");
+        }
+    }
 }

@@ -70,20 +70,29 @@ async fn relay_command_runs_several_instances_and_stops_on_sigterm() {
     assert!(rest.contains("0 unpublished"), "{rest}");
 }
 
-/// `GET /metrics` on `addr`: the body, or `None` while nothing answers.
-fn scrape(addr: &str) -> Option<String> {
+/// `GET path` on `addr`: the status line and the body, or `None` while nothing answers.
+fn get(addr: &str, path: &str) -> Option<(String, String)> {
     use std::io::{Read, Write};
     let mut stream = std::net::TcpStream::connect(addr).ok()?;
-    stream.set_read_timeout(Some(Duration::from_secs(5))).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_secs(15)))
+        .ok()?;
     write!(
         stream,
-        "GET /metrics HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
+        "GET {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n\r\n"
     )
     .ok()?;
     let mut response = String::new();
     stream.read_to_string(&mut response).ok()?;
-    assert!(response.starts_with("HTTP/1.1 200"), "{response}");
-    Some(response.split_once("\r\n\r\n")?.1.to_owned())
+    let (head, body) = response.split_once("\r\n\r\n")?;
+    Some((head.lines().next()?.to_owned(), body.to_owned()))
+}
+
+/// `GET /metrics` on `addr`: the body, or `None` while nothing answers.
+fn scrape(addr: &str) -> Option<String> {
+    let (status, body) = get(addr, "/metrics")?;
+    assert_eq!(status, "HTTP/1.1 200 OK", "{body}");
+    Some(body)
 }
 
 /// The value of an unlabelled sample in a Prometheus text exposition.
@@ -95,9 +104,9 @@ fn sample(metrics: &str, name: &str) -> Option<f64> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn relay_serves_prometheus_metrics_and_logs_json_filtered_by_rust_log() {
+async fn relay_serves_prometheus_metrics_and_probes_and_logs_json_filtered_by_rust_log() {
     let db = TestDb::new().await;
-    let kafka = Kafka::mock();
+    let mut kafka = Kafka::mock();
     kafka.create_topic(TOPIC, 4).await;
     let addr = format!(
         "127.0.0.1:{}",
@@ -162,6 +171,30 @@ async fn relay_serves_prometheus_metrics_and_logs_json_filtered_by_rust_log() {
         metrics.contains("# TYPE outbox_relay_published_total counter"),
         "{metrics}"
     );
+
+    // The probes beside the metrics: alive, and ready while the database and the broker answer
+    // and the relay owns shards; not ready, saying why, once the broker is gone.
+    let probe = |path: &'static str| {
+        let addr = addr.clone();
+        tokio::task::spawn_blocking(move || get(&addr, path).expect("the endpoint answers"))
+    };
+    assert_eq!(
+        probe("/health").await.unwrap(),
+        ("HTTP/1.1 200 OK".to_owned(), "ok\n".to_owned())
+    );
+    assert_eq!(
+        probe("/ready").await.unwrap(),
+        (
+            "HTTP/1.1 200 OK".to_owned(),
+            "ready: the database and the broker answer; 1 instance(s) own shards\n".to_owned()
+        )
+    );
+    assert_eq!(probe("/nothing").await.unwrap().0, "HTTP/1.1 404 Not Found");
+    kafka.stop();
+    let (status, body) = probe("/ready").await.unwrap();
+    assert_eq!(status, "HTTP/1.1 503 Service Unavailable", "{body}");
+    assert!(body.starts_with("not ready: the broker: "), "{body}");
+    kafka.restart().await;
 
     signal(&child, "-TERM");
     assert_eq!(

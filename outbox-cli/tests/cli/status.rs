@@ -2,7 +2,7 @@
 
 use outbox_tests::TestDb;
 
-use crate::support::{assert_error, assert_ok, insert_rows, run, stdout};
+use crate::support::{assert_error, assert_ok, insert_rows, run, stderr, stdout};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_then_status_matches_a_hand_count() {
@@ -124,4 +124,107 @@ async fn migrate_then_status_matches_a_hand_count() {
         "the figures are printed too"
     );
     assert_ok(&run(&db.url, &["status", "--max-age", "2h", "--json"]).await);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_check_fails_while_a_health_warning_stands_and_names_its_cause() {
+    use sqlx::{ConnectOptions, Connection};
+
+    let db = TestDb::new().await;
+    // Healthy, once the server's own autovacuum setting is left out (off on some machines).
+    let healthy = run(
+        &db.url,
+        &["status", "--check", "--ignore", "autovacuum_off"],
+    )
+    .await;
+    assert_ok(&healthy);
+    let text = stdout(&healthy);
+    assert!(text.contains("health: no warnings"), "{text}");
+    let outbox_line = text
+        .lines()
+        .find(|l| l.starts_with("outbox_event"))
+        .unwrap_or_else(|| panic!("the tables' figures: {text}"));
+    assert_eq!(
+        outbox_line.split_whitespace().collect::<Vec<_>>()[1..4],
+        ["0", "0", "on"],
+        "{text}"
+    );
+
+    // A session left idle in a transaction that holds an id.
+    let options = db
+        .url
+        .parse::<sqlx::postgres::PgConnectOptions>()
+        .unwrap()
+        .application_name("stuck-report");
+    let mut holder = options.connect().await.unwrap();
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut holder)
+        .await
+        .unwrap();
+    let mut tx = holder.begin().await.unwrap();
+    sqlx::query("SELECT txid_current()")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let args = [
+        "status",
+        "--check",
+        "--warn-transaction-age",
+        "1s",
+        "--ignore",
+        "autovacuum-off",
+    ];
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(30);
+    let failed = loop {
+        let out = run(&db.url, &args).await;
+        if !out.status.success() {
+            break out;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{}", stdout(&out));
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    assert_error(
+        &failed,
+        &format!(
+            "1 health warning(s) stand (long_transaction); the first: session {pid} \
+             (application `stuck-report`, user postgres, idle in transaction) has held a \
+             transaction open for"
+        ),
+    );
+    assert!(
+        stdout(&failed).contains(&format!("  ! session {pid} (application `stuck-report`")),
+        "the warnings are printed: {}",
+        stdout(&failed)
+    );
+    let json = run(
+        &db.url,
+        &["status", "--json", "--warn-transaction-age", "1s"],
+    )
+    .await;
+    assert_ok(&json);
+    let report: serde_json::Value = serde_json::from_str(&stdout(&json)).unwrap();
+    let warning = report["warnings"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|w| w["kind"] == "long_transaction")
+        .unwrap_or_else(|| panic!("{report}"));
+    assert_eq!(warning["pid"], pid);
+    assert_eq!(warning["state"], "idle in transaction");
+    assert_eq!(
+        report["relay_instances"], 0,
+        "the backlog figures stay at the top"
+    );
+
+    tx.commit().await.unwrap();
+    assert_ok(&run(&db.url, &args).await);
+
+    // A kind that does not exist is refused, naming the kinds that do.
+    let typo = run(&db.url, &["status", "--ignore", "autovacum_off"]).await;
+    assert_eq!(typo.status.code(), Some(2));
+    let err = stderr(&typo);
+    assert!(
+        err.contains("unknown warning kind `autovacum_off`: expected one of autovacuum_off,"),
+        "{err}"
+    );
 }

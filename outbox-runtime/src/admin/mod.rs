@@ -13,12 +13,17 @@
 //! CLI's commands: [`outbox-cli`'s README](https://github.com/outbox-rs/outbox/blob/main/outbox-cli/README.md).
 
 mod cleanup;
+mod health;
 mod poison;
 #[cfg(feature = "kafka")]
 mod replay;
 pub(crate) mod status;
 
 pub use cleanup::{Cleanup, CleanupTable};
+pub use health::{
+    health, Health, HealthThresholds, TableHealth, Warning, WarningKind,
+    VACUUM_OVERDUE_MIN_DEAD_ROWS,
+};
 pub use poison::{
     drop_parked, list_dead, list_parked, retry_dead, retry_parked, DeadInboxEvent, ParkedEvent,
     PoisonFilter,

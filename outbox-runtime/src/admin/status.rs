@@ -3,7 +3,7 @@
 use std::time::Duration;
 
 use serde::Serialize;
-use sqlx::{PgPool, Row};
+use sqlx::{PgConnection, PgPool, Row};
 
 use crate::error::Result;
 
@@ -95,7 +95,11 @@ GROUP BY topic ORDER BY topic";
 /// and those of the last minute (through the partial indexes), so it stays cheap on a large
 /// table; `processed_event_rows` counts that table.
 pub async fn status(pool: &PgPool) -> Result<Status> {
-    let mut conn = pool.acquire().await?;
+    status_on(&mut *pool.acquire().await?).await
+}
+
+/// [`status`] on a connection already held.
+pub(super) async fn status_on(conn: &mut PgConnection) -> Result<Status> {
     let outbox = sqlx::query(OUTBOX_SQL)
         .fetch_all(&mut *conn)
         .await?
@@ -129,7 +133,7 @@ pub async fn status(pool: &PgPool) -> Result<Status> {
     let processed_event_rows: i64 = sqlx::query_scalar("SELECT count(*) FROM processed_event")
         .fetch_one(&mut *conn)
         .await?;
-    let relay_instances = crate::relay::store::members(&mut conn).await?;
+    let relay_instances = crate::relay::store::members(conn).await?;
     Ok(Status {
         outbox,
         inbox,

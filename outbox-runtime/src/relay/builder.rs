@@ -10,6 +10,7 @@ use super::producer::ProducerSlot;
 use super::publish::PerKey;
 use super::run::Relay;
 use super::settings::Settings;
+use crate::admin::HealthThresholds;
 use crate::config::Backoff;
 use crate::error::Result;
 
@@ -135,6 +136,25 @@ impl RelayBuilder {
         } else {
             PerKey::Pipelined
         };
+        self
+    }
+
+    /// When the relay's health checks warn (default: [`HealthThresholds::default`]). See
+    /// [`health_interval`](Self::health_interval).
+    pub fn health(mut self, thresholds: HealthThresholds) -> Self {
+        self.settings.health = thresholds;
+        self
+    }
+
+    /// How often the relay checks the outbox's health (default 30 s; `Duration::ZERO`: never):
+    /// [`admin::health`](crate::admin::health), each warning logged when it appears (again
+    /// every 10 minutes while it stands, and once when it clears) and counted in the
+    /// `outbox_health_warnings{kind}` gauge, beside `outbox_table_dead_rows{table}`,
+    /// `outbox_autovacuum_enabled` and `outbox_oldest_transaction_age_seconds`. One instance of
+    /// the relay checks at a time, on a task of its own: a slow check never holds up
+    /// publishing. At least 1 s.
+    pub fn health_interval(mut self, interval: Duration) -> Self {
+        self.settings.health_interval = interval;
         self
     }
 

@@ -109,7 +109,7 @@
 //! backlog when it is back. What to do about parked and held rows: the
 //! [operations guide](https://github.com/outbox-rs/outbox/blob/main/docs/operations.md#poison-events).
 //!
-//! # Draining, status, metrics
+//! # Draining, status, health, metrics
 //!
 //! [`Relay::publish_pending`] publishes the backlog once and returns (tests, scripts).
 //! [`status`] (or [`Relay::status`]) gives the backlog figures from the database alone:
@@ -117,7 +117,11 @@
 //! records metrics through the [`metrics`](https://docs.rs/metrics) facade (their names and what
 //! to alert on: the
 //! [operations guide](https://github.com/outbox-rs/outbox/blob/main/docs/operations.md#metrics))
-//! and runs each batch in a `tracing` span, `outbox_relay_batch`.
+//! and runs each batch in a `tracing` span, `outbox_relay_batch`. Every 30 s
+//! ([`RelayBuilder::health_interval`]) one of its instances checks the outbox's health
+//! ([`admin::health`](crate::admin::health): autovacuum off, dead rows, the cleanup horizon held
+//! back, old unpublished rows, held keys, parked and dead rows) and logs each warning, naming
+//! its cause, when it appears.
 //!
 //! # CloudEvents
 //!
@@ -142,6 +146,8 @@
 mod builder;
 #[cfg(feature = "kafka")]
 mod cloudevents;
+#[cfg(feature = "kafka")]
+mod health;
 #[cfg(feature = "kafka")]
 mod instance;
 #[cfg(feature = "kafka")]

@@ -1,5 +1,6 @@
 //! [`Relay`]: the run loop of an instance (claim, publish, mark; wait for work; back off).
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -7,6 +8,7 @@ use sqlx::PgPool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::health::HealthChecks;
 use super::instance::{Instance, Step, REBALANCE_EVERY};
 use super::producer::ProducerSlot;
 use super::settings::Settings;
@@ -28,6 +30,9 @@ struct Shared {
     /// `None` only in [`drain_without_kafka`], which measures the database side alone.
     producer: Option<ProducerSlot>,
     settings: Settings,
+    health: HealthChecks,
+    /// How many of its running instances own shards (for [`Relay::ready`]).
+    owning: AtomicUsize,
 }
 
 impl std::fmt::Debug for Relay {
@@ -45,11 +50,14 @@ impl std::fmt::Debug for Relay {
 
 impl Relay {
     pub(super) fn new(pool: PgPool, producer: Option<ProducerSlot>, settings: Settings) -> Relay {
+        let health = HealthChecks::new(settings.health.clone(), settings.health_interval);
         Relay {
             shared: Arc::new(Shared {
                 pool,
                 producer,
                 settings,
+                health,
+                owning: AtomicUsize::new(0),
             }),
         }
     }
@@ -80,6 +88,10 @@ impl Relay {
         // Whether the last claim found rows.
         let mut found_rows = false;
         let mut gauges_at: Option<Instant> = None;
+        let mut owning = Owning {
+            count: &self.shared.owning,
+            owns: false,
+        };
         // What the pool is asked for besides the instance's own connection must not stall the
         // loop while the database is away: a lost gauge costs nothing.
         let aside = settings.poll_interval.max(Duration::from_secs(1));
@@ -88,9 +100,15 @@ impl Relay {
                 gauges_at = Some(Instant::now());
                 let _ = tokio::time::timeout(aside, report_backlog(pool)).await;
             }
+            if self.shared.health.claim_due() {
+                let shared = Arc::clone(&self.shared);
+                tokio::spawn(async move { shared.health.check(&shared.pool).await });
+            }
             // Notifications from here on may be of rows this step's claim does not see.
             wakeups.mark_seen();
-            match instance.step().await {
+            let step = instance.step().await;
+            owning.set(instance.owns_shards());
+            match step {
                 Ok(step @ (Step::Full | Step::Partial)) => {
                     failures = 0;
                     // Events are coming: claim again at once. Once they keep coming (a full
@@ -140,6 +158,7 @@ impl Relay {
                     tracing::warn!(error = %crate::error_chain(&e), ?backoff, "outbox relay batch failed; retrying");
                     metrics::counter!("outbox_relay_batch_failures_total").increment(1);
                     instance.reset();
+                    owning.set(false);
                     if matches!(e, Error::Database(_)) && e.is_transient() {
                         // A lost connection: the listener's is probably gone too.
                         wakeups.reconnect();
@@ -166,6 +185,49 @@ impl Relay {
         let mut instance = self.instance();
         while let Step::Full = instance.step().await? {}
         Ok(instance.published())
+    }
+
+    /// Whether this relay can publish, for a readiness probe: the database answers, the broker
+    /// answers (its metadata, within 5 s), and one of the relay's running instances owns shards.
+    /// `Ok` says what was checked; `Err` says what failed. [`serve_prometheus_for_relay`]
+    /// serves it at `/ready`.
+    ///
+    /// [`serve_prometheus_for_relay`]: crate::serve_prometheus_for_relay
+    pub async fn ready(&self) -> std::result::Result<String, String> {
+        const WITHIN: Duration = Duration::from_secs(5);
+        let mut failed = Vec::new();
+        let database = sqlx::query("SELECT 1").execute(&self.shared.pool);
+        match tokio::time::timeout(WITHIN, database).await {
+            Ok(Ok(_)) => {}
+            Ok(Err(e)) => failed.push(format!("the database: {}", crate::error_chain(&e))),
+            Err(_) => failed.push(format!("the database did not answer within {WITHIN:?}")),
+        }
+        if let Some(slot) = &self.shared.producer {
+            let producer = slot.get();
+            let metadata = tokio::task::spawn_blocking(move || {
+                use rdkafka::producer::Producer;
+                producer
+                    .client()
+                    .fetch_metadata(None, WITHIN)
+                    .map(|m| m.brokers().len())
+            });
+            match metadata.await {
+                Ok(Ok(_)) => {}
+                Ok(Err(e)) => failed.push(format!("the broker: {e}")),
+                Err(e) => failed.push(format!("the broker check failed: {e}")),
+            }
+        }
+        let owning = self.shared.owning.load(Ordering::Relaxed);
+        if owning == 0 {
+            failed.push("no instance of this relay owns shards (yet)".to_owned());
+        }
+        if failed.is_empty() {
+            Ok(format!(
+                "the database and the broker answer; {owning} instance(s) own shards"
+            ))
+        } else {
+            Err(failed.join("; "))
+        }
     }
 
     /// The backlog figures; the same as [`status`](super::status).
@@ -198,6 +260,31 @@ pub async fn explain_claim(pool: &PgPool, cursor: i64, limit: i64) -> Result<ser
     Instance::new(pool, &settings, None)
         .explain_claim(cursor)
         .await
+}
+
+/// Counts a running instance in [`Shared::owning`] while it owns shards, until it stops.
+struct Owning<'a> {
+    count: &'a AtomicUsize,
+    owns: bool,
+}
+
+impl Owning<'_> {
+    fn set(&mut self, owns: bool) {
+        if owns != self.owns {
+            self.owns = owns;
+            if owns {
+                self.count.fetch_add(1, Ordering::Relaxed);
+            } else {
+                self.count.fetch_sub(1, Ordering::Relaxed);
+            }
+        }
+    }
+}
+
+impl Drop for Owning<'_> {
+    fn drop(&mut self) {
+        self.set(false);
+    }
 }
 
 /// How often a running relay reports the backlog gauges.

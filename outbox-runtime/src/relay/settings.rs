@@ -4,6 +4,7 @@ use std::time::Duration;
 
 use super::cloudevents::CloudEvents;
 use super::publish::PerKey;
+use crate::admin::HealthThresholds;
 use crate::config::Backoff;
 use crate::error::{Error, Result};
 
@@ -20,6 +21,8 @@ pub(crate) struct Settings {
     pub(crate) hold_operator_errors: bool,
     pub(crate) per_key: PerKey,
     pub(crate) cloud_events: Option<CloudEvents>,
+    pub(crate) health: HealthThresholds,
+    pub(crate) health_interval: Duration,
 }
 
 impl Default for Settings {
@@ -37,6 +40,8 @@ impl Default for Settings {
             hold_operator_errors: true,
             per_key: PerKey::Pipelined,
             cloud_events: None,
+            health: HealthThresholds::default(),
+            health_interval: Duration::from_secs(30),
         }
     }
 }
@@ -64,6 +69,12 @@ impl Settings {
                 "failover_timeout ({:?}) must exceed publish_timeout ({:?}) by at least 1 s: a \
                  relay is silent that long while it waits for acknowledgements",
                 self.failover_timeout, self.publish_timeout
+            ));
+        }
+        if !self.health_interval.is_zero() && self.health_interval < Duration::from_secs(1) {
+            return config_err(format!(
+                "health_interval must be at least 1 s (or zero: no health checks), not {:?}",
+                self.health_interval
             ));
         }
         if let Some(ce) = &self.cloud_events {

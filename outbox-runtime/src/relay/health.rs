@@ -1,0 +1,102 @@
+//! A running relay's health checks: [`admin::health`](crate::admin::health) on a schedule, its
+//! warnings in the log and its figures as gauges.
+
+use std::collections::HashMap;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
+
+use crate::admin::{health, Health, HealthThresholds, WarningKind};
+
+/// A standing warning is logged again this often, so the log shows it still stands.
+const RELOG_EVERY: Duration = Duration::from_secs(10 * 60);
+
+/// When the next check is due, for the relay's instances to agree on who runs it; and what the
+/// checks found so far, for one check at a time.
+pub(super) struct HealthChecks {
+    thresholds: HealthThresholds,
+    interval: Duration,
+    next: Mutex<Option<Instant>>,
+    logged: tokio::sync::Mutex<HashMap<String, Instant>>,
+}
+
+impl HealthChecks {
+    /// Checks every `interval` (`Duration::ZERO`: never).
+    pub(super) fn new(thresholds: HealthThresholds, interval: Duration) -> HealthChecks {
+        HealthChecks {
+            thresholds,
+            interval,
+            next: Mutex::new(None),
+            logged: tokio::sync::Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Whether a check is due; the caller that gets `true` runs it, the others wait for the
+    /// next one.
+    pub(super) fn claim_due(&self) -> bool {
+        if self.interval.is_zero() {
+            return false;
+        }
+        let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        if next.is_some_and(|at| now < at) {
+            return false;
+        }
+        *next = Some(now + self.interval);
+        true
+    }
+
+    /// Runs one check (bounded by the interval) and reports it: a warning is logged when it
+    /// appears, every 10 minutes while it stands, and once when it clears; every figure is a
+    /// gauge. A check that fails is logged at debug level: the relay's own errors say more.
+    pub(super) async fn check(&self, pool: &PgPool) {
+        let mut logged = self.logged.lock().await;
+        let found = tokio::time::timeout(self.interval, health(pool, &self.thresholds)).await;
+        let health = match found {
+            Ok(Ok(health)) => health,
+            Ok(Err(e)) => {
+                tracing::debug!(error = %crate::error_chain(&e), "outbox health check failed");
+                return;
+            }
+            Err(_) => {
+                tracing::debug!(timeout = ?self.interval, "outbox health check timed out");
+                return;
+            }
+        };
+        report_gauges(&health);
+        let now = Instant::now();
+        let mut standing = HashMap::with_capacity(health.warnings.len());
+        for warning in &health.warnings {
+            let subject = warning.subject();
+            let last = logged.get(&subject).copied();
+            if last.is_none_or(|at| now.duration_since(at) >= RELOG_EVERY) {
+                tracing::warn!(kind = %warning.kind(), "outbox health: {warning}");
+                standing.insert(subject, now);
+            } else if let Some(at) = last {
+                standing.insert(subject, at);
+            }
+        }
+        for subject in logged.keys().filter(|s| !standing.contains_key(*s)) {
+            tracing::info!(%subject, "outbox health: cleared");
+        }
+        *logged = standing;
+    }
+}
+
+/// `outbox_health_warnings{kind}` (every kind, 0 when none stands),
+/// `outbox_table_dead_rows{table}`, `outbox_autovacuum_enabled` and
+/// `outbox_oldest_transaction_age_seconds`.
+fn report_gauges(health: &Health) {
+    for kind in WarningKind::ALL {
+        let n = health.warnings.iter().filter(|w| w.kind() == kind).count();
+        metrics::gauge!("outbox_health_warnings", "kind" => kind.as_str()).set(n as f64);
+    }
+    for t in &health.tables {
+        metrics::gauge!("outbox_table_dead_rows", "table" => t.table.clone())
+            .set(t.dead_rows as f64);
+    }
+    metrics::gauge!("outbox_autovacuum_enabled").set(if health.autovacuum { 1.0 } else { 0.0 });
+    metrics::gauge!("outbox_oldest_transaction_age_seconds")
+        .set(health.oldest_transaction_age_secs.unwrap_or(0.0));
+}

@@ -1,0 +1,331 @@
+//! `admin::health` against the real server: each warning provoked for real (autovacuum off on a
+//! table, dead rows, an idle-in-transaction session, an unpublished event past its threshold,
+//! held, parked and dead rows), named with its cause, and gone once the cause is.
+
+use std::str::FromStr;
+use std::time::Duration;
+
+use outbox_runtime::admin::{health, Health, HealthThresholds, Warning, WarningKind};
+use outbox_runtime::relay::Relay;
+use outbox_runtime::Uow;
+use outbox_tests::fixtures::{PaymentSucceeded, PAYMENTS};
+use outbox_tests::kafka::Kafka;
+use outbox_tests::TestDb;
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{ConnectOptions, Connection, PgPool};
+use uuid::Uuid;
+
+/// Checks health until `found` holds for its report (the statistics views lag the tables by
+/// a second or so); panics with the last report after 30 s.
+async fn until(
+    pool: &PgPool,
+    thresholds: &HealthThresholds,
+    what: &str,
+    found: impl Fn(&Health) -> bool,
+) -> Health {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let report = health(pool, thresholds).await.expect("health check");
+        if found(&report) {
+            return report;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{what}: not after 30 s; last report: {report:#?}"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+fn of_kind(h: &Health, kind: WarningKind) -> Vec<&Warning> {
+    h.warnings.iter().filter(|w| w.kind() == kind).collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn autovacuum_off_dead_rows_and_an_overdue_vacuum_are_named_until_vacuumed() {
+    let db = TestDb::new().await;
+    let pool = &db.pool;
+    let thresholds = HealthThresholds::default().dead_rows(10_000);
+
+    // The server's own setting, whichever it is: warned about exactly when it is off.
+    let server_on: bool = sqlx::query_scalar(
+        "SELECT current_setting('autovacuum')::bool AND current_setting('track_counts')::bool",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    let fresh = health(pool, &thresholds).await.unwrap();
+    assert_eq!(fresh.autovacuum, server_on);
+    let server_warnings: Vec<_> = of_kind(&fresh, WarningKind::AutovacuumOff);
+    assert_eq!(server_warnings.is_empty(), server_on, "{fresh:#?}");
+    assert!(server_warnings
+        .iter()
+        .all(|w| matches!(w, Warning::AutovacuumOff { table: None, .. })));
+    assert!(
+        of_kind(&fresh, WarningKind::DeadRows).is_empty(),
+        "{fresh:#?}"
+    );
+    let names: Vec<&str> = fresh.tables.iter().map(|t| t.table.as_str()).collect();
+    assert_eq!(
+        names,
+        [
+            "inbox_event",
+            "outbox_event",
+            "outbox_relay_waiting",
+            "processed_event"
+        ]
+    );
+
+    // Autovacuum off for one table.
+    sqlx::query("ALTER TABLE inbox_event SET (autovacuum_enabled = off)")
+        .execute(pool)
+        .await
+        .unwrap();
+    let off = health(pool, &thresholds).await.unwrap();
+    let table_off: Vec<_> = off
+        .warnings
+        .iter()
+        .filter(|w| matches!(w, Warning::AutovacuumOff { table: Some(_), .. }))
+        .collect();
+    assert_eq!(
+        table_off,
+        [&Warning::AutovacuumOff {
+            table: Some("inbox_event".into()),
+            setting: "autovacuum_enabled = false".into()
+        }]
+    );
+    assert!(table_off[0].to_string().contains(
+        "autovacuum is off for table inbox_event (autovacuum_enabled = false): its dead rows are \
+         never removed"
+    ));
+
+    // 12,000 dead rows in processed_event: past the threshold, and never vacuumed.
+    sqlx::query(
+        "INSERT INTO processed_event (event_id, handler) \
+         SELECT gen_random_uuid(), 'h' FROM generate_series(1, 12000)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query("DELETE FROM processed_event")
+        .execute(pool)
+        .await
+        .unwrap();
+    let dead = until(pool, &thresholds, "dead rows reported", |h| {
+        !of_kind(h, WarningKind::DeadRows).is_empty()
+    })
+    .await;
+    match of_kind(&dead, WarningKind::DeadRows)[..] {
+        [Warning::DeadRows { table, dead, .. }] => {
+            assert_eq!(table, "processed_event");
+            assert_eq!(*dead, 12_000);
+        }
+        ref other => panic!("{other:?}"),
+    }
+    assert!(
+        of_kind(&dead, WarningKind::VacuumOverdue).iter().any(|w| matches!(
+            w,
+            Warning::VacuumOverdue { table, last_vacuum_age_secs: None, .. } if table == "processed_event"
+        )),
+        "{dead:#?}"
+    );
+    // Ignored kinds are left out.
+    let quiet = health(
+        pool,
+        &thresholds
+            .clone()
+            .ignore(WarningKind::DeadRows)
+            .ignore(WarningKind::VacuumOverdue)
+            .ignore(WarningKind::AutovacuumOff),
+    )
+    .await
+    .unwrap();
+    assert_eq!(quiet.warnings, [], "{quiet:#?}");
+
+    // A vacuum removes them: both warnings go.
+    sqlx::query("VACUUM processed_event")
+        .execute(pool)
+        .await
+        .unwrap();
+    sqlx::query("ALTER TABLE inbox_event RESET (autovacuum_enabled)")
+        .execute(pool)
+        .await
+        .unwrap();
+    let clean = until(pool, &thresholds, "the vacuum seen", |h| {
+        of_kind(h, WarningKind::DeadRows).is_empty()
+            && of_kind(h, WarningKind::VacuumOverdue).is_empty()
+    })
+    .await;
+    let processed = clean
+        .tables
+        .iter()
+        .find(|t| t.table == "processed_event")
+        .unwrap();
+    assert_eq!(processed.dead_rows, 0);
+    assert!(processed.last_vacuum_age_secs.is_some());
+    assert_eq!(
+        of_kind(&clean, WarningKind::AutovacuumOff).len(),
+        usize::from(!server_on)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_in_transaction_session_is_named_with_its_pid_until_it_ends() {
+    let db = TestDb::new().await;
+    let pool = &db.pool;
+    let thresholds = HealthThresholds::default().transaction_age(Duration::from_secs(1));
+    let options = PgConnectOptions::from_str(&db.url)
+        .unwrap()
+        .application_name("forgotten-migration");
+    let mut holder = options.connect().await.unwrap();
+    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut holder)
+        .await
+        .unwrap();
+    let mut tx = holder.begin().await.unwrap();
+    sqlx::query("SELECT txid_current()")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+
+    let held = until(pool, &thresholds, "the session named", |h| {
+        h.warnings
+            .iter()
+            .any(|w| matches!(w, Warning::LongTransaction { pid: p, .. } if *p == pid))
+    })
+    .await;
+    let warning = held
+        .warnings
+        .iter()
+        .find(|w| w.kind() == WarningKind::LongTransaction)
+        .unwrap();
+    match warning {
+        Warning::LongTransaction {
+            application_name,
+            state,
+            age_secs,
+            ..
+        } => {
+            assert_eq!(application_name, "forgotten-migration");
+            assert_eq!(state, "idle in transaction");
+            assert!(*age_secs > 1.0, "{age_secs}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(warning.to_string().starts_with(&format!(
+        "session {pid} (application `forgotten-migration`, user postgres, idle in transaction) \
+         has held a transaction open for"
+    )));
+    assert!(held.oldest_transaction_age_secs.unwrap() > 1.0);
+
+    // Under the default threshold (5 minutes) it is not a warning yet.
+    let default = health(pool, &HealthThresholds::default()).await.unwrap();
+    assert!(of_kind(&default, WarningKind::LongTransaction).is_empty());
+
+    tx.commit().await.unwrap();
+    let ended = until(pool, &thresholds, "the warning gone", |h| {
+        of_kind(h, WarningKind::LongTransaction).is_empty()
+    })
+    .await;
+    assert_eq!(ended.oldest_transaction_age_secs, None, "{ended:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_unpublished_event_past_the_threshold_warns_until_it_is_published() {
+    let db = TestDb::new().await;
+    let pool = &db.pool;
+    let thresholds = HealthThresholds::default().unpublished_age(Duration::from_secs(1));
+    let mut uow = Uow::begin(pool).await.unwrap();
+    uow.emit(&PaymentSucceeded {
+        payment_id: Uuid::now_v7(),
+        order_id: Uuid::now_v7(),
+        amount: 5,
+    })
+    .await
+    .unwrap();
+    uow.commit().await.unwrap();
+
+    let stale = until(pool, &thresholds, "the event past 1 s", |h| {
+        !of_kind(h, WarningKind::OldUnpublished).is_empty()
+    })
+    .await;
+    match of_kind(&stale, WarningKind::OldUnpublished)[..] {
+        [Warning::OldUnpublished { topic, age_secs }] => {
+            assert_eq!(topic, PAYMENTS);
+            assert!(*age_secs > 1.0);
+        }
+        ref other => panic!("{other:?}"),
+    }
+
+    let kafka = Kafka::mock();
+    kafka.create_topic(PAYMENTS, 1).await;
+    let relay = Relay::builder(pool.clone())
+        .brokers(kafka.bootstrap())
+        .build()
+        .unwrap();
+    assert_eq!(relay.publish_pending().await.unwrap(), 1);
+    let published = health(pool, &thresholds).await.unwrap();
+    assert!(
+        of_kind(&published, WarningKind::OldUnpublished).is_empty(),
+        "{published:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn held_keys_parked_and_dead_rows_are_warnings_with_their_topic() {
+    let db = TestDb::new().await;
+    let pool = &db.pool;
+    sqlx::query(
+        "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type, payload, \
+             topic, partition_key, held_at, parked_at, attempts, last_error) \
+         SELECT gen_random_uuid(), 'A', 'a', 'E', '{}', t, k, h, p, 1, e \
+         FROM (VALUES ('held.events', 'k1', now(), NULL::timestamptz, 'UnknownTopicOrPartition'), \
+                      ('held.events', 'k1', now(), NULL, 'UnknownTopicOrPartition'), \
+                      ('held.events', 'k2', now(), NULL, 'UnknownTopicOrPartition'), \
+                      ('parked.events', 'k', NULL, now(), 'MessageSizeTooLarge')) \
+             AS v(t, k, h, p, e)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO inbox_event (event_id, topic, event_type, payload, dead_at, last_error) \
+         VALUES (gen_random_uuid(), 'in.events', 'E', '{}', now(), 'boom')",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    let report = health(
+        pool,
+        &HealthThresholds::default().ignore(WarningKind::AutovacuumOff),
+    )
+    .await
+    .unwrap();
+    assert_eq!(
+        report.warnings,
+        [
+            Warning::HeldKeys {
+                topic: "held.events".into(),
+                rows: 3,
+                keys: 2,
+                error: Some("UnknownTopicOrPartition".into())
+            },
+            Warning::Parked {
+                topic: "parked.events".into(),
+                rows: 1
+            },
+            Warning::DeadInbox {
+                topic: "in.events".into(),
+                rows: 1
+            },
+        ],
+        "{report:#?}"
+    );
+    let json = serde_json::to_value(&report).unwrap();
+    assert_eq!(json["warnings"][0]["kind"], "held_keys");
+    assert_eq!(json["outbox"][0]["topic"], "held.events", "the backlog too");
+    assert_eq!(
+        report.warnings[0].to_string(),
+        "2 keys of `held.events` are held for an operator (3 rows wait): UnknownTopicOrPartition"
+    );
+}
