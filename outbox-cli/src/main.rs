@@ -120,7 +120,7 @@ struct Thresholds {
     warn_transaction_age: Option<Duration>,
     /// Leave out warnings of this kind; repeatable. Kinds: autovacuum_off, dead_rows,
     /// vacuum_overdue, long_transaction, replication_slot, prepared_transaction, old_unpublished,
-    /// old_unprocessed, held_keys, parked, dead_inbox
+    /// old_unprocessed, held_keys, parked, dead_inbox, missing_topic
     #[arg(long, value_name = "KIND")]
     ignore: Vec<outbox_runtime::admin::WarningKind>,
 }
@@ -178,6 +178,49 @@ struct ReplayArgs {
     /// Records sent before waiting for their acknowledgements
     #[arg(long, default_value_t = 1_000, value_parser = clap::value_parser!(u32).range(1..=50_000))]
     batch_size: u32,
+}
+
+/// `outbox topics`' actions.
+#[derive(Debug, Subcommand)]
+enum TopicsAction {
+    /// Create the topics an installation needs, for brokers that do not create topics on first
+    /// use: each source topic (--topic, and those of rows waiting in the outbox), and beside it
+    /// its retry and dead-letter topics with its partition count; existing topics are left as
+    /// they are
+    Ensure(TopicsEnsureArgs),
+}
+
+/// `outbox topics ensure`'s options.
+#[derive(Debug, Args)]
+struct TopicsEnsureArgs {
+    #[command(flatten)]
+    db: Db,
+    #[command(flatten)]
+    brokers: Brokers,
+    /// A source topic to ensure (repeatable), besides those of the outbox's waiting rows
+    #[arg(long = "topic", value_name = "TOPIC")]
+    topics: Vec<String>,
+    /// Partitions of a source topic that must be created (required when one must be)
+    #[arg(long, value_parser = clap::value_parser!(i32).range(1..=100_000))]
+    partitions: Option<i32>,
+    /// Replication factor of the topics created [default: the broker's]
+    #[arg(long, value_parser = clap::value_parser!(i32).range(1..=100))]
+    replication_factor: Option<i32>,
+    /// Retry topics per source topic, as the consumers' retry_tiers (0: none)
+    #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(0..=100))]
+    retry_tiers: u32,
+    /// The retry topics' suffix, as the consumers' retry_suffix
+    #[arg(long, default_value = ".retry")]
+    retry_suffix: String,
+    /// The dead-letter topics' suffix, as the consumers' dlq_suffix
+    #[arg(long, default_value = ".dlq")]
+    dlq_suffix: String,
+    /// Say what would be created, create nothing
+    #[arg(long)]
+    dry_run: bool,
+    /// Print JSON instead of a table
+    #[arg(long)]
+    json: bool,
 }
 
 /// `outbox cleanup`'s options.
@@ -241,6 +284,11 @@ enum Command {
     /// Retention: delete published outbox rows, processed inbox rows and processed_event rows
     /// older than a cut-off, in small batches (never an unpublished, parked or dead row)
     Cleanup(CleanupArgs),
+    /// The broker's topics: create what the installation needs
+    Topics {
+        #[command(subcommand)]
+        action: TopicsAction,
+    },
     /// Parked outbox events (refused by the broker too often): list, retry, drop
     Parked {
         #[command(subcommand)]

@@ -9,6 +9,8 @@
 
 pub mod admin;
 #[cfg(feature = "kafka")]
+mod broker;
+#[cfg(feature = "kafka")]
 mod config;
 mod error;
 mod event;

@@ -48,6 +48,8 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(20261201000008, "headers"),
     migration!(20261201000009, "inbox_source"),
     migration!(20261201000010, "schema_version"),
+    migration!(20261202000011, "queue_autovacuum"),
+    migration!(20261202000012, "consumer_missing_topic"),
 ];
 
 /// Key of the transaction-scoped advisory lock that serializes concurrent `migrate` calls.

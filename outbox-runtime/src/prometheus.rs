@@ -60,12 +60,20 @@ fn serve(addr: SocketAddr, relay: Option<Relay>) -> Result<()> {
     Ok(())
 }
 
+/// Connections answered at once; more wait to be accepted.
+const CONCURRENT: usize = 32;
+
 async fn accept(listener: TcpListener, handle: PrometheusHandle, relay: Option<Relay>) {
+    let slots = std::sync::Arc::new(tokio::sync::Semaphore::new(CONCURRENT));
     loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
         match listener.accept().await {
             Ok((stream, _)) => {
                 let (handle, relay) = (handle.clone(), relay.clone());
                 tokio::spawn(async move {
+                    let _slot = slot;
                     // A client that sends nothing, or reads nothing, costs a task for this long.
                     let _ = tokio::time::timeout(
                         Duration::from_secs(10),

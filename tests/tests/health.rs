@@ -1,16 +1,23 @@
 //! `admin::health` against the real server: each warning provoked for real (autovacuum off on a
 //! table, dead rows, an idle-in-transaction session, an unpublished event past its threshold,
-//! held, parked and dead rows), named with its cause, and gone once the cause is.
+//! held, parked and dead rows, a consumer's missing dead-letter topic), named with its cause,
+//! and gone once the cause is; `EnsureTopics` creating what is missing.
 
 use std::str::FromStr;
 use std::time::Duration;
 
-use outbox_runtime::admin::{health, Health, HealthThresholds, Warning, WarningKind};
+use outbox_runtime::admin::{
+    health, EnsureTopics, EnsuredTopic, Health, HealthThresholds, TopicAction, TopicRole, Warning,
+    WarningKind,
+};
 use outbox_runtime::relay::Relay;
 use outbox_runtime::Uow;
-use outbox_tests::fixtures::{PaymentSucceeded, PAYMENTS};
+use outbox_tests::fixtures::{self, PaymentSucceeded, PAYMENTS};
 use outbox_tests::kafka::Kafka;
-use outbox_tests::TestDb;
+use outbox_tests::payments::{
+    builder, no_auto_created_topics, setup_without_dead_letter_topic, PARTITIONS,
+};
+use outbox_tests::{Running, TestDb};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{ConnectOptions, Connection, PgPool};
 use uuid::Uuid;
@@ -328,4 +335,110 @@ async fn held_keys_parked_and_dead_rows_are_warnings_with_their_topic() {
         report.warnings[0].to_string(),
         "2 keys of `held.events` are held for an operator (3 rows wait): UnknownTopicOrPartition"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_records_its_missing_dead_letter_topic_at_start_and_topics_ensure_creates_it() {
+    // tansu: librdkafka's mock cluster does not answer CreateTopics.
+    let (db, kafka) = setup_without_dead_letter_topic(Kafka::tansu().await).await;
+    let pool = &db.pool;
+    let dlq = format!("{PAYMENTS}.dlq");
+    let consumer = builder(&db, &kafka, "orders")
+        .producer_config(no_auto_created_topics())
+        .handler(fixtures::mark_order_paid)
+        .build()
+        .unwrap();
+    let running = Running::consumer(&consumer);
+    let thresholds = HealthThresholds::default().ignore(WarningKind::AutovacuumOff);
+
+    // No message has failed, none has even arrived: the consumer says so when it starts.
+    let missing = until(pool, &thresholds, "the missing topic recorded", |h| {
+        !of_kind(h, WarningKind::MissingTopic).is_empty()
+    })
+    .await;
+    match &missing.warnings[..] {
+        [w @ Warning::MissingTopic {
+            group,
+            topic,
+            source,
+            role,
+            ..
+        }] => {
+            assert_eq!(
+                (
+                    group.as_str(),
+                    topic.as_str(),
+                    source.as_str(),
+                    role.as_str()
+                ),
+                ("orders", dlq.as_str(), PAYMENTS, "dead_letter")
+            );
+            assert!(w.to_string().starts_with(&format!(
+                "consumer group `orders` has no dead-letter topic `{dlq}` for `{PAYMENTS}`"
+            )));
+        }
+        other => panic!("{other:#?}"),
+    }
+
+    // `topics ensure` says what it would create, then creates it with the source's partitions.
+    let mut config = rdkafka::ClientConfig::new();
+    config.set("bootstrap.servers", kafka.bootstrap());
+    let plan = EnsureTopics::new().topic(PAYMENTS);
+    let summary = |ensured: &[EnsuredTopic]| -> Vec<(String, TopicRole, i32, TopicAction)> {
+        ensured
+            .iter()
+            .map(|t| (t.topic.clone(), t.role, t.partitions, t.action))
+            .collect()
+    };
+    let expected = |dlq_action| {
+        vec![
+            (
+                PAYMENTS.to_owned(),
+                TopicRole::Source,
+                PARTITIONS,
+                TopicAction::Exists,
+            ),
+            (
+                format!("{PAYMENTS}.retry"),
+                TopicRole::Retry,
+                PARTITIONS,
+                TopicAction::Exists,
+            ),
+            (dlq.clone(), TopicRole::DeadLetter, PARTITIONS, dlq_action),
+        ]
+    };
+    let dry = plan.clone().dry_run(true).run(pool, &config).await.unwrap();
+    assert_eq!(summary(&dry), expected(TopicAction::WouldCreate));
+    assert_eq!(
+        of_kind(
+            &health(pool, &thresholds).await.unwrap(),
+            WarningKind::MissingTopic
+        )
+        .len(),
+        1,
+        "a dry run clears nothing"
+    );
+    let done = plan.run(pool, &config).await.unwrap();
+    assert_eq!(summary(&done), expected(TopicAction::Created));
+    let again = plan.run(pool, &config).await.unwrap();
+    assert_eq!(
+        summary(&again),
+        expected(TopicAction::Exists),
+        "the broker has it now"
+    );
+    let cleared = health(pool, &thresholds).await.unwrap();
+    assert_eq!(cleared.warnings, [], "{cleared:#?}");
+
+    // A source topic that must be created needs a partition count: refused, naming it.
+    let err = EnsureTopics::new()
+        .topic("ledger.events")
+        .run(pool, &config)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        err.contains("topic `ledger.events` does not exist: say how many partitions it gets"),
+        "{err}"
+    );
+    running.stop().await;
 }

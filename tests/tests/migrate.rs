@@ -183,3 +183,38 @@ async fn outbox_schema_is_the_reference_schema() {
     .unwrap();
     assert_eq!(dedup_key, "PRIMARY KEY (event_id, handler)");
 }
+
+#[tokio::test]
+async fn the_churning_tables_get_autovacuum_settings_that_suit_a_queue() {
+    let db = TestDb::new().await;
+    let options: Vec<(String, Vec<String>)> = sqlx::query_as(
+        "SELECT relname::text, reloptions::text[] FROM pg_class \
+         WHERE oid IN ('outbox_event'::regclass, 'inbox_event'::regclass, \
+                       'processed_event'::regclass) ORDER BY relname",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    let queue = [
+        "autovacuum_vacuum_scale_factor=0",
+        "autovacuum_vacuum_threshold=5000",
+        "autovacuum_vacuum_cost_limit=2000",
+        "autovacuum_analyze_scale_factor=0",
+        "autovacuum_analyze_threshold=50000",
+    ];
+    for (table, reloptions) in &options {
+        assert_eq!(reloptions, &queue, "{table}");
+    }
+    assert_eq!(options.len(), 3);
+    // Autovacuum stays on for each of them: the health check sees no table of its own off.
+    let report = outbox_runtime::admin::health(
+        &db.pool,
+        &outbox_runtime::admin::HealthThresholds::default(),
+    )
+    .await
+    .unwrap();
+    assert!(
+        report.tables.iter().all(|t| t.autovacuum_enabled),
+        "{report:#?}"
+    );
+}

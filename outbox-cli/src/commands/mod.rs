@@ -10,6 +10,7 @@ mod parked;
 mod relay;
 mod replay;
 mod status;
+mod topics;
 
 use std::str::FromStr;
 use std::time::Duration;
@@ -37,6 +38,7 @@ pub async fn run(command: Command) -> Result {
         Command::Relay(args) => relay::run(args).await,
         Command::Replay(args) => replay::run(args).await,
         Command::Cleanup(args) => cleanup::run(args).await,
+        Command::Topics { action } => topics::run(action).await,
         Command::Parked { action } => parked::run(action).await,
         Command::Inbox { action } => inbox::run(action).await,
         Command::DevBroker {

@@ -12,3 +12,4 @@ mod relay;
 mod replay;
 mod status;
 mod tls;
+mod topics;

@@ -4,9 +4,9 @@
 //! and returns a [`Warning`] for each problem it finds: autovacuum off (for the server or a
 //! table), dead rows piling up, a table not vacuumed for long, the cleanup horizon held back (a
 //! long or idle-in-transaction session, a replication slot, a prepared transaction), an old
-//! unpublished or unprocessed row, held keys, parked rows, dead inbox rows. `outbox status`
-//! prints them (`--check` fails while any stands) and a running relay logs them and reports them
-//! as gauges.
+//! unpublished or unprocessed row, held keys, parked rows, dead inbox rows, a consumer's missing
+//! retry or dead-letter topic. `outbox status` prints them (`--check` fails while any stands)
+//! and a running relay logs them and reports them as gauges.
 //!
 //! It needs no more privileges than the framework's own role has, with one exception: seeing
 //! the sessions of *other* roles in `pg_stat_activity` needs `pg_read_all_stats` (or
@@ -142,11 +142,13 @@ pub enum WarningKind {
     Parked,
     /// See [`Warning::DeadInbox`].
     DeadInbox,
+    /// See [`Warning::MissingTopic`].
+    MissingTopic,
 }
 
 impl WarningKind {
     /// Every kind, in the order `outbox status` lists them.
-    pub const ALL: [WarningKind; 11] = [
+    pub const ALL: [WarningKind; 12] = [
         WarningKind::AutovacuumOff,
         WarningKind::DeadRows,
         WarningKind::VacuumOverdue,
@@ -158,6 +160,7 @@ impl WarningKind {
         WarningKind::HeldKeys,
         WarningKind::Parked,
         WarningKind::DeadInbox,
+        WarningKind::MissingTopic,
     ];
 
     /// The kind's name, as JSON and the gauge's label spell it.
@@ -174,6 +177,7 @@ impl WarningKind {
             WarningKind::HeldKeys => "held_keys",
             WarningKind::Parked => "parked",
             WarningKind::DeadInbox => "dead_inbox",
+            WarningKind::MissingTopic => "missing_topic",
         }
     }
 }
@@ -313,6 +317,21 @@ pub enum Warning {
         /// Dead rows.
         rows: i64,
     },
+    /// A consumer group found a retry or dead-letter topic missing when it started (or
+    /// since): its first message that needs the topic will pause every partition of the
+    /// consumer until the topic exists. `outbox topics ensure` creates it.
+    MissingTopic {
+        /// The consumer group.
+        group: String,
+        /// The missing topic.
+        topic: String,
+        /// The topic whose messages would go there.
+        source: String,
+        /// `retry` or `dead_letter`.
+        role: String,
+        /// Seconds since the consumer found it missing.
+        age_secs: f64,
+    },
 }
 
 impl Warning {
@@ -330,6 +349,7 @@ impl Warning {
             Warning::HeldKeys { .. } => WarningKind::HeldKeys,
             Warning::Parked { .. } => WarningKind::Parked,
             Warning::DeadInbox { .. } => WarningKind::DeadInbox,
+            Warning::MissingTopic { .. } => WarningKind::MissingTopic,
         }
     }
 
@@ -340,6 +360,7 @@ impl Warning {
             Warning::AutovacuumOff { table, .. } => table.clone().unwrap_or_default(),
             Warning::DeadRows { table, .. } | Warning::VacuumOverdue { table, .. } => table.clone(),
             Warning::LongTransaction { pid, .. } => pid.to_string(),
+            Warning::MissingTopic { group, topic, .. } => format!("{group}/{topic}"),
             Warning::ReplicationSlot { slot_name, .. } => slot_name.clone(),
             Warning::PreparedTransaction { gid, .. } => gid.clone(),
             Warning::OldUnpublished { topic, .. }
@@ -471,6 +492,20 @@ impl fmt::Display for Warning {
                 f,
                 "`{topic}` has {rows} dead inbox rows (outbox inbox list)"
             ),
+            Warning::MissingTopic {
+                group,
+                topic,
+                source,
+                role,
+                age_secs,
+            } => write!(
+                f,
+                "consumer group `{group}` has no {} topic `{topic}` for `{source}` (missing for \
+                 {}): its first message that needs it will pause every partition until it \
+                 exists (outbox topics ensure creates it)",
+                role.replace('_', "-"),
+                human(*age_secs)
+            ),
         }
     }
 }
@@ -548,6 +583,11 @@ FROM pg_replication_slots WHERE xmin IS NOT NULL ORDER BY age(xmin) DESC";
 const PREPARED_SQL: &str = "\
 SELECT gid, owner::text AS owner, extract(epoch FROM now() - prepared)::float8 AS age \
 FROM pg_prepared_xacts WHERE database = current_database() ORDER BY prepared";
+
+const MISSING_TOPICS_SQL: &str = "\
+SELECT group_id, topic, source_topic, role, \
+       extract(epoch FROM now() - seen_at)::float8 AS age \
+FROM outbox_consumer_missing_topic ORDER BY group_id, topic";
 
 const HELD_SQL: &str = "\
 SELECT topic, count(*) AS rows, count(DISTINCT partition_key) AS keys, \
@@ -686,6 +726,19 @@ pub async fn health(pool: &PgPool, thresholds: &HealthThresholds) -> Result<Heal
         warnings.push(Warning::DeadInbox {
             topic: t.topic.clone(),
             rows: t.dead,
+        });
+    }
+
+    for row in sqlx::query(MISSING_TOPICS_SQL)
+        .fetch_all(&mut *conn)
+        .await?
+    {
+        warnings.push(Warning::MissingTopic {
+            group: row.try_get("group_id")?,
+            topic: row.try_get("topic")?,
+            source: row.try_get("source_topic")?,
+            role: row.try_get("role")?,
+            age_secs: row.try_get("age")?,
         });
     }
 

@@ -1,6 +1,6 @@
 //! Operations on the outbox and inbox tables, for operators and their tools (the `outbox` CLI
 //! is a thin layer over this module): backlog figures per topic ([`status`]), retention
-//! ([`Cleanup`]), poison events (parked outbox rows and dead inbox rows: [`list_parked`],
+//! ([`Cleanup`]), the broker's topics ([`EnsureTopics`]), poison events (parked outbox rows and dead inbox rows: [`list_parked`],
 //! [`retry_parked`], [`drop_parked`], [`list_dead`], [`retry_dead`]), replay ([`Replay`]).
 //!
 //! Everything here works on the database alone, except [`replay`](crate::admin::Replay), which
@@ -18,6 +18,8 @@ mod poison;
 #[cfg(feature = "kafka")]
 mod replay;
 pub(crate) mod status;
+#[cfg(feature = "kafka")]
+mod topics;
 
 pub use cleanup::{Cleanup, CleanupTable};
 pub use health::{
@@ -32,3 +34,6 @@ pub use poison::{
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub use replay::{Replay, ReplayCounts, ReplayFilter};
 pub use status::{status, InboxTopicStatus, Status, TopicStatus};
+#[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+pub use topics::{EnsureTopics, EnsuredTopic, TopicAction, TopicRole};

@@ -14,6 +14,7 @@ use super::route::Routes;
 use super::settings::{Mode, Settings};
 use super::shared::Shared;
 use super::store::{inbox_status, InboxStatus};
+use super::topics;
 use super::{dedup, processor, receive};
 use crate::error::{Error, Result};
 
@@ -73,6 +74,8 @@ impl Consumer {
         let topics = settings.subscriptions(shared.routes.topics());
         let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
         consumer.subscribe(&topics)?;
+        // Say now, not at the first failure, if a retry or dead-letter topic is missing.
+        let checking = tokio::spawn(topics::watch(Arc::clone(shared), cancel.child_token()));
         let processors: Vec<_> = match settings.mode {
             Mode::Dedup => Vec::new(),
             Mode::Inbox => (0..settings.processors)
@@ -88,6 +91,7 @@ impl Consumer {
             tracing::debug!(error = %crate::error_chain(&e), "no offsets to commit on shutdown");
         }
         cancel.cancel();
+        checking.abort();
         for p in processors {
             p.await.map_err(|source| Error::Task {
                 task: "the inbox processor supervisor",

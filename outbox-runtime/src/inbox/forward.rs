@@ -176,6 +176,11 @@ pub(crate) struct Forwarder {
 }
 
 impl Forwarder {
+    /// The producer it sends with.
+    pub(crate) fn producer(&self) -> &FutureProducer {
+        &self.producer
+    }
+
     /// Creates the producer.
     pub(crate) fn new(settings: &Settings) -> Result<Forwarder> {
         let producer =

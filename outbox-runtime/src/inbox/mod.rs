@@ -110,7 +110,8 @@
 //! not-yet-due message pauses its retry partition, nothing else). So **a retried message is
 //! handled after its key's later messages**. [`retry_tiers(n)`](ConsumerBuilder::retry_tiers)
 //! spreads attempts over `<topic>.retry-1` ... `-n`, so that a long backoff does not hold up short
-//! ones. Create the retry and dead-letter topics with the source topic; the consumer reads the
+//! ones. Create the retry and dead-letter topics with the source topic
+//! ([`EnsureTopics`](crate::admin::EnsureTopics), `outbox topics ensure`); the consumer reads the
 //! retry topic from the start (keep `auto.offset.reset=earliest`).
 //! [`RetryPolicy::InPlace`] retries in the consumer instead, before anything after the message:
 //! strict per-key order, but a failing message holds up every partition of that consumer
@@ -120,7 +121,12 @@
 //! error log naming the topic, the gauge `outbox_consumer_forward_blocked{topic}` at 1. The
 //! consumer pauses its partitions and keeps polling, so it keeps its group membership, and goes on
 //! (gauge 0) once the topic takes the message, with every partition it paused, including those a
-//! rebalance took away and gave back meanwhile. Nothing is skipped.
+//! rebalance took away and gave back meanwhile. Nothing is skipped. So that this is no surprise,
+//! a consumer checks its retry and dead-letter topics when it starts: a missing one is a warning
+//! in its log, the gauge `outbox_consumer_missing_topic{topic}` at 1, and a row of
+//! `outbox_consumer_missing_topic` that `outbox status` reports (a
+//! [`MissingTopic`](crate::admin::Warning::MissingTopic) warning); it looks again every minute
+//! until the topic exists.
 //!
 //! **Retries and dead letters are sent at least once**: a rebalance between the send and the
 //! offset's commit sends the message again. A retried copy is deduplicated when it is handled; a
@@ -357,6 +363,8 @@ mod settings;
 mod shared;
 #[cfg(feature = "kafka")]
 mod store;
+#[cfg(feature = "kafka")]
+mod topics;
 #[cfg(feature = "kafka")]
 mod upcast;
 

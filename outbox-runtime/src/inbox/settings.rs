@@ -180,6 +180,26 @@ impl Settings {
         topics
     }
 
+    /// The topics a consumer may send messages of `handled` topics to, each with its source
+    /// topic and role (`retry` or `dead_letter`): every source's dead-letter topic, and in
+    /// dedup mode with retry topics, its retry topics.
+    pub(crate) fn forward_topics(&self, handled: &[String]) -> Vec<(String, String, &'static str)> {
+        let retries = self.mode == Mode::Dedup && self.retry_policy == RetryPolicy::Topic;
+        handled
+            .iter()
+            .flat_map(|source| {
+                let retry = (1..=self.topics.retry_tiers)
+                    .filter(move |_| retries)
+                    .map(move |tier| (self.topics.retry(source, tier), source.clone(), "retry"));
+                retry.chain(std::iter::once((
+                    self.topics.dead_letter(source),
+                    source.clone(),
+                    "dead_letter",
+                )))
+            })
+            .collect()
+    }
+
     /// The wait before a message's next attempt after its `attempt`-th failure.
     pub(crate) fn backoff(&self, attempt: u32) -> Duration {
         self.backoff.delay(attempt)

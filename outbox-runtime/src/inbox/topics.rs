@@ -1,0 +1,104 @@
+//! Whether the topics a consumer sends failed messages to exist: checked when it starts, and
+//! every minute while one is missing. A missing one is a warning in the log, the
+//! `outbox_consumer_missing_topic{topic}` gauge at 1, and a row of
+//! `outbox_consumer_missing_topic` (what `outbox status` warns about), all before the first
+//! message that would need it pauses the consumer (see `forward.rs`).
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use rdkafka::producer::Producer as _;
+use tokio_util::sync::CancellationToken;
+
+use super::shared::Shared;
+
+/// How often the topics are looked at again while one is missing.
+const AGAIN: Duration = Duration::from_secs(60);
+
+/// How long the broker gets to answer.
+const WITHIN: Duration = Duration::from_secs(10);
+
+/// Checks until every topic exists or `cancel` fires.
+pub(crate) async fn watch(shared: Arc<Shared>, cancel: CancellationToken) {
+    let wanted = shared.settings.forward_topics(&shared.routes.topics());
+    if wanted.is_empty() {
+        return;
+    }
+    let group = shared.settings.group().to_owned();
+    let mut reported = BTreeSet::new();
+    loop {
+        let producer = shared.forwarder.producer().clone();
+        let asked = tokio::task::spawn_blocking(move || {
+            crate::broker::existing_topics(producer.client(), WITHIN)
+        })
+        .await;
+        match asked {
+            Ok(Ok(existing)) => {
+                let mut missing = Vec::new();
+                for (topic, source, role) in &wanted {
+                    let absent = !existing.contains_key(topic);
+                    metrics::gauge!("outbox_consumer_missing_topic", "topic" => topic.clone())
+                        .set(if absent { 1.0 } else { 0.0 });
+                    if absent {
+                        if reported.insert(topic.clone()) {
+                            tracing::warn!(
+                                group = %group, %topic, %source, %role,
+                                "the consumer's {} topic `{topic}` (for `{source}`) does not \
+                                 exist: the first message that needs it will pause every \
+                                 partition until it does (`outbox topics ensure` creates it)",
+                                role.replace('_', "-")
+                            );
+                        }
+                        missing.push((topic, source, role));
+                    } else if reported.remove(topic) {
+                        tracing::info!(group = %group, %topic, "the consumer's topic exists now");
+                    }
+                }
+                if let Err(e) = record(&shared, &group, &wanted, &missing).await {
+                    tracing::debug!(error = %crate::error_chain(&e), "cannot record the consumer's missing topics");
+                }
+                if missing.is_empty() {
+                    return;
+                }
+            }
+            Ok(Err(e)) => {
+                tracing::debug!(error = %e, "cannot read the broker's topics; looking again later")
+            }
+            Err(e) => tracing::debug!(error = %e, "the topic check panicked"),
+        }
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(AGAIN) => {}
+        }
+    }
+}
+
+/// Replaces the group's rows for `wanted` with `missing`.
+async fn record(
+    shared: &Shared,
+    group: &str,
+    wanted: &[(String, String, &'static str)],
+    missing: &[(&String, &String, &&'static str)],
+) -> crate::Result<()> {
+    let all: Vec<&str> = wanted.iter().map(|(t, ..)| t.as_str()).collect();
+    let topics: Vec<&str> = missing.iter().map(|(t, ..)| t.as_str()).collect();
+    let sources: Vec<&str> = missing.iter().map(|(_, s, _)| s.as_str()).collect();
+    let roles: Vec<&str> = missing.iter().map(|(.., r)| **r).collect();
+    sqlx::query(
+        "WITH gone AS ( \
+             DELETE FROM outbox_consumer_missing_topic \
+             WHERE group_id = $1 AND topic = ANY($2) AND NOT topic = ANY($3)) \
+         INSERT INTO outbox_consumer_missing_topic (group_id, topic, source_topic, role) \
+         SELECT $1, t, s, r FROM unnest($3::text[], $4::text[], $5::text[]) AS m(t, s, r) \
+         ON CONFLICT (group_id, topic) DO NOTHING",
+    )
+    .bind(group)
+    .bind(&all)
+    .bind(&topics)
+    .bind(&sources)
+    .bind(&roles)
+    .execute(&shared.pool)
+    .await?;
+    Ok(())
+}
