@@ -8,9 +8,11 @@
 -- events/s without a vacuum grew that index to 13.5 MB and the relay's lag from 7 ms to 180 ms).
 --
 --   autovacuum_vacuum_scale_factor = 0, autovacuum_vacuum_threshold = 5000:
---     vacuum after 5,000 dead rows whatever the table's size (seconds at a thousand events a
---     second). Each vacuum is short: the visibility map lets it skip the pages of settled rows,
---     and PostgreSQL skips index vacuuming when few pages have dead rows.
+--     vacuum once 5,000 rows are dead whatever the table's size, so at every round of the
+--     autovacuum launcher (`autovacuum_naptime`, 1 minute by default: the server's setting
+--     bounds how often; a busy outbox wants it lower) instead of after 20% of a table that
+--     retention keeps large. Each vacuum is short: the visibility map lets it skip the pages of
+--     settled rows, and PostgreSQL skips index vacuuming when few pages have dead rows.
 --   autovacuum_vacuum_cost_limit = 2000:
 --     ten times the default budget before each pause, so a vacuum of these tables keeps up with
 --     the event rate instead of running for minutes at the default throttle. (A table with its

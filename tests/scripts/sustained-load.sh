@@ -9,7 +9,10 @@
 #   RATE=1376 SECONDS_=1200 AUTOVACUUM=on bash tests/scripts/sustained-load.sh
 #
 # AUTOVACUUM=on turns autovacuum on for the run (ALTER SYSTEM, put back at exit); `off` leaves
-# the server as it is. Needs pgbench and psql, PostgreSQL on $PGHOST:$PGPORT as `postgres`
+# the server as it is. TABLE_AUTOVACUUM=queue (the default) keeps the tables' autovacuum settings
+# as the migrations set them; `default` resets them to the server's, for a comparison.
+# PREFILL=N writes N published rows first (what a retention window keeps; vacuumed and analyzed
+# before the load starts). Needs pgbench and psql, PostgreSQL on $PGHOST:$PGPORT as `postgres`
 # with the right to ALTER SYSTEM, and builds the CLI in release.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -17,6 +20,8 @@ cd "$(dirname "$0")/../.."
 RATE=${RATE:-1376}
 SECONDS_=${SECONDS_:-1200}
 AUTOVACUUM=${AUTOVACUUM:-on}
+TABLE_AUTOVACUUM=${TABLE_AUTOVACUUM:-queue}
+PREFILL=${PREFILL:-0}
 CLIENTS=${CLIENTS:-8}
 PORT=${PORT:-19092}
 OUT=${OUT:-/tmp/outbox-sustained-load.csv}
@@ -40,8 +45,23 @@ trap cleanup EXIT
 
 psql -q -d postgres -c "DROP DATABASE IF EXISTS ${DB} WITH (FORCE)" -c "CREATE DATABASE ${DB}"
 DATABASE_URL=$URL "$bin" migrate >/dev/null
+if [ "$TABLE_AUTOVACUUM" = default ]; then
+    for t in outbox_event inbox_event processed_event; do
+        psql -q -d "$DB" -c "ALTER TABLE $t RESET (autovacuum_vacuum_scale_factor, \
+            autovacuum_vacuum_threshold, autovacuum_vacuum_cost_limit, \
+            autovacuum_analyze_scale_factor, autovacuum_analyze_threshold)"
+    done
+fi
 if [ "$AUTOVACUUM" = on ]; then
     psql -q -d postgres -c "ALTER SYSTEM SET autovacuum = on" -c "SELECT pg_reload_conf()" >/dev/null
+fi
+if [ "$PREFILL" -gt 0 ]; then
+    psql -q -d "$DB" -c "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, \
+            event_type, payload, topic, partition_key, created_at, published_at) \
+        SELECT gen_random_uuid(), 'Account', 'acct-' || (i % 1000), 'Deposited', \
+            '{\"amount\": 10, \"note\": \"xxxxxxxxxxxxxxxxxxxx\"}', 'load.events', \
+            'acct-' || (i % 1000), now() - interval '1 hour', now() - interval '1 hour' \
+        FROM generate_series(1, $PREFILL) AS i" -c "VACUUM ANALYZE outbox_event"
 fi
 autovacuum=$(psql -Atq -d "$DB" -c "SHOW autovacuum")
 
@@ -95,7 +115,7 @@ notify_dir() {
 
 header="t_s,next_xid,oldest_snapshot_xids,oldest_snapshot_s,oldest_snapshot_app,notify_queue_usage,pg_notify_bytes,inserted,dead_tuples,live_tuples,autovacuums,autoanalyzes,unpublished_index_bytes,outbox_total_bytes,oldest_unpublished_ms,unpublished"
 echo "$header" | tee "$OUT"
-echo "autovacuum=$autovacuum rate=$RATE/s for ${SECONDS_}s, $CLIENTS clients" >&2
+echo "autovacuum=$autovacuum (tables: $TABLE_AUTOVACUUM) rate=$RATE/s for ${SECONDS_}s, $CLIENTS clients, $PREFILL rows prefilled" >&2
 start=$(date +%s)
 declare -a xids times
 while kill -0 "$bench" 2>/dev/null; do
@@ -116,3 +136,4 @@ while kill -0 "$bench" 2>/dev/null; do
     echo "$now,$xid,$age,$secs,$app,$usage,$(notify_dir),$ins,$dead,$live,$avs,$aas,$idx,$total,$oldest,$unpub" | tee -a "$OUT"
 done
 grep -E "tps|latency" "$work/pgbench.log" >&2 || cat "$work/pgbench.log" >&2
+grep "outbox health" "$work/relay.log" >&2 || echo "the relay logged no health warning" >&2

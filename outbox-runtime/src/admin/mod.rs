@@ -22,6 +22,8 @@ pub(crate) mod status;
 mod topics;
 
 pub use cleanup::{Cleanup, CleanupTable};
+#[doc(hidden)]
+pub use health::health_estimated;
 pub use health::{
     health, Health, HealthThresholds, TableHealth, Warning, WarningKind,
     VACUUM_OVERDUE_MIN_DEAD_ROWS,
