@@ -608,10 +608,7 @@ pub async fn health(pool: &PgPool, thresholds: &HealthThresholds) -> Result<Heal
 /// [`health`] with `processed_event`'s rows estimated, not counted: a running relay's periodic
 /// check, which must stay cheap on a large table. Public for the benchmark that compares them.
 #[doc(hidden)]
-pub async fn health_estimated(
-    pool: &PgPool,
-    thresholds: &HealthThresholds,
-) -> Result<Health> {
+pub async fn health_estimated(pool: &PgPool, thresholds: &HealthThresholds) -> Result<Health> {
     check(pool, thresholds, Count::Estimated).await
 }
 

@@ -148,8 +148,8 @@ pub(super) async fn status_on(conn: &mut PgConnection, count: Count) -> Result<S
                               WHERE relid = to_regclass('processed_event')), 0)"
         }
     })
-        .fetch_one(&mut *conn)
-        .await?;
+    .fetch_one(&mut *conn)
+    .await?;
     let relay_instances = crate::relay::store::members(conn).await?;
     Ok(Status {
         outbox,

@@ -53,7 +53,8 @@ impl HealthChecks {
     /// gauge. A check that fails is logged at debug level: the relay's own errors say more.
     pub(super) async fn check(&self, pool: &PgPool) {
         let mut logged = self.logged.lock().await;
-        let found = tokio::time::timeout(self.interval, health_estimated(pool, &self.thresholds)).await;
+        let found =
+            tokio::time::timeout(self.interval, health_estimated(pool, &self.thresholds)).await;
         let health = match found {
             Ok(Ok(health)) => health,
             Ok(Err(e)) => {
