@@ -91,6 +91,17 @@ struct RelayArgs {
     /// Serve Prometheus metrics at http://HOST:PORT/metrics, e.g. 127.0.0.1:9464
     #[arg(long, env = "OUTBOX_METRICS_ADDR", value_name = "HOST:PORT")]
     metrics_addr: Option<std::net::SocketAddr>,
+    /// Also run retention, beside publishing: delete published outbox rows (and the dedup
+    /// records with them) older than this, e.g. 30d; one relay process at a time does it
+    #[arg(long, value_parser = parse::duration, value_name = "DURATION")]
+    retention: Option<Duration>,
+    /// With --retention: keep the dedup records (processed_event, processed inbox rows) this
+    /// long instead; not shorter than --retention
+    #[arg(long, value_parser = parse::duration, value_name = "DURATION", requires = "retention")]
+    dedup_retention: Option<Duration>,
+    /// With --retention: how often it runs
+    #[arg(long, default_value = "1h", value_parser = parse::duration, value_name = "DURATION")]
+    retention_every: Duration,
     /// How often to check the outbox's health and log its warnings (0s: never)
     #[arg(long, default_value = "30s", value_parser = parse::duration, value_name = "DURATION")]
     health_interval: Duration,

@@ -1,5 +1,6 @@
 //! `outbox relay`: relay instances in this process until Ctrl-C or SIGTERM.
 
+use outbox_runtime::admin::Retention;
 use outbox_runtime::relay::Relay;
 use tokio_util::sync::CancellationToken;
 
@@ -18,12 +19,23 @@ pub async fn run(args: RelayArgs) -> Result {
         metrics_addr,
         health_interval,
         thresholds,
+        retention,
+        dedup_retention,
+        retention_every,
     } = args;
     let config = producer_config(&brokers)?;
     // Each instance takes a connection of its own off the pool when it connects (and listens
     // for notifications on another, outside the pool); the pool serves the backlog gauges.
     let pool = connect_migrated(&db, u32::from(instances) * 2 + 2).await?;
-    let relay = Relay::builder(pool)
+    let mut builder = Relay::builder(pool);
+    if let Some(older_than) = retention {
+        let mut retention = Retention::new(older_than).every(retention_every);
+        if let Some(dedup) = dedup_retention {
+            retention = retention.dedup_older_than(dedup);
+        }
+        builder = builder.retention(retention);
+    }
+    let relay = builder
         .producer_config(config)
         .batch_size(batch_size)
         .poll_interval(poll_interval)

@@ -9,7 +9,8 @@ use outbox_tests::kafka::{consume, Kafka};
 use outbox_tests::{ChildGuard, TestDb};
 
 use crate::support::{
-    count, emit_posted, outbox, run, signal, stderr, stdout, wait_exit, wait_line, TOPIC,
+    count, emit_posted, insert_rows, outbox, run, signal, stderr, stdout, wait_exit, wait_line,
+    TOPIC,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -17,7 +18,17 @@ async fn relay_command_runs_several_instances_and_stops_on_sigterm() {
     let db = TestDb::new().await;
     let kafka = Kafka::mock();
     kafka.create_topic(TOPIC, 4).await;
-    let mut cmd = outbox(&["relay", "--instances", "3", "--poll-interval", "100ms"]);
+    // Rows published 40 days ago: the relay's retention (30 days) deletes them.
+    insert_rows(&db.pool, TOPIC, 25, "41 days", Some("40 days"), false).await;
+    let mut cmd = outbox(&[
+        "relay",
+        "--instances",
+        "3",
+        "--poll-interval",
+        "100ms",
+        "--retention",
+        "30d",
+    ]);
     cmd.env("DATABASE_URL", &db.url)
         .env("KAFKA_BROKERS", kafka.bootstrap())
         .stdout(Stdio::piped())
@@ -58,6 +69,13 @@ async fn relay_command_runs_several_instances_and_stops_on_sigterm() {
         .await,
         0
     );
+    while count(&db.pool, "SELECT count(*) FROM outbox_event").await != total as i64 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the old published rows deleted by the relay's retention"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 
     signal(&child, "-TERM");
     assert_eq!(

@@ -171,3 +171,148 @@ impl Cleanup {
         }
     }
 }
+
+/// Second key of the advisory lock that lets one retention run at a time; the first key is the
+/// outbox table's oid (as the relay's locks), so that two schemas' retentions never block each
+/// other.
+const RETENTION_KEY: i32 = 0x5200_0000; // "R"
+
+/// Retention on a schedule, for a relay to run beside publishing
+/// ([`RelayBuilder::retention`](crate::relay::RelayBuilder::retention)), so that no separate job
+/// needs deploying: every [`every`](Self::every) one relay instance of the database (whichever
+/// takes an advisory lock first; the others skip that round) runs [`Cleanup`] on the three
+/// tables: published outbox rows older than `older_than`, processed inbox rows and
+/// `processed_event` rows older than [`dedup_older_than`](Self::dedup_older_than). Never an
+/// unpublished, parked, unprocessed or dead row.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[must_use]
+pub struct Retention {
+    older_than: Duration,
+    dedup_older_than: Option<Duration>,
+    every: Duration,
+    batch_size: u32,
+}
+
+/// What one [`Retention::run_once`] deleted, per table.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize)]
+#[non_exhaustive]
+pub struct RetentionReport {
+    /// Published `outbox_event` rows.
+    pub outbox: u64,
+    /// Processed `inbox_event` rows.
+    pub inbox: u64,
+    /// `processed_event` rows.
+    pub processed_event: u64,
+}
+
+impl Retention {
+    /// Published rows older than `older_than` go (and the dedup records with them unless
+    /// [`dedup_older_than`](Self::dedup_older_than) says otherwise); every hour; batches of
+    /// 10,000 rows.
+    pub fn new(older_than: Duration) -> Self {
+        Retention {
+            older_than,
+            dedup_older_than: None,
+            every: Duration::from_secs(60 * 60),
+            batch_size: 10_000,
+        }
+    }
+
+    /// Keeps the dedup records (`processed_event`, processed `inbox_event` rows) this long
+    /// instead: at least as long as `older_than` (a replay can resend anything still in the
+    /// outbox) and as the topics' retention. See the operations guide on sizing it.
+    pub fn dedup_older_than(mut self, older_than: Duration) -> Self {
+        self.dedup_older_than = Some(older_than);
+        self
+    }
+
+    /// How often it runs (default 1 hour; at least 1 s).
+    pub fn every(mut self, every: Duration) -> Self {
+        self.every = every;
+        self
+    }
+
+    /// Rows deleted per transaction (default 10,000).
+    pub fn batch_size(mut self, batch_size: u32) -> Self {
+        self.batch_size = batch_size.max(1);
+        self
+    }
+
+    /// How often it runs.
+    pub fn interval(&self) -> Duration {
+        self.every
+    }
+
+    /// `Err(Error::Config)` names the setting that cannot work.
+    pub(crate) fn check(&self) -> Result<()> {
+        if self.every < Duration::from_secs(1) {
+            return Err(Error::Config(format!(
+                "retention must run at least a second apart, not every {:?}",
+                self.every
+            )));
+        }
+        if self.dedup_older_than.is_some_and(|d| d < self.older_than) {
+            return Err(Error::Config(format!(
+                "retention: dedup_older_than ({:?}) is shorter than older_than ({:?}): a replay \
+                 of an event still in the outbox would be handled again",
+                self.dedup_older_than.unwrap_or_default(),
+                self.older_than
+            )));
+        }
+        Ok(())
+    }
+
+    /// Runs once, unless another instance is running it: `Ok(None)` then. The lock is a
+    /// transaction-scoped advisory lock, held by a transaction of its own on a connection of
+    /// its own while the batches run on others: that transaction has no id and holds no snapshot
+    /// between its statements, so it holds back no cleanup, and however the run ends (an error,
+    /// a cancelled task, a lost connection) the lock goes with the transaction.
+    pub async fn run_once(&self, pool: &PgPool) -> Result<Option<RetentionReport>> {
+        self.check()?;
+        let mut lock = pool.begin().await?;
+        let space: Option<i64> =
+            sqlx::query_scalar("SELECT to_regclass('outbox_event')::oid::int8")
+                .fetch_one(&mut *lock)
+                .await?;
+        let Some(space) = space else {
+            return Err(Error::Config(
+                "no outbox_event table on the search_path: run the migrations".into(),
+            ));
+        };
+        let locked: bool = sqlx::query_scalar("SELECT pg_try_advisory_xact_lock($1, $2)")
+            .bind(space as u32 as i32)
+            .bind(RETENTION_KEY)
+            .fetch_one(&mut *lock)
+            .await?;
+        if !locked {
+            return Ok(None);
+        }
+        let report = self.cut(pool).await?;
+        lock.commit().await?;
+        Ok(Some(report))
+    }
+
+    async fn cut(&self, pool: &PgPool) -> Result<RetentionReport> {
+        let outbox = Cleanup::new(pool.clone(), self.older_than).batch_size(self.batch_size);
+        let dedup = Cleanup::new(
+            pool.clone(),
+            self.dedup_older_than.unwrap_or(self.older_than),
+        )
+        .batch_size(self.batch_size);
+        let mut report = RetentionReport::default();
+        for table in CleanupTable::ALL {
+            let cleanup = match table {
+                CleanupTable::Outbox => &outbox,
+                _ => &dedup,
+            };
+            let cutoff = cleanup.cutoff().await?;
+            let deleted = cleanup.run(table, cutoff, |_| {}).await?;
+            match table {
+                CleanupTable::Outbox => report.outbox = deleted,
+                CleanupTable::Inbox => report.inbox = deleted,
+                CleanupTable::ProcessedEvent => report.processed_event = deleted,
+            }
+        }
+        Ok(report)
+    }
+}

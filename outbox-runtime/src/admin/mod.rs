@@ -21,7 +21,7 @@ pub(crate) mod status;
 #[cfg(feature = "kafka")]
 mod topics;
 
-pub use cleanup::{Cleanup, CleanupTable};
+pub use cleanup::{Cleanup, CleanupTable, Retention, RetentionReport};
 #[doc(hidden)]
 pub use health::health_estimated;
 pub use health::{

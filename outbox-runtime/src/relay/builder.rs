@@ -10,7 +10,7 @@ use super::producer::ProducerSlot;
 use super::publish::PerKey;
 use super::run::Relay;
 use super::settings::Settings;
-use crate::admin::HealthThresholds;
+use crate::admin::{HealthThresholds, Retention};
 use crate::config::Backoff;
 use crate::error::Result;
 
@@ -155,6 +155,17 @@ impl RelayBuilder {
     /// publishing. At least 1 s.
     pub fn health_interval(mut self, interval: Duration) -> Self {
         self.settings.health_interval = interval;
+        self
+    }
+
+    /// Runs retention beside publishing (default: none; schedule `outbox cleanup` instead):
+    /// every [`Retention::every`] one instance of the relays on the database deletes the
+    /// published outbox rows, processed inbox rows and dedup records past their retention, on a
+    /// task of its own (see [`Retention`]). Logged, and counted in
+    /// `outbox_retention_deleted_total{table}`. It takes two connections of the pool while it
+    /// runs.
+    pub fn retention(mut self, retention: Retention) -> Self {
+        self.settings.retention = Some(retention);
         self
     }
 

@@ -3,11 +3,11 @@
 //! gauges.
 
 use std::collections::HashMap;
-use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 use sqlx::PgPool;
 
+use super::periodic::Schedule;
 use crate::admin::{health_estimated, Health, HealthThresholds, WarningKind};
 
 /// A standing warning is logged again this often, so the log shows it still stands.
@@ -17,8 +17,7 @@ const RELOG_EVERY: Duration = Duration::from_secs(10 * 60);
 /// checks found so far, for one check at a time.
 pub(super) struct HealthChecks {
     thresholds: HealthThresholds,
-    interval: Duration,
-    next: Mutex<Option<Instant>>,
+    schedule: Schedule,
     logged: tokio::sync::Mutex<HashMap<String, Instant>>,
 }
 
@@ -27,8 +26,7 @@ impl HealthChecks {
     pub(super) fn new(thresholds: HealthThresholds, interval: Duration) -> HealthChecks {
         HealthChecks {
             thresholds,
-            interval,
-            next: Mutex::new(None),
+            schedule: Schedule::new(interval),
             logged: tokio::sync::Mutex::new(HashMap::new()),
         }
     }
@@ -36,16 +34,7 @@ impl HealthChecks {
     /// Whether a check is due; the caller that gets `true` runs it, the others wait for the
     /// next one.
     pub(super) fn claim_due(&self) -> bool {
-        if self.interval.is_zero() {
-            return false;
-        }
-        let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
-        let now = Instant::now();
-        if next.is_some_and(|at| now < at) {
-            return false;
-        }
-        *next = Some(now + self.interval);
-        true
+        self.schedule.claim_due()
     }
 
     /// Runs one check (bounded by the interval) and reports it: a warning is logged when it
@@ -53,8 +42,11 @@ impl HealthChecks {
     /// gauge. A check that fails is logged at debug level: the relay's own errors say more.
     pub(super) async fn check(&self, pool: &PgPool) {
         let mut logged = self.logged.lock().await;
-        let found =
-            tokio::time::timeout(self.interval, health_estimated(pool, &self.thresholds)).await;
+        let found = tokio::time::timeout(
+            self.schedule.every(),
+            health_estimated(pool, &self.thresholds),
+        )
+        .await;
         let health = match found {
             Ok(Ok(health)) => health,
             Ok(Err(e)) => {
@@ -62,7 +54,7 @@ impl HealthChecks {
                 return;
             }
             Err(_) => {
-                tracing::debug!(timeout = ?self.interval, "outbox health check timed out");
+                tracing::debug!(timeout = ?self.schedule.every(), "outbox health check timed out");
                 return;
             }
         };

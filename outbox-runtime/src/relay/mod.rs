@@ -151,6 +151,8 @@ mod health;
 #[cfg(feature = "kafka")]
 mod instance;
 #[cfg(feature = "kafka")]
+mod periodic;
+#[cfg(feature = "kafka")]
 mod producer;
 #[cfg(feature = "kafka")]
 pub(crate) mod publish;

@@ -10,6 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::health::HealthChecks;
 use super::instance::{Instance, Step, REBALANCE_EVERY};
+use super::periodic::{run_retention, Schedule};
 use super::producer::ProducerSlot;
 use super::settings::Settings;
 use super::wakeup::Wakeups;
@@ -31,6 +32,8 @@ struct Shared {
     producer: Option<ProducerSlot>,
     settings: Settings,
     health: HealthChecks,
+    /// When retention runs next, if it runs here.
+    retention: Schedule,
     /// How many of its running instances own shards (for [`Relay::ready`]).
     owning: AtomicUsize,
 }
@@ -51,12 +54,19 @@ impl std::fmt::Debug for Relay {
 impl Relay {
     pub(super) fn new(pool: PgPool, producer: Option<ProducerSlot>, settings: Settings) -> Relay {
         let health = HealthChecks::new(settings.health.clone(), settings.health_interval);
+        let retention = Schedule::new(
+            settings
+                .retention
+                .as_ref()
+                .map_or(Duration::ZERO, |r| r.interval()),
+        );
         Relay {
             shared: Arc::new(Shared {
                 pool,
                 producer,
                 settings,
                 health,
+                retention,
                 owning: AtomicUsize::new(0),
             }),
         }
@@ -103,6 +113,14 @@ impl Relay {
             if self.shared.health.claim_due() {
                 let shared = Arc::clone(&self.shared);
                 tokio::spawn(async move { shared.health.check(&shared.pool).await });
+            }
+            if self.shared.retention.claim_due() {
+                let shared = Arc::clone(&self.shared);
+                tokio::spawn(async move {
+                    if let Some(retention) = &shared.settings.retention {
+                        run_retention(retention, &shared.pool).await;
+                    }
+                });
             }
             // Notifications from here on may be of rows this step's claim does not see.
             wakeups.mark_seen();

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use super::cloudevents::CloudEvents;
 use super::publish::PerKey;
-use crate::admin::HealthThresholds;
+use crate::admin::{HealthThresholds, Retention};
 use crate::config::Backoff;
 use crate::error::{Error, Result};
 
@@ -23,6 +23,7 @@ pub(crate) struct Settings {
     pub(crate) cloud_events: Option<CloudEvents>,
     pub(crate) health: HealthThresholds,
     pub(crate) health_interval: Duration,
+    pub(crate) retention: Option<Retention>,
 }
 
 impl Default for Settings {
@@ -42,6 +43,7 @@ impl Default for Settings {
             cloud_events: None,
             health: HealthThresholds::default(),
             health_interval: Duration::from_secs(30),
+            retention: None,
         }
     }
 }
@@ -76,6 +78,9 @@ impl Settings {
                 "health_interval must be at least 1 s (or zero: no health checks), not {:?}",
                 self.health_interval
             ));
+        }
+        if let Some(retention) = &self.retention {
+            retention.check()?;
         }
         if let Some(ce) = &self.cloud_events {
             ce.check().map_err(Error::Config)?;

@@ -1,0 +1,74 @@
+//! What a relay runs now and then beside publishing, on tasks of their own so that none holds
+//! up a batch: its health checks (`health.rs`) and retention.
+
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
+
+use crate::admin::Retention;
+
+/// When a periodic job is next due, for a relay's instances to agree on which of them runs it.
+pub(super) struct Schedule {
+    every: Duration,
+    next: Mutex<Option<Instant>>,
+}
+
+impl Schedule {
+    /// Due at once, then every `every` (`Duration::ZERO`: never).
+    pub(super) fn new(every: Duration) -> Schedule {
+        Schedule {
+            every,
+            next: Mutex::new(None),
+        }
+    }
+
+    /// Whether the job is due; the caller that gets `true` runs it, the others wait for the
+    /// next time.
+    pub(super) fn claim_due(&self) -> bool {
+        if self.every.is_zero() {
+            return false;
+        }
+        let mut next = self.next.lock().unwrap_or_else(|e| e.into_inner());
+        let now = Instant::now();
+        if next.is_some_and(|at| now < at) {
+            return false;
+        }
+        *next = Some(now + self.every);
+        true
+    }
+
+    /// The interval.
+    pub(super) fn every(&self) -> Duration {
+        self.every
+    }
+}
+
+/// Runs `retention` once (unless another instance of any relay on the database is running it)
+/// and reports it: a log line with what it deleted, `outbox_retention_deleted_total{table}`, or
+/// a warning with the error.
+pub(super) async fn run_retention(retention: &Retention, pool: &PgPool) {
+    match retention.run_once(pool).await {
+        Ok(Some(report)) => {
+            for (table, n) in [
+                ("outbox_event", report.outbox),
+                ("inbox_event", report.inbox),
+                ("processed_event", report.processed_event),
+            ] {
+                metrics::counter!("outbox_retention_deleted_total", "table" => table).increment(n);
+            }
+            tracing::info!(
+                outbox = report.outbox,
+                inbox = report.inbox,
+                processed_event = report.processed_event,
+                "outbox retention: deleted the rows past the retention"
+            );
+        }
+        Ok(None) => {
+            tracing::debug!("outbox retention: another instance is running it");
+        }
+        Err(e) => {
+            tracing::warn!(error = %crate::error_chain(&e), "outbox retention failed; it runs again at its next time");
+        }
+    }
+}
