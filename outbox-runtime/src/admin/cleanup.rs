@@ -288,7 +288,9 @@ impl Retention {
             return Ok(None);
         }
         let report = self.cut(pool).await?;
-        lock.commit().await?;
+        // The lock's transaction wrote nothing: if the server ended it meanwhile (an
+        // `idle_in_transaction_session_timeout` shorter than the run), the run still stands.
+        let _ = lock.commit().await;
         Ok(Some(report))
     }
 
