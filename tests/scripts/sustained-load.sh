@@ -12,7 +12,10 @@
 # the server as it is. TABLE_AUTOVACUUM=queue (the default) keeps the tables' autovacuum settings
 # as the migrations set them; `default` resets them to the server's, for a comparison.
 # PREFILL=N writes N published rows first (what a retention window keeps; vacuumed and analyzed
-# before the load starts). Needs pgbench and psql, PostgreSQL on $PGHOST:$PGPORT as `postgres`
+# before the load starts). RELAY_ARGS are added to `outbox relay`'s (e.g. its --warn-* health
+# thresholds). HOLD_AT=S opens, S seconds into the load, a session that holds a transaction id
+# (and so the cleanup horizon) for HOLD_SECS (default 600) seconds, idle in its transaction; the
+# summary says when the relay's log first named it. Needs pgbench and psql, PostgreSQL on $PGHOST:$PGPORT as `postgres`
 # with the right to ALTER SYSTEM, and builds the CLI in release.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -22,6 +25,9 @@ SECONDS_=${SECONDS_:-1200}
 AUTOVACUUM=${AUTOVACUUM:-on}
 TABLE_AUTOVACUUM=${TABLE_AUTOVACUUM:-queue}
 PREFILL=${PREFILL:-0}
+RELAY_ARGS=${RELAY_ARGS:-}
+HOLD_AT=${HOLD_AT:-}
+HOLD_SECS=${HOLD_SECS:-600}
 CLIENTS=${CLIENTS:-8}
 PORT=${PORT:-19092}
 OUT=${OUT:-/tmp/outbox-sustained-load.csv}
@@ -68,7 +74,8 @@ autovacuum=$(psql -Atq -d "$DB" -c "SHOW autovacuum")
 "$bin" dev-broker --port "$PORT" --topic load.events >"$work/broker.log" 2>&1 &
 pids+=($!)
 for _ in $(seq 1 50); do grep -q listening "$work/broker.log" && break; sleep 0.1; done
-DATABASE_URL=$URL "$bin" relay --brokers "127.0.0.1:$PORT" >"$work/relay.log" 2>&1 &
+# shellcheck disable=SC2086 # RELAY_ARGS is a list of arguments
+DATABASE_URL=$URL "$bin" relay --brokers "127.0.0.1:$PORT" $RELAY_ARGS >"$work/relay.log" 2>&1 &
 pids+=($!)
 
 cat >"$work/emit.sql" <<'SQL'
@@ -117,6 +124,14 @@ header="t_s,next_xid,oldest_snapshot_xids,oldest_snapshot_s,oldest_snapshot_app,
 echo "$header" | tee "$OUT"
 echo "autovacuum=$autovacuum (tables: $TABLE_AUTOVACUUM) rate=$RATE/s for ${SECONDS_}s, $CLIENTS clients, $PREFILL rows prefilled" >&2
 start=$(date +%s)
+if [ -n "$HOLD_AT" ]; then
+    # psql reads its statements from a pipe: the transaction stays open, idle, until the pipe
+    # closes after HOLD_SECS.
+    ( sleep "$HOLD_AT"; date +%s >"$work/hold.start"
+      { printf "SET application_name = 'forgotten-session';\nBEGIN;\nSELECT txid_current();\n"
+        sleep "$HOLD_SECS"; printf "COMMIT;\n"; } | psql -q -d "$DB" >/dev/null ) &
+    pids+=($!)
+fi
 declare -a xids times
 while kill -0 "$bench" 2>/dev/null; do
     sleep 10
@@ -137,3 +152,12 @@ while kill -0 "$bench" 2>/dev/null; do
 done
 grep -E "tps|latency" "$work/pgbench.log" >&2 || cat "$work/pgbench.log" >&2
 grep "outbox health" "$work/relay.log" >&2 || echo "the relay logged no health warning" >&2
+if [ -n "$HOLD_AT" ] && [ -f "$work/hold.start" ]; then
+    held=$(cat "$work/hold.start")
+    named=$(grep -m1 "forgotten-session" "$work/relay.log" | grep -oE '[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9:.]+Z' | head -1)
+    if [ -n "$named" ]; then
+        echo "the horizon-holding session opened at +$(( held - start )) s; the relay's log named it $(( $(date -d "$named" +%s) - held )) s later" >&2
+    else
+        echo "the relay's log never named the horizon-holding session" >&2
+    fi
+fi

@@ -162,6 +162,15 @@ async fn retention_settings_that_cannot_work_are_refused() {
         err.contains("dedup_older_than (604800s) is shorter than older_than (2592000s)"),
         "{err}"
     );
+    let typo = Retention::new(Duration::from_secs(30))
+        .run_once(&db.pool)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(
+        typo.contains("retention shorter than a minute (30s; dedup None)"),
+        "{typo}"
+    );
     let build = Relay::builder(db.pool.clone())
         .brokers("127.0.0.1:9")
         .retention(Retention::new(Duration::from_secs(DAY)).every(Duration::from_millis(10)))

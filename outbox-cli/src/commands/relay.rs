@@ -25,8 +25,11 @@ pub async fn run(args: RelayArgs) -> Result {
     } = args;
     let config = producer_config(&brokers)?;
     // Each instance takes a connection of its own off the pool when it connects (and listens
-    // for notifications on another, outside the pool); the pool serves the backlog gauges.
-    let pool = connect_migrated(&db, u32::from(instances) * 2 + 2).await?;
+    // for notifications on another, outside the pool); the pool serves the backlog gauges, the
+    // health checks and the readiness probe (2), and retention (2 more: its lock and its
+    // batches).
+    let extra = if retention.is_some() { 4 } else { 2 };
+    let pool = connect_migrated(&db, u32::from(instances) * 2 + extra).await?;
     let mut builder = Relay::builder(pool);
     if let Some(older_than) = retention {
         let mut retention = Retention::new(older_than).every(retention_every);

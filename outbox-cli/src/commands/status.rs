@@ -26,8 +26,12 @@ pub async fn run(
         print_health(&health);
     }
     if check && !health.warnings.is_empty() {
-        let mut kinds: Vec<&str> = health.warnings.iter().map(|w| w.kind().as_str()).collect();
-        kinds.dedup();
+        let mut kinds: Vec<&str> = Vec::new();
+        for kind in health.warnings.iter().map(|w| w.kind().as_str()) {
+            if !kinds.contains(&kind) {
+                kinds.push(kind);
+            }
+        }
         return Err(format!(
             "{} health warning(s) stand ({}); the first: {}",
             health.warnings.len(),

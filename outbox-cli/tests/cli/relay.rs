@@ -209,7 +209,19 @@ async fn relay_serves_prometheus_metrics_and_probes_and_logs_json_filtered_by_ru
     );
     assert_eq!(probe("/nothing").await.unwrap().0, "HTTP/1.1 404 Not Found");
     kafka.stop();
-    let (status, body) = probe("/ready").await.unwrap();
+    // The broker's last answer is kept a few seconds: wait for the probe to see it gone.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let (status, body) = loop {
+        let (status, body) = probe("/ready").await.unwrap();
+        if status != "HTTP/1.1 200 OK" {
+            break (status, body);
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "still ready: {body}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     assert_eq!(status, "HTTP/1.1 503 Service Unavailable", "{body}");
     assert!(body.starts_with("not ready: the broker: "), "{body}");
     kafka.restart().await;

@@ -179,9 +179,10 @@ const RETENTION_KEY: i32 = 0x5200_0000; // "R"
 
 /// Retention on a schedule, for a relay to run beside publishing
 /// ([`RelayBuilder::retention`](crate::relay::RelayBuilder::retention)), so that no separate job
-/// needs deploying: every [`every`](Self::every) one relay instance of the database (whichever
-/// takes an advisory lock first; the others skip that round) runs [`Cleanup`] on the three
-/// tables: published outbox rows older than `older_than`, processed inbox rows and
+/// needs deploying: each relay process runs it when it starts and then every
+/// [`every`](Self::every), under an advisory lock, so that runs never overlap (one that finds
+/// the lock taken skips its turn; a run that finds nothing to delete costs three index scans).
+/// It runs [`Cleanup`] on the three tables: published outbox rows older than `older_than`, processed inbox rows and
 /// `processed_event` rows older than [`dedup_older_than`](Self::dedup_older_than). Never an
 /// unpublished, parked, unprocessed or dead row.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -226,7 +227,8 @@ impl Retention {
         self
     }
 
-    /// How often it runs (default 1 hour; at least 1 s).
+    /// How often it runs (default 1 hour; at least 1 s). Both windows must be a minute at
+    /// least.
     pub fn every(mut self, every: Duration) -> Self {
         self.every = every;
         self
@@ -245,6 +247,18 @@ impl Retention {
 
     /// `Err(Error::Config)` names the setting that cannot work.
     pub(crate) fn check(&self) -> Result<()> {
+        let windows = [Some(self.older_than), self.dedup_older_than];
+        if windows
+            .into_iter()
+            .flatten()
+            .any(|w| w < Duration::from_secs(60))
+        {
+            return Err(Error::Config(format!(
+                "retention shorter than a minute ({:?}; dedup {:?}) deletes what was just \
+                 published or handled: is it a typo (30s for 30d)?",
+                self.older_than, self.dedup_older_than
+            )));
+        }
         if self.every < Duration::from_secs(1) {
             return Err(Error::Config(format!(
                 "retention must run at least a second apart, not every {:?}",
@@ -270,6 +284,11 @@ impl Retention {
     pub async fn run_once(&self, pool: &PgPool) -> Result<Option<RetentionReport>> {
         self.check()?;
         let mut lock = pool.begin().await?;
+        // Whatever the role's default: a repeatable-read transaction would keep its snapshot
+        // for the whole run, and hold back the cleanup of every table.
+        sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
+            .execute(&mut *lock)
+            .await?;
         let space: Option<i64> =
             sqlx::query_scalar("SELECT to_regclass('outbox_event')::oid::int8")
                 .fetch_one(&mut *lock)

@@ -3,7 +3,8 @@
 //! [`health`] reads the backlog ([`status`](super::status)) and PostgreSQL's own statistics
 //! and returns a [`Warning`] for each problem it finds: autovacuum off (for the server or a
 //! table), dead rows piling up, a table not vacuumed for long, the cleanup horizon held back (a
-//! long or idle-in-transaction session, a replication slot, a prepared transaction), an old
+//! long or idle-in-transaction session, a replication slot or a standby's feedback, a prepared
+//! transaction), an old
 //! unpublished or unprocessed row, held keys, parked rows, dead inbox rows, a consumer's missing
 //! retry or dead-letter topic. `outbox status` prints them (`--check` fails while any stands)
 //! and a running relay logs them and reports them as gauges.
@@ -130,6 +131,8 @@ pub enum WarningKind {
     LongTransaction,
     /// See [`Warning::ReplicationSlot`].
     ReplicationSlot,
+    /// See [`Warning::StandbyFeedback`].
+    StandbyFeedback,
     /// See [`Warning::PreparedTransaction`].
     PreparedTransaction,
     /// See [`Warning::OldUnpublished`].
@@ -148,12 +151,13 @@ pub enum WarningKind {
 
 impl WarningKind {
     /// Every kind, in the order `outbox status` lists them.
-    pub const ALL: [WarningKind; 12] = [
+    pub const ALL: [WarningKind; 13] = [
         WarningKind::AutovacuumOff,
         WarningKind::DeadRows,
         WarningKind::VacuumOverdue,
         WarningKind::LongTransaction,
         WarningKind::ReplicationSlot,
+        WarningKind::StandbyFeedback,
         WarningKind::PreparedTransaction,
         WarningKind::OldUnpublished,
         WarningKind::OldUnprocessed,
@@ -171,6 +175,7 @@ impl WarningKind {
             WarningKind::VacuumOverdue => "vacuum_overdue",
             WarningKind::LongTransaction => "long_transaction",
             WarningKind::ReplicationSlot => "replication_slot",
+            WarningKind::StandbyFeedback => "standby_feedback",
             WarningKind::PreparedTransaction => "prepared_transaction",
             WarningKind::OldUnpublished => "old_unpublished",
             WarningKind::OldUnprocessed => "old_unprocessed",
@@ -266,6 +271,17 @@ pub enum Warning {
         /// How many transactions old its `xmin` is.
         xmin_age: i64,
     },
+    /// A standby's feedback (`hot_standby_feedback`, without a replication slot) holds the
+    /// cleanup horizon more than [`HealthThresholds::slot_xmin_age`] transactions back: a long
+    /// query on the standby, for every database of the server.
+    StandbyFeedback {
+        /// The pid of the server's sender to that standby.
+        pid: i32,
+        /// The standby's `application_name`.
+        application_name: String,
+        /// How many transactions old the horizon it asks for is.
+        xmin_age: i64,
+    },
     /// A prepared (two-phase) transaction of this database has waited longer than
     /// [`HealthThresholds::transaction_age`] for its `COMMIT PREPARED` or `ROLLBACK PREPARED`.
     PreparedTransaction {
@@ -343,6 +359,7 @@ impl Warning {
             Warning::VacuumOverdue { .. } => WarningKind::VacuumOverdue,
             Warning::LongTransaction { .. } => WarningKind::LongTransaction,
             Warning::ReplicationSlot { .. } => WarningKind::ReplicationSlot,
+            Warning::StandbyFeedback { .. } => WarningKind::StandbyFeedback,
             Warning::PreparedTransaction { .. } => WarningKind::PreparedTransaction,
             Warning::OldUnpublished { .. } => WarningKind::OldUnpublished,
             Warning::OldUnprocessed { .. } => WarningKind::OldUnprocessed,
@@ -360,6 +377,9 @@ impl Warning {
             Warning::AutovacuumOff { table, .. } => table.clone().unwrap_or_default(),
             Warning::DeadRows { table, .. } | Warning::VacuumOverdue { table, .. } => table.clone(),
             Warning::LongTransaction { pid, .. } => pid.to_string(),
+            Warning::StandbyFeedback {
+                application_name, ..
+            } => application_name.clone(),
             Warning::MissingTopic { group, topic, .. } => format!("{group}/{topic}"),
             Warning::ReplicationSlot { slot_name, .. } => slot_name.clone(),
             Warning::PreparedTransaction { gid, .. } => gid.clone(),
@@ -447,6 +467,16 @@ impl fmt::Display for Warning {
                 "replication slot {slot_name} ({}) holds the cleanup horizon {xmin_age} \
                  transactions back",
                 if *active { "active" } else { "inactive" }
+            ),
+            Warning::StandbyFeedback {
+                pid,
+                application_name,
+                xmin_age,
+            } => write!(
+                f,
+                "standby `{application_name}` (sender pid {pid}) holds the cleanup horizon \
+                 {xmin_age} transactions back through hot_standby_feedback: a long query on \
+                 the standby"
             ),
             Warning::PreparedTransaction {
                 gid,
@@ -561,9 +591,10 @@ WHERE c.oid IN (to_regclass('outbox_event'), to_regclass('inbox_event'), \
                 to_regclass('processed_event'), to_regclass('outbox_relay_waiting')) \
 ORDER BY c.relname";
 
-/// Sessions that hold the horizon of this database's tables: those of this database with a
-/// transaction id or a snapshot (autovacuum's own never hold it back), and physical
-/// replication's senders, whose standbys' feedback holds it for every database.
+/// Sessions of this database that hold the horizon of its tables: those with a transaction id
+/// or a snapshot, but neither autovacuum's workers nor a plain `VACUUM` (PostgreSQL leaves
+/// them out of the horizon), nor replication's senders (a standby's feedback is judged by its
+/// age in transactions, [`STANDBYS_SQL`]).
 const SESSIONS_SQL: &str = "\
 SELECT pid, coalesce(application_name, '') AS application_name, \
        coalesce(usename::text, '') AS usename, coalesce(state, backend_type) AS state, \
@@ -571,10 +602,18 @@ SELECT pid, coalesce(application_name, '') AS application_name, \
 FROM pg_stat_activity \
 WHERE pid <> pg_backend_pid() \
   AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL) \
-  AND backend_type <> 'autovacuum worker' \
-  AND (datname = current_database() OR (datname IS NULL AND backend_type = 'walsender')) \
+  AND backend_type NOT IN ('autovacuum worker', 'walsender') \
+  AND datname = current_database() \
+  AND NOT (state = 'active' AND query ~* '^\\s*vacuum\\y' AND query !~* '\\yfull\\y') \
 ORDER BY coalesce(xact_start, backend_start) \
 LIMIT 20";
+
+/// Standbys whose feedback (`hot_standby_feedback` without a slot) holds the horizon of every
+/// database of the server.
+const STANDBYS_SQL: &str = "\
+SELECT pid, coalesce(application_name, '') AS application_name, \
+       age(backend_xmin)::int8 AS xmin_age \
+FROM pg_stat_replication WHERE backend_xmin IS NOT NULL ORDER BY age(backend_xmin) DESC";
 
 const SLOTS_SQL: &str = "\
 SELECT slot_name::text AS name, active, age(xmin)::int8 AS xmin_age \
@@ -680,6 +719,16 @@ async fn check(pool: &PgPool, thresholds: &HealthThresholds, count: Count) -> Re
             warnings.push(Warning::ReplicationSlot {
                 slot_name: row.try_get("name")?,
                 active,
+                xmin_age,
+            });
+        }
+    }
+    for row in sqlx::query(STANDBYS_SQL).fetch_all(&mut *conn).await? {
+        let xmin_age: i64 = row.try_get("xmin_age")?;
+        if xmin_age > thresholds.slot_xmin_age {
+            warnings.push(Warning::StandbyFeedback {
+                pid: row.try_get("pid")?,
+                application_name: row.try_get("application_name")?,
                 xmin_age,
             });
         }
@@ -802,6 +851,9 @@ mod tests {
             "{err}"
         );
         assert!(err.contains("autovacuum_off, dead_rows"), "{err}");
+        let names: std::collections::BTreeSet<&str> =
+            WarningKind::ALL.iter().map(|k| k.as_str()).collect();
+        assert_eq!(names.len(), WarningKind::ALL.len(), "every kind named once");
     }
 
     #[test]

@@ -55,7 +55,7 @@ pub(crate) async fn watch(shared: Arc<Shared>, cancel: CancellationToken) {
                         tracing::info!(group = %group, %topic, "the consumer's topic exists now");
                     }
                 }
-                if let Err(e) = record(&shared, &group, &wanted, &missing).await {
+                if let Err(e) = record(&shared, &group, &missing).await {
                     tracing::debug!(error = %crate::error_chain(&e), "cannot record the consumer's missing topics");
                 }
                 if missing.is_empty() {
@@ -74,27 +74,25 @@ pub(crate) async fn watch(shared: Arc<Shared>, cancel: CancellationToken) {
     }
 }
 
-/// Replaces the group's rows for `wanted` with `missing`.
+/// Replaces the group's rows with `missing`: a topic it no longer wants (fewer retry tiers, a
+/// route removed) goes too.
 async fn record(
     shared: &Shared,
     group: &str,
-    wanted: &[(String, String, &'static str)],
     missing: &[(&String, &String, &&'static str)],
 ) -> crate::Result<()> {
-    let all: Vec<&str> = wanted.iter().map(|(t, ..)| t.as_str()).collect();
     let topics: Vec<&str> = missing.iter().map(|(t, ..)| t.as_str()).collect();
     let sources: Vec<&str> = missing.iter().map(|(_, s, _)| s.as_str()).collect();
     let roles: Vec<&str> = missing.iter().map(|(.., r)| **r).collect();
     sqlx::query(
         "WITH gone AS ( \
              DELETE FROM outbox_consumer_missing_topic \
-             WHERE group_id = $1 AND topic = ANY($2) AND NOT topic = ANY($3)) \
+             WHERE group_id = $1 AND NOT topic = ANY($2)) \
          INSERT INTO outbox_consumer_missing_topic (group_id, topic, source_topic, role) \
-         SELECT $1, t, s, r FROM unnest($3::text[], $4::text[], $5::text[]) AS m(t, s, r) \
+         SELECT $1, t, s, r FROM unnest($2::text[], $3::text[], $4::text[]) AS m(t, s, r) \
          ON CONFLICT (group_id, topic) DO NOTHING",
     )
     .bind(group)
-    .bind(&all)
     .bind(&topics)
     .bind(&sources)
     .bind(&roles)

@@ -158,10 +158,10 @@ impl RelayBuilder {
         self
     }
 
-    /// Runs retention beside publishing (default: none; schedule `outbox cleanup` instead):
-    /// every [`Retention::every`] one instance of the relays on the database deletes the
+    /// Runs retention beside publishing (default: none; schedule `outbox cleanup` instead): at
+    /// its start and then every [`Retention::every`], one instance of this relay deletes the
     /// published outbox rows, processed inbox rows and dedup records past their retention, on a
-    /// task of its own (see [`Retention`]). Logged, and counted in
+    /// task of its own, never at the same time as another relay's run (see [`Retention`]). Logged, and counted in
     /// `outbox_retention_deleted_total{table}`. It takes two connections of the pool while it
     /// runs.
     pub fn retention(mut self, retention: Retention) -> Self {

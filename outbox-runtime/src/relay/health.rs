@@ -18,7 +18,16 @@ const RELOG_EVERY: Duration = Duration::from_secs(10 * 60);
 pub(super) struct HealthChecks {
     thresholds: HealthThresholds,
     schedule: Schedule,
-    logged: tokio::sync::Mutex<HashMap<String, Instant>>,
+    state: tokio::sync::Mutex<State>,
+}
+
+/// What the checks remember from one to the next.
+#[derive(Default)]
+struct State {
+    /// Each standing warning's subject, with when it was last logged.
+    logged: HashMap<String, Instant>,
+    /// Whether the last check failed (its failure is logged once).
+    failing: bool,
 }
 
 impl HealthChecks {
@@ -27,7 +36,7 @@ impl HealthChecks {
         HealthChecks {
             thresholds,
             schedule: Schedule::new(interval),
-            logged: tokio::sync::Mutex::new(HashMap::new()),
+            state: tokio::sync::Mutex::new(State::default()),
         }
     }
 
@@ -39,9 +48,14 @@ impl HealthChecks {
 
     /// Runs one check (bounded by the interval) and reports it: a warning is logged when it
     /// appears, every 10 minutes while it stands, and once when it clears; every figure is a
-    /// gauge. A check that fails is logged at debug level: the relay's own errors say more.
+    /// gauge. A check that fails is logged once, until one succeeds.
     pub(super) async fn check(&self, pool: &PgPool) {
-        let mut logged = self.logged.lock().await;
+        // One check at a time: while one hangs (the database away), the next ones are skipped
+        // rather than queued.
+        let Ok(mut state) = self.state.try_lock() else {
+            return;
+        };
+        let State { logged, failing } = &mut *state;
         let found = tokio::time::timeout(
             self.schedule.every(),
             health_estimated(pool, &self.thresholds),
@@ -50,14 +64,19 @@ impl HealthChecks {
         let health = match found {
             Ok(Ok(health)) => health,
             Ok(Err(e)) => {
-                tracing::debug!(error = %crate::error_chain(&e), "outbox health check failed");
+                if !std::mem::replace(failing, true) {
+                    tracing::warn!(error = %crate::error_chain(&e), "outbox health check failed; its gauges keep their last values until one succeeds");
+                }
                 return;
             }
             Err(_) => {
-                tracing::debug!(timeout = ?self.schedule.every(), "outbox health check timed out");
+                if !std::mem::replace(failing, true) {
+                    tracing::warn!(timeout = ?self.schedule.every(), "outbox health check timed out; its gauges keep their last values until one succeeds");
+                }
                 return;
             }
         };
+        *failing = false;
         report_gauges(&health);
         let now = Instant::now();
         let mut standing = HashMap::with_capacity(health.warnings.len());

@@ -36,6 +36,8 @@ struct Shared {
     retention: Schedule,
     /// How many of its running instances own shards (for [`Relay::ready`]).
     owning: AtomicUsize,
+    /// The broker's last answer to [`Relay::ready`], and when.
+    broker_answer: tokio::sync::Mutex<Option<(Instant, std::result::Result<(), String>)>>,
 }
 
 impl std::fmt::Debug for Relay {
@@ -68,6 +70,7 @@ impl Relay {
                 health,
                 retention,
                 owning: AtomicUsize::new(0),
+                broker_answer: tokio::sync::Mutex::new(None),
             }),
         }
     }
@@ -206,39 +209,37 @@ impl Relay {
     }
 
     /// Whether this relay can publish, for a readiness probe: the database answers, the broker
-    /// answers (its metadata, within 5 s), and one of the relay's running instances owns shards.
+    /// answers (its metadata, within 4 s; the answer is kept 5 s), and one of the relay's
+    /// running instances owns shards.
     /// `Ok` says what was checked; `Err` says what failed. [`serve_prometheus_for_relay`]
     /// serves it at `/ready`.
     ///
     /// [`serve_prometheus_for_relay`]: crate::serve_prometheus_for_relay
     pub async fn ready(&self) -> std::result::Result<String, String> {
-        const WITHIN: Duration = Duration::from_secs(5);
-        let mut failed = Vec::new();
-        let database = sqlx::query("SELECT 1").execute(&self.shared.pool);
-        match tokio::time::timeout(WITHIN, database).await {
-            Ok(Ok(_)) => {}
-            Ok(Err(e)) => failed.push(format!("the database: {}", crate::error_chain(&e))),
-            Err(_) => failed.push(format!("the database did not answer within {WITHIN:?}")),
-        }
-        if let Some(slot) = &self.shared.producer {
-            let producer = slot.get();
-            let metadata = tokio::task::spawn_blocking(move || {
-                use rdkafka::producer::Producer;
-                producer
-                    .client()
-                    .fetch_metadata(None, WITHIN)
-                    .map(|m| m.brokers().len())
-            });
-            match metadata.await {
-                Ok(Ok(_)) => {}
-                Ok(Err(e)) => failed.push(format!("the broker: {e}")),
-                Err(e) => failed.push(format!("the broker check failed: {e}")),
+        const WITHIN: Duration = Duration::from_secs(4);
+        let database = async {
+            match tokio::time::timeout(WITHIN, sqlx::query("SELECT 1").execute(&self.shared.pool))
+                .await
+            {
+                Ok(Ok(_)) => Ok(()),
+                Ok(Err(e)) => Err(format!("the database: {}", crate::error_chain(&e))),
+                Err(_) => Err(format!(
+                    "the database did not answer within {WITHIN:?} (or the pool had no free \
+                     connection)"
+                )),
             }
-        }
+        };
+        let (database, broker) = tokio::join!(database, self.broker_answers(WITHIN));
         let owning = self.shared.owning.load(Ordering::Relaxed);
-        if owning == 0 {
-            failed.push("no instance of this relay owns shards (yet)".to_owned());
-        }
+        let shards = if owning == 0 {
+            Err("no instance of this relay owns shards (yet)".to_owned())
+        } else {
+            Ok(())
+        };
+        let failed: Vec<String> = [database, broker, shards]
+            .into_iter()
+            .filter_map(std::result::Result::err)
+            .collect();
         if failed.is_empty() {
             Ok(format!(
                 "the database and the broker answer; {owning} instance(s) own shards"
@@ -246,6 +247,32 @@ impl Relay {
         } else {
             Err(failed.join("; "))
         }
+    }
+
+    /// Whether the broker answers a metadata request within `within`; the answer is kept for
+    /// [`BROKER_ANSWER_KEPT`], so that frequent probes cost the cluster one request per period.
+    async fn broker_answers(&self, within: Duration) -> std::result::Result<(), String> {
+        let Some(slot) = &self.shared.producer else {
+            return Ok(());
+        };
+        if let Some((at, answer)) = &*self.shared.broker_answer.lock().await {
+            if at.elapsed() < BROKER_ANSWER_KEPT {
+                return answer.clone();
+            }
+        }
+        let producer = slot.get();
+        let asked = tokio::task::spawn_blocking(move || {
+            use rdkafka::producer::Producer;
+            producer.client().fetch_metadata(None, within).map(|_| ())
+        })
+        .await;
+        let answer = match asked {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(e)) => Err(format!("the broker: {e}")),
+            Err(e) => Err(format!("the broker check failed: {e}")),
+        };
+        *self.shared.broker_answer.lock().await = Some((Instant::now(), answer.clone()));
+        answer
     }
 
     /// The backlog figures; the same as [`status`](super::status).
@@ -304,6 +331,9 @@ impl Drop for Owning<'_> {
         self.set(false);
     }
 }
+
+/// How long [`Relay::ready`] keeps the broker's answer.
+const BROKER_ANSWER_KEPT: Duration = Duration::from_secs(5);
 
 /// How often a running relay reports the backlog gauges.
 const GAUGES_EVERY: Duration = Duration::from_secs(10);
