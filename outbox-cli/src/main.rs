@@ -130,8 +130,8 @@ struct Thresholds {
     #[arg(long, value_parser = parse::duration, value_name = "DURATION")]
     warn_transaction_age: Option<Duration>,
     /// Leave out warnings of this kind; repeatable. Kinds: autovacuum_off, dead_rows,
-    /// vacuum_overdue, long_transaction, replication_slot, prepared_transaction, old_unpublished,
-    /// old_unprocessed, held_keys, parked, dead_inbox, missing_topic
+    /// vacuum_overdue, long_transaction, replication_slot, standby_feedback, prepared_transaction,
+    /// old_unpublished, old_unprocessed, held_keys, parked, dead_inbox, missing_topic
     #[arg(long, value_name = "KIND")]
     ignore: Vec<outbox_runtime::admin::WarningKind>,
 }
