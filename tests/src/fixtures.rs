@@ -303,3 +303,29 @@ pub async fn record_payment(
         .await?;
     Ok(())
 }
+
+/// Dedup records of every age, for retention tests: 45 `inbox_event` rows received 41 days ago,
+/// of which 30 processed 40 days ago, 10 unprocessed and 5 dead; 55 `processed_event` rows, 40
+/// of them processed 31 days ago and 15 29 days ago.
+pub async fn insert_dedup_records(pool: &PgPool) {
+    sqlx::query(
+        "INSERT INTO inbox_event (event_id, topic, event_type, payload, processed, processed_at, \
+             dead_at, received_at) \
+         SELECT gen_random_uuid(), 't', 'E', '{}', i <= 30, \
+             CASE WHEN i <= 30 THEN now() - interval '40 days' END, \
+             CASE WHEN i > 40 THEN now() - interval '40 days' END, now() - interval '41 days' \
+         FROM generate_series(1, 45) AS i",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    sqlx::query(
+        "INSERT INTO processed_event (event_id, handler, processed_at) \
+         SELECT gen_random_uuid(), 'h', \
+             now() - make_interval(days => CASE WHEN i <= 40 THEN 31 ELSE 29 END) \
+         FROM generate_series(1, 55) AS i",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+}

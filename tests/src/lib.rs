@@ -148,6 +148,40 @@ async fn admin_connection() -> PgConnection {
         .unwrap_or_else(|e| panic!("cannot reach PostgreSQL at {url}: {e} (is it running?)"))
 }
 
+/// A session of its own, idle in a transaction that holds an id: what holds back PostgreSQL's
+/// cleanup horizon (a forgotten `BEGIN` in psql, a stuck migration). It ends with
+/// [`commit`](Self::commit), or when dropped (its connection closes).
+pub struct HeldTransaction {
+    conn: PgConnection,
+    /// The session's backend pid, as `pg_stat_activity` shows it.
+    pub pid: i32,
+}
+
+impl HeldTransaction {
+    /// Connects to `url` as `application_name`, begins, and takes a transaction id.
+    pub async fn open(url: &str, application_name: &str) -> HeldTransaction {
+        let options = PgConnectOptions::from_str(url)
+            .expect("a database URL")
+            .application_name(application_name);
+        let mut conn = options.connect().await.expect("connect");
+        let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        sqlx::query("BEGIN").execute(&mut conn).await.unwrap();
+        sqlx::query("SELECT txid_current()")
+            .execute(&mut conn)
+            .await
+            .unwrap();
+        HeldTransaction { conn, pid }
+    }
+
+    /// Ends the transaction.
+    pub async fn commit(mut self) {
+        sqlx::query("COMMIT").execute(&mut self.conn).await.unwrap();
+    }
+}
+
 /// Restarts the machine's PostgreSQL cluster (`pg_ctlcluster ... restart`) and waits until it
 /// accepts connections again. Every connection to it breaks. Only for tests that run alone (a
 /// step of their own in `.ci/run`).

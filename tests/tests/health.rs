@@ -3,7 +3,6 @@
 //! held, parked and dead rows, a consumer's missing dead-letter topic), named with its cause,
 //! and gone once the cause is; `EnsureTopics` creating what is missing.
 
-use std::str::FromStr;
 use std::time::Duration;
 
 use outbox_runtime::admin::{
@@ -17,9 +16,8 @@ use outbox_tests::kafka::Kafka;
 use outbox_tests::payments::{
     builder, no_auto_created_topics, setup_without_dead_letter_topic, PARTITIONS,
 };
-use outbox_tests::{Running, TestDb};
-use sqlx::postgres::PgConnectOptions;
-use sqlx::{ConnectOptions, Connection, PgPool};
+use outbox_tests::{HeldTransaction, Running, TestDb};
+use sqlx::PgPool;
 use uuid::Uuid;
 
 /// Checks health until `found` holds for its report (the statistics views lag the tables by
@@ -181,19 +179,8 @@ async fn an_idle_in_transaction_session_is_named_with_its_pid_until_it_ends() {
     let db = TestDb::new().await;
     let pool = &db.pool;
     let thresholds = HealthThresholds::default().transaction_age(Duration::from_secs(1));
-    let options = PgConnectOptions::from_str(&db.url)
-        .unwrap()
-        .application_name("forgotten-migration");
-    let mut holder = options.connect().await.unwrap();
-    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut holder)
-        .await
-        .unwrap();
-    let mut tx = holder.begin().await.unwrap();
-    sqlx::query("SELECT txid_current()")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
+    let session = HeldTransaction::open(&db.url, "forgotten-migration").await;
+    let pid = session.pid;
 
     let held = until(pool, &thresholds, "the session named", |h| {
         h.warnings
@@ -229,7 +216,7 @@ async fn an_idle_in_transaction_session_is_named_with_its_pid_until_it_ends() {
     let default = health(pool, &HealthThresholds::default()).await.unwrap();
     assert!(of_kind(&default, WarningKind::LongTransaction).is_empty());
 
-    tx.commit().await.unwrap();
+    session.commit().await;
     let ended = until(pool, &thresholds, "the warning gone", |h| {
         of_kind(h, WarningKind::LongTransaction).is_empty()
     })

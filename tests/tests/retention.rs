@@ -7,7 +7,7 @@ use std::time::Duration;
 use outbox_runtime::admin::{Retention, RetentionReport};
 use outbox_runtime::relay::Relay;
 use outbox_tests::kafka::Kafka;
-use outbox_tests::{count, Running, TestDb};
+use outbox_tests::{count, fixtures, Running, TestDb};
 use sqlx::PgPool;
 
 const DAY: u64 = 86_400;
@@ -29,26 +29,7 @@ async fn fill(pool: &PgPool) {
     .execute(pool)
     .await
     .unwrap();
-    sqlx::query(
-        "INSERT INTO inbox_event (event_id, topic, event_type, payload, processed, processed_at, \
-             dead_at, received_at) \
-         SELECT gen_random_uuid(), 't', 'E', '{}', i <= 30, \
-             CASE WHEN i <= 30 THEN now() - interval '40 days' END, \
-             CASE WHEN i > 40 THEN now() - interval '40 days' END, now() - interval '41 days' \
-         FROM generate_series(1, 45) AS i",
-    )
-    .execute(pool)
-    .await
-    .unwrap();
-    sqlx::query(
-        "INSERT INTO processed_event (event_id, handler, processed_at) \
-         SELECT gen_random_uuid(), 'h', \
-             now() - make_interval(days => CASE WHEN i <= 40 THEN 31 ELSE 29 END) \
-         FROM generate_series(1, 55) AS i",
-    )
-    .execute(pool)
-    .await
-    .unwrap();
+    fixtures::insert_dedup_records(pool).await;
 }
 
 async fn left(pool: &PgPool) -> [i64; 3] {

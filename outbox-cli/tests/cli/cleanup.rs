@@ -20,25 +20,7 @@ async fn cleanup_removes_exactly_the_rows_past_the_cutoff_while_a_relay_publishe
     insert_rows(pool, TOPIC, 20, "60 days", None, true).await;
     // Old but unpublished: the relay publishes them now, so they are young published rows.
     insert_rows(pool, TOPIC, 30, "60 days", None, false).await;
-    sqlx::query(
-        "INSERT INTO inbox_event (event_id, topic, event_type, payload, processed, processed_at, \
-             dead_at, received_at) \
-         SELECT gen_random_uuid(), 't', 'E', '{}', i <= 30, \
-             CASE WHEN i <= 30 THEN now() - interval '40 days' END, \
-             CASE WHEN i > 40 THEN now() - interval '40 days' END, now() - interval '41 days' \
-         FROM generate_series(1, 45) AS i",
-    )
-    .execute(pool)
-    .await
-    .unwrap();
-    sqlx::query(
-        "INSERT INTO processed_event (event_id, handler, processed_at) \
-         SELECT gen_random_uuid(), 'h', now() - make_interval(days => CASE WHEN i <= 40 THEN 31 ELSE 29 END) \
-         FROM generate_series(1, 55) AS i",
-    )
-    .execute(pool)
-    .await
-    .unwrap();
+    outbox_tests::fixtures::insert_dedup_records(pool).await;
     let before: HashSet<i64> = sqlx::query_scalar("SELECT id FROM outbox_event")
         .fetch_all(pool)
         .await

@@ -1,6 +1,6 @@
 //! `migrate`, then `status` against counts made by hand, as tables, JSON and a health check.
 
-use outbox_tests::TestDb;
+use outbox_tests::{HeldTransaction, TestDb};
 
 use crate::support::{assert_error, assert_ok, insert_rows, run, stderr, stdout};
 
@@ -128,8 +128,6 @@ async fn migrate_then_status_matches_a_hand_count() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn status_check_fails_while_a_health_warning_stands_and_names_its_cause() {
-    use sqlx::{ConnectOptions, Connection};
-
     let db = TestDb::new().await;
     // Healthy, once the server's own autovacuum setting is left out (off on some machines).
     let healthy = run(
@@ -151,21 +149,8 @@ async fn status_check_fails_while_a_health_warning_stands_and_names_its_cause() 
     );
 
     // A session left idle in a transaction that holds an id.
-    let options = db
-        .url
-        .parse::<sqlx::postgres::PgConnectOptions>()
-        .unwrap()
-        .application_name("stuck-report");
-    let mut holder = options.connect().await.unwrap();
-    let pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
-        .fetch_one(&mut holder)
-        .await
-        .unwrap();
-    let mut tx = holder.begin().await.unwrap();
-    sqlx::query("SELECT txid_current()")
-        .execute(&mut *tx)
-        .await
-        .unwrap();
+    let held = HeldTransaction::open(&db.url, "stuck-report").await;
+    let pid = held.pid;
     let args = [
         "status",
         "--check",
@@ -216,7 +201,7 @@ async fn status_check_fails_while_a_health_warning_stands_and_names_its_cause() 
         "the backlog figures stay at the top"
     );
 
-    tx.commit().await.unwrap();
+    held.commit().await;
     assert_ok(&run(&db.url, &args).await);
 
     // A kind that does not exist is refused, naming the kinds that do.

@@ -36,7 +36,7 @@ pub(crate) async fn watch(shared: Arc<Shared>, cancel: CancellationToken) {
         match asked {
             Ok(Ok(existing)) => {
                 let mut missing = Vec::new();
-                for (topic, source, role) in &wanted {
+                for entry @ (topic, source, role) in &wanted {
                     let absent = !existing.contains_key(topic);
                     metrics::gauge!("outbox_consumer_missing_topic", "topic" => topic.clone())
                         .set(if absent { 1.0 } else { 0.0 });
@@ -50,7 +50,7 @@ pub(crate) async fn watch(shared: Arc<Shared>, cancel: CancellationToken) {
                                 role.replace('_', "-")
                             );
                         }
-                        missing.push((topic, source, role));
+                        missing.push(entry);
                     } else if reported.remove(topic) {
                         tracing::info!(group = %group, %topic, "the consumer's topic exists now");
                     }
@@ -79,11 +79,11 @@ pub(crate) async fn watch(shared: Arc<Shared>, cancel: CancellationToken) {
 async fn record(
     shared: &Shared,
     group: &str,
-    missing: &[(&String, &String, &&'static str)],
+    missing: &[&(String, String, &'static str)],
 ) -> crate::Result<()> {
     let topics: Vec<&str> = missing.iter().map(|(t, ..)| t.as_str()).collect();
     let sources: Vec<&str> = missing.iter().map(|(_, s, _)| s.as_str()).collect();
-    let roles: Vec<&str> = missing.iter().map(|(.., r)| **r).collect();
+    let roles: Vec<&str> = missing.iter().map(|(.., r)| *r).collect();
     sqlx::query(
         "WITH gone AS ( \
              DELETE FROM outbox_consumer_missing_topic \
