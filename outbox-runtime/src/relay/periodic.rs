@@ -44,31 +44,53 @@ impl Schedule {
     }
 }
 
-/// Runs `retention` once (unless another instance of any relay on the database is running it)
-/// and reports it: a log line with what it deleted, `outbox_retention_deleted_total{table}`, or
-/// a warning with the error.
-pub(super) async fn run_retention(retention: &Retention, pool: &PgPool) {
-    match retention.run_once(pool).await {
-        Ok(Some(report)) => {
-            for (table, n) in [
-                ("outbox_event", report.outbox),
-                ("inbox_event", report.inbox),
-                ("processed_event", report.processed_event),
-            ] {
-                metrics::counter!("outbox_retention_deleted_total", "table" => table).increment(n);
+/// A relay's retention and when it runs next.
+pub(super) struct RetentionRuns {
+    retention: Retention,
+    schedule: Schedule,
+}
+
+impl RetentionRuns {
+    pub(super) fn new(retention: Retention) -> RetentionRuns {
+        let schedule = Schedule::new(retention.interval());
+        RetentionRuns {
+            retention,
+            schedule,
+        }
+    }
+
+    /// Whether a run is due; the caller that gets `true` runs it.
+    pub(super) fn claim_due(&self) -> bool {
+        self.schedule.claim_due()
+    }
+
+    /// Runs it once (unless another instance of any relay on the database is running it) and
+    /// reports it: a log line with what it deleted, `outbox_retention_deleted_total{table}`, or
+    /// a warning with the error.
+    pub(super) async fn run(&self, pool: &PgPool) {
+        match self.retention.run_once(pool).await {
+            Ok(Some(report)) => {
+                for (table, n) in [
+                    ("outbox_event", report.outbox),
+                    ("inbox_event", report.inbox),
+                    ("processed_event", report.processed_event),
+                ] {
+                    metrics::counter!("outbox_retention_deleted_total", "table" => table)
+                        .increment(n);
+                }
+                tracing::info!(
+                    outbox = report.outbox,
+                    inbox = report.inbox,
+                    processed_event = report.processed_event,
+                    "outbox retention: deleted the rows past the retention"
+                );
             }
-            tracing::info!(
-                outbox = report.outbox,
-                inbox = report.inbox,
-                processed_event = report.processed_event,
-                "outbox retention: deleted the rows past the retention"
-            );
-        }
-        Ok(None) => {
-            tracing::debug!("outbox retention: another instance is running it");
-        }
-        Err(e) => {
-            tracing::warn!(error = %crate::error_chain(&e), "outbox retention failed; it runs again at its next time");
+            Ok(None) => {
+                tracing::debug!("outbox retention: another instance is running it");
+            }
+            Err(e) => {
+                tracing::warn!(error = %crate::error_chain(&e), "outbox retention failed; it runs again at its next time");
+            }
         }
     }
 }

@@ -10,7 +10,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::health::HealthChecks;
 use super::instance::{Instance, Step, REBALANCE_EVERY};
-use super::periodic::{run_retention, Schedule};
+use super::periodic::RetentionRuns;
 use super::producer::ProducerSlot;
 use super::settings::Settings;
 use super::wakeup::Wakeups;
@@ -32,8 +32,8 @@ struct Shared {
     producer: Option<ProducerSlot>,
     settings: Settings,
     health: HealthChecks,
-    /// When retention runs next, if it runs here.
-    retention: Schedule,
+    /// Retention, if it runs here, and when next.
+    retention: Option<RetentionRuns>,
     /// How many of its running instances own shards (for [`Relay::ready`]).
     owning: AtomicUsize,
     /// The broker's last answer to [`Relay::ready`], and when.
@@ -56,12 +56,7 @@ impl std::fmt::Debug for Relay {
 impl Relay {
     pub(super) fn new(pool: PgPool, producer: Option<ProducerSlot>, settings: Settings) -> Relay {
         let health = HealthChecks::new(settings.health.clone(), settings.health_interval);
-        let retention = Schedule::new(
-            settings
-                .retention
-                .as_ref()
-                .map_or(Duration::ZERO, |r| r.interval()),
-        );
+        let retention = settings.retention.clone().map(RetentionRuns::new);
         Relay {
             shared: Arc::new(Shared {
                 pool,
@@ -117,11 +112,16 @@ impl Relay {
                 let shared = Arc::clone(&self.shared);
                 tokio::spawn(async move { shared.health.check(&shared.pool).await });
             }
-            if self.shared.retention.claim_due() {
+            if self
+                .shared
+                .retention
+                .as_ref()
+                .is_some_and(RetentionRuns::claim_due)
+            {
                 let shared = Arc::clone(&self.shared);
                 tokio::spawn(async move {
-                    if let Some(retention) = &shared.settings.retention {
-                        run_retention(retention, &shared.pool).await;
+                    if let Some(retention) = &shared.retention {
+                        retention.run(&shared.pool).await;
                     }
                 });
             }
