@@ -50,6 +50,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(20261201000010, "schema_version"),
     migration!(20261202000011, "queue_autovacuum"),
     migration!(20261202000012, "consumer_missing_topic"),
+    migration!(20261202000013, "processed_event_partitions"),
 ];
 
 /// Key of the transaction-scoped advisory lock that serializes concurrent `migrate` calls.
@@ -199,7 +200,7 @@ mod tests {
                 .lines()
                 .find(|l| {
                     l.starts_with(&format!("| `{name}("))
-                        && l.contains(&format!("{arity} arguments"))
+                        && l.contains(&format!("{arity} argument"))
                 })
                 .unwrap_or_else(|| {
                     panic!("migrations/README.md has no line for {name} with {arity} arguments")

@@ -80,6 +80,56 @@ impl TestDb {
         db
     }
 
+    /// A fresh database migrated as an installation from before partitioned storage is:
+    /// the migrations up to it applied, then a dedup record written (as consumers had), then
+    /// the rest, which keep an installation with rows as it is: `processed_event` stays a
+    /// plain table. The record is deleted again.
+    pub async fn before_partitions() -> Self {
+        let db = Self::empty().await;
+        let first_partitioned = outbox_runtime::migrate::MIGRATIONS
+            .iter()
+            .position(|m| m.description == "processed_event_partitions")
+            .expect("the migration that partitions processed_event");
+        let mut conn = db.pool.acquire().await.unwrap();
+        sqlx::raw_sql(
+            "CREATE TABLE outbox_schema_migrations (version bigint PRIMARY KEY, \
+             description text NOT NULL, checksum bigint NOT NULL, \
+             applied_at timestamptz NOT NULL DEFAULT now())",
+        )
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+        for m in &outbox_runtime::migrate::MIGRATIONS[..first_partitioned] {
+            sqlx::raw_sql(m.sql).execute(&mut *conn).await.unwrap();
+            sqlx::query(
+                "INSERT INTO outbox_schema_migrations (version, description, checksum) \
+                 VALUES ($1, $2, $3)",
+            )
+            .bind(m.version)
+            .bind(m.description)
+            .bind(m.checksum())
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        }
+        let record = uuid::Uuid::new_v4();
+        sqlx::query("INSERT INTO processed_event (event_id, handler) VALUES ($1, 'before')")
+            .bind(record)
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        outbox_runtime::migrate(&db.pool)
+            .await
+            .expect("the later migrations apply to an existing installation");
+        sqlx::query("DELETE FROM processed_event WHERE event_id = $1")
+            .bind(record)
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        drop(conn);
+        db
+    }
+
     /// A fresh database without migrations.
     pub async fn empty() -> Self {
         let name = format!(

@@ -1,6 +1,10 @@
 //! The migrations runner: idempotent, safe from several processes at once, detects edits, and
 //! creates the schema the rules require.
 
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use outbox_runtime::admin::CleanupTable;
 use outbox_runtime::migrate::MIGRATIONS;
 use outbox_runtime::Error;
 use outbox_tests::{count, TestDb};
@@ -174,6 +178,8 @@ async fn outbox_schema_is_the_reference_schema() {
         ]
     );
 
+    // A new installation's dedup records are partitioned by time; a partitioned table's key
+    // holds the partition key (uniqueness per event and handler is the consumers' insert's).
     let dedup_key: String = sqlx::query_scalar(
         "SELECT pg_get_constraintdef(oid) FROM pg_constraint \
          WHERE conrelid = 'processed_event'::regclass AND contype = 'p'",
@@ -181,7 +187,70 @@ async fn outbox_schema_is_the_reference_schema() {
     .fetch_one(&db.pool)
     .await
     .unwrap();
-    assert_eq!(dedup_key, "PRIMARY KEY (event_id, handler)");
+    assert_eq!(dedup_key, "PRIMARY KEY (event_id, handler, processed_at)");
+    let partitioning: String =
+        sqlx::query_scalar("SELECT pg_get_partkeydef('processed_event'::regclass)")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(partitioning, "RANGE (processed_at)");
+
+    // An installation from before keeps its table, and key, as they were.
+    let before = TestDb::before_partitions().await;
+    let (kind, dedup_key): (String, String) = sqlx::query_as(
+        "SELECT c.relkind::text, pg_get_constraintdef(k.oid) \
+         FROM pg_class c JOIN pg_constraint k ON k.conrelid = c.oid AND k.contype = 'p' \
+         WHERE c.oid = 'processed_event'::regclass",
+    )
+    .fetch_one(&before.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (kind.as_str(), dedup_key.as_str()),
+        ("r", "PRIMARY KEY (event_id, handler)")
+    );
+}
+
+#[tokio::test]
+async fn a_new_installation_has_dedup_partitions_from_now_to_three_days_ahead() {
+    let db = TestDb::new().await;
+    let layout = outbox_runtime::admin::partitions(&db.pool, CleanupTable::ProcessedEvent)
+        .await
+        .unwrap()
+        .expect("processed_event is partitioned");
+    assert_eq!(layout.width, Duration::from_secs(86_400));
+    assert_eq!(layout.ahead, Duration::from_secs(3 * 86_400));
+    let now: DateTime<Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let first = &layout.partitions[0];
+    assert_eq!(first.name, "processed_event_history");
+    assert_eq!(first.from, None);
+    // Daily partitions, back to back, from the start of today (UTC) past three days ahead.
+    let today = now.date_naive().and_hms_opt(0, 0, 0).unwrap().and_utc();
+    assert_eq!(first.to, Some(today));
+    for pair in layout.partitions.windows(2) {
+        assert_eq!(pair[0].to, pair[1].from, "{layout:#?}");
+    }
+    for p in &layout.partitions[1..] {
+        let from = p.from.unwrap();
+        assert_eq!(p.to, Some(from + chrono::Duration::days(1)));
+        assert_eq!(
+            p.name,
+            format!("processed_event_{}", from.format("%Y%m%d_%H%M"))
+        );
+    }
+    let last = layout.partitions.last().unwrap().to.unwrap();
+    assert!(last >= now + chrono::Duration::days(3), "{last} {now}");
+    assert!(last < now + chrono::Duration::days(4), "{last} {now}");
+    // Created once: a second call finds nothing to do.
+    assert_eq!(
+        outbox_runtime::admin::create_partitions(&db.pool, CleanupTable::ProcessedEvent)
+            .await
+            .unwrap(),
+        0
+    );
 }
 
 #[tokio::test]
@@ -189,8 +258,7 @@ async fn the_churning_tables_get_autovacuum_settings_that_suit_a_queue() {
     let db = TestDb::new().await;
     let options: Vec<(String, Vec<String>)> = sqlx::query_as(
         "SELECT relname::text, reloptions::text[] FROM pg_class \
-         WHERE oid IN ('outbox_event'::regclass, 'inbox_event'::regclass, \
-                       'processed_event'::regclass) ORDER BY relname",
+         WHERE oid IN ('outbox_event'::regclass, 'inbox_event'::regclass) ORDER BY relname",
     )
     .fetch_all(&db.pool)
     .await
@@ -205,7 +273,24 @@ async fn the_churning_tables_get_autovacuum_settings_that_suit_a_queue() {
     for (table, reloptions) in &options {
         assert_eq!(reloptions, &queue, "{table}");
     }
-    assert_eq!(options.len(), 3);
+    assert_eq!(options.len(), 2);
+    // An unpartitioned processed_event (an installation from before partitions) has them too;
+    // a partitioned one's partitions have none: they are only inserted into, and dropped whole.
+    let before = TestDb::before_partitions().await;
+    let plain: Vec<String> = sqlx::query_scalar(
+        "SELECT unnest(reloptions) FROM pg_class WHERE oid = 'processed_event'::regclass",
+    )
+    .fetch_all(&before.pool)
+    .await
+    .unwrap();
+    assert_eq!(plain, queue);
+    let partitions_with_options = count(
+        &db.pool,
+        "SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \
+         WHERE i.inhparent = 'processed_event'::regclass AND c.reloptions IS NOT NULL",
+    )
+    .await;
+    assert_eq!(partitions_with_options, 0);
     // Autovacuum stays on for each of them: the health check sees no table of its own off.
     let report = outbox_runtime::admin::health(
         &db.pool,

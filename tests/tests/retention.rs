@@ -42,7 +42,24 @@ async fn left(pool: &PgPool) -> [i64; 3] {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_run_at_a_time_deletes_exactly_what_is_past_the_retention() {
+    // An installation from before partitions: processed_event rows are deleted.
+    one_run_at_a_time(TestDb::before_partitions().await).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_run_at_a_time_drops_the_dedup_partitions_past_the_retention() {
+    // A partitioned installation 40 days old: the daily partitions that end before the
+    // cut-off go whole, the rows 31 days old with them; the one of the rows 29 days old stays.
     let db = TestDb::new().await;
+    fixtures::dedup_partitions_since(&db.pool, 40).await;
+    let report = one_run_at_a_time(db).await;
+    // The first partition (before 40 days ago) and the days from 40 to 31 days ago.
+    assert_eq!(report.processed_event_partitions_dropped, 11, "{report:?}");
+}
+
+/// Runs retention on `db` twice, the first time while another instance holds the lock; returns
+/// the report of the run that cut.
+async fn one_run_at_a_time(db: TestDb) -> RetentionReport {
     let pool = &db.pool;
     fill(pool).await;
     let retention = Retention::new(Duration::from_secs(30 * DAY));
@@ -85,6 +102,7 @@ async fn one_run_at_a_time_deletes_exactly_what_is_past_the_retention() {
         retention.run_once(pool).await.unwrap(),
         Some(RetentionReport::default())
     );
+    report
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

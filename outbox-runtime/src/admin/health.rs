@@ -39,6 +39,7 @@ pub struct HealthThresholds {
     vacuum_age: Duration,
     transaction_age: Duration,
     slot_xmin_age: i64,
+    partitions_ahead: Duration,
     ignored: Vec<WarningKind>,
 }
 
@@ -51,6 +52,7 @@ impl Default for HealthThresholds {
             vacuum_age: Duration::from_secs(60 * 60),
             transaction_age: Duration::from_secs(5 * 60),
             slot_xmin_age: 1_000_000,
+            partitions_ahead: Duration::from_secs(24 * 60 * 60),
             ignored: Vec::new(),
         }
     }
@@ -97,6 +99,14 @@ impl HealthThresholds {
     /// warning.
     pub fn slot_xmin_age(mut self, transactions: i64) -> Self {
         self.slot_xmin_age = transactions;
+        self
+    }
+
+    /// Warns when a partitioned table's partitions reach less than this far past now (default
+    /// 1 day, or half the table's own `ahead` setting if that is less): once they end, inserts
+    /// fail until something creates more.
+    pub fn partitions_ahead(mut self, ahead: Duration) -> Self {
+        self.partitions_ahead = ahead;
         self
     }
 
@@ -147,11 +157,15 @@ pub enum WarningKind {
     DeadInbox,
     /// See [`Warning::MissingTopic`].
     MissingTopic,
+    /// See [`Warning::PartitionsNotAhead`].
+    PartitionsNotAhead,
+    /// See [`Warning::PartitionNotDropped`].
+    PartitionNotDropped,
 }
 
 impl WarningKind {
     /// Every kind, in the order `outbox status` lists them.
-    pub const ALL: [WarningKind; 13] = [
+    pub const ALL: [WarningKind; 15] = [
         WarningKind::AutovacuumOff,
         WarningKind::DeadRows,
         WarningKind::VacuumOverdue,
@@ -165,6 +179,8 @@ impl WarningKind {
         WarningKind::Parked,
         WarningKind::DeadInbox,
         WarningKind::MissingTopic,
+        WarningKind::PartitionsNotAhead,
+        WarningKind::PartitionNotDropped,
     ];
 
     /// The kind's name, as JSON and the gauge's label spell it.
@@ -183,6 +199,8 @@ impl WarningKind {
             WarningKind::Parked => "parked",
             WarningKind::DeadInbox => "dead_inbox",
             WarningKind::MissingTopic => "missing_topic",
+            WarningKind::PartitionsNotAhead => "partitions_not_ahead",
+            WarningKind::PartitionNotDropped => "partition_not_dropped",
         }
     }
 }
@@ -348,6 +366,28 @@ pub enum Warning {
         /// Seconds since the consumer found it missing.
         age_secs: f64,
     },
+    /// A partitioned table's partitions reach less than [`HealthThresholds::partitions_ahead`]
+    /// past now: nothing has created partitions lately (no relay runs retention, no dedup
+    /// consumer runs, or creating them fails: the relay's or consumer's log says why). Once
+    /// they end, inserts fail until something creates more.
+    PartitionsNotAhead {
+        /// The table.
+        table: String,
+        /// Seconds past now its partitions reach (0: none takes rows now).
+        covered_secs: f64,
+    },
+    /// A partition past retention could not be dropped: its concurrent detach was interrupted
+    /// (a transaction that could see it outlasted the detach's minute), so it is neither
+    /// attached nor gone. Retention finishes it at its next run; `ALTER TABLE <table> DETACH
+    /// PARTITION <partition> FINALIZE` does it now.
+    PartitionNotDropped {
+        /// The table.
+        table: String,
+        /// The partition.
+        partition: String,
+        /// Why it is still there.
+        reason: String,
+    },
 }
 
 impl Warning {
@@ -367,6 +407,8 @@ impl Warning {
             Warning::Parked { .. } => WarningKind::Parked,
             Warning::DeadInbox { .. } => WarningKind::DeadInbox,
             Warning::MissingTopic { .. } => WarningKind::MissingTopic,
+            Warning::PartitionsNotAhead { .. } => WarningKind::PartitionsNotAhead,
+            Warning::PartitionNotDropped { .. } => WarningKind::PartitionNotDropped,
         }
     }
 
@@ -381,6 +423,10 @@ impl Warning {
                 application_name, ..
             } => application_name.clone(),
             Warning::MissingTopic { group, topic, .. } => format!("{group}/{topic}"),
+            Warning::PartitionsNotAhead { table, .. } => table.clone(),
+            Warning::PartitionNotDropped {
+                table, partition, ..
+            } => format!("{table}/{partition}"),
             Warning::ReplicationSlot { slot_name, .. } => slot_name.clone(),
             Warning::PreparedTransaction { gid, .. } => gid.clone(),
             Warning::OldUnpublished { topic, .. }
@@ -536,6 +582,22 @@ impl fmt::Display for Warning {
                 role.replace('_', "-"),
                 human(*age_secs)
             ),
+            Warning::PartitionsNotAhead {
+                table,
+                covered_secs,
+            } => write!(
+                f,
+                "the partitions of {table} reach only {} past now: inserts fail once they end                  (is a relay with retention or a dedup consumer running? outbox partitions                  create makes them now)",
+                human(*covered_secs)
+            ),
+            Warning::PartitionNotDropped {
+                table,
+                partition,
+                reason,
+            } => write!(
+                f,
+                "partition {partition} of {table} was not dropped: {reason} (retention tries                  again at its next run)"
+            ),
         }
     }
 }
@@ -578,18 +640,33 @@ pub struct Health {
     pub warnings: Vec<Warning>,
 }
 
+/// The framework's tables; a partitioned one (`processed_event`) as the sum of its partitions:
+/// their rows, and the vacuum of the one that needs it most (the oldest vacuum among those with
+/// dead rows, `NULL` if one of them never had one; the latest when none has dead rows).
 const TABLES_SQL: &str = "\
-SELECT c.relname::text AS name, s.n_live_tup AS live, s.n_dead_tup AS dead, \
-       coalesce((SELECT option_value FROM pg_options_to_table(c.reloptions) \
-                 WHERE option_name = 'autovacuum_enabled'), 'on')::bool AS autovacuum, \
-       extract(epoch FROM now() - greatest(s.last_vacuum, s.last_autovacuum))::float8 \
-           AS vacuum_age, \
-       extract(epoch FROM now() - greatest(s.last_analyze, s.last_autoanalyze))::float8 \
-           AS analyze_age \
-FROM pg_class c JOIN pg_stat_all_tables s ON s.relid = c.oid \
-WHERE c.oid IN (to_regclass('outbox_event'), to_regclass('inbox_event'), \
-                to_regclass('processed_event'), to_regclass('outbox_relay_waiting')) \
-ORDER BY c.relname";
+WITH t AS ( \
+    SELECT coalesce(i.inhparent, c.oid) AS parent, s.n_live_tup, s.n_dead_tup, \
+           coalesce((SELECT option_value FROM pg_options_to_table(c.reloptions) \
+                     WHERE option_name = 'autovacuum_enabled'), 'on')::bool AS autovacuum, \
+           extract(epoch FROM now() - greatest(s.last_vacuum, s.last_autovacuum))::float8 \
+               AS vacuum_age, \
+           extract(epoch FROM now() - greatest(s.last_analyze, s.last_autoanalyze))::float8 \
+               AS analyze_age \
+    FROM pg_class c JOIN pg_stat_all_tables s ON s.relid = c.oid \
+    LEFT JOIN pg_inherits i ON i.inhrelid = c.oid \
+    WHERE c.relkind = 'r' \
+      AND coalesce(i.inhparent, c.oid) IN (to_regclass('outbox_event'), \
+          to_regclass('inbox_event'), to_regclass('processed_event'), \
+          to_regclass('outbox_relay_waiting')) \
+) \
+SELECT p.relname::text AS name, sum(n_live_tup)::int8 AS live, sum(n_dead_tup)::int8 AS dead, \
+       bool_and(autovacuum) AS autovacuum, \
+       CASE WHEN bool_or(n_dead_tup > 0 AND vacuum_age IS NULL) THEN NULL \
+            WHEN bool_or(n_dead_tup > 0) THEN max(vacuum_age) FILTER (WHERE n_dead_tup > 0) \
+            ELSE min(vacuum_age) END AS vacuum_age, \
+       min(analyze_age) AS analyze_age \
+FROM t JOIN pg_class p ON p.oid = t.parent \
+GROUP BY p.relname ORDER BY p.relname";
 
 /// Sessions of this database that hold the horizon of its tables: those with a transaction id
 /// or a snapshot, but neither autovacuum's workers nor a plain `VACUUM` (PostgreSQL leaves
@@ -802,6 +879,8 @@ async fn check(pool: &PgPool, thresholds: &HealthThresholds, count: Count) -> Re
         });
     }
 
+    partition_warnings(pool, thresholds, &mut warnings).await?;
+
     warnings.retain(|w| !thresholds.ignores(w.kind()));
     Ok(Health {
         status,
@@ -810,6 +889,36 @@ async fn check(pool: &PgPool, thresholds: &HealthThresholds, count: Count) -> Re
         oldest_transaction_age_secs,
         warnings,
     })
+}
+
+/// The partitioned tables' warnings: partitions not created far enough ahead, partitions
+/// whose drop was interrupted.
+async fn partition_warnings(
+    pool: &PgPool,
+    thresholds: &HealthThresholds,
+    warnings: &mut Vec<Warning>,
+) -> Result<()> {
+    let table = super::CleanupTable::ProcessedEvent;
+    let Some(layout) = super::partitions::partitions(pool, table).await? else {
+        return Ok(());
+    };
+    let now: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
+    let covered = layout.covered_past(now);
+    if covered < thresholds.partitions_ahead.min(layout.ahead / 2) {
+        warnings.push(Warning::PartitionsNotAhead {
+            table: table.table_name().to_owned(),
+            covered_secs: covered.as_secs_f64(),
+        });
+    }
+    for p in layout.partitions.iter().filter(|p| p.detach_pending) {
+        warnings.push(Warning::PartitionNotDropped {
+            table: table.table_name().to_owned(),
+            partition: p.name.clone(),
+            reason: "its concurrent detach was interrupted".to_owned(),
+        });
+    }
+    Ok(())
 }
 
 async fn tables(conn: &mut PgConnection) -> Result<Vec<TableHealth>> {

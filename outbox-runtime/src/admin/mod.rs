@@ -14,6 +14,7 @@
 
 mod cleanup;
 mod health;
+pub(crate) mod partitions;
 mod poison;
 #[cfg(feature = "kafka")]
 mod replay;
@@ -27,6 +28,10 @@ pub use health::health_estimated;
 pub use health::{
     health, Health, HealthThresholds, TableHealth, Warning, WarningKind,
     VACUUM_OVERDUE_MIN_DEAD_ROWS,
+};
+pub use partitions::{
+    convert_to_partitions, create_partitions, partitions, set_partitioning, Conversion,
+    DroppedPartitions, Partition, PartitionLayout,
 };
 pub use poison::{
     drop_parked, list_dead, list_parked, retry_dead, retry_parked, DeadInboxEvent, ParkedEvent,

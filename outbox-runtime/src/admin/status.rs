@@ -144,8 +144,11 @@ pub(super) async fn status_on(conn: &mut PgConnection, count: Count) -> Result<S
     let processed_event_rows: i64 = sqlx::query_scalar(match count {
         Count::Exact => "SELECT count(*) FROM processed_event",
         Count::Estimated => {
-            "SELECT coalesce((SELECT n_live_tup FROM pg_stat_all_tables \
-                              WHERE relid = to_regclass('processed_event')), 0)"
+            // A partitioned table's rows are its partitions'.
+            "SELECT coalesce(sum(n_live_tup), 0)::int8 FROM pg_stat_all_tables \
+             WHERE relid = to_regclass('processed_event') \
+                OR relid IN (SELECT inhrelid FROM pg_inherits \
+                             WHERE inhparent = to_regclass('processed_event'))"
         }
     })
     .fetch_one(&mut *conn)

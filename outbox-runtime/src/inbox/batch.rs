@@ -134,7 +134,7 @@ impl Batch for Messages<'_, '_> {
     }
 
     async fn isolated(&mut self, known: &Known) -> Result<Pass<Self::Key, Outcome>> {
-        let mut tx = self.pool.begin().await?;
+        let mut tx = begin(self.pool, self.routes, self.messages).await?;
         let outcome =
             match isolated_in(&mut tx, self.routes, self.messages, known, self.in_place).await? {
                 Isolated::Done(outcome) => outcome,
@@ -201,7 +201,7 @@ async fn chained(
     let mut outcome = Outcome::new(n);
     // Messages to handle alone: those whose failure is known.
     let mut alone: BTreeSet<usize> = known.keys().map(|(i, _)| *i).collect();
-    let mut tx = pool.begin().await?;
+    let mut tx = begin(pool, routes, messages).await?;
     // Whether the transaction holds work to keep: a segment then runs behind a savepoint.
     let mut kept = false;
     let mut start = 0;
@@ -274,7 +274,7 @@ async fn chained(
         }
         if !kept {
             discard(tx).await;
-            tx = pool.begin().await?;
+            tx = begin(pool, routes, messages).await?;
         }
         // What came before it went well: it goes again, then this message alone. A failure
         // that may be the transaction's doing (an aborted transaction, a deadlock) is judged
@@ -290,6 +290,60 @@ async fn chained(
         Err(Error::Commit { source, .. }) => Pass::Refused(source),
         Err(e) => return Err(e),
     }))
+}
+
+/// First key of the advisory locks [`begin`] takes ("DEDU").
+const SOURCE_LOCK: i32 = 0x4445_4455;
+
+/// Begins a batch's transaction: at READ COMMITTED whatever the role's default, holding a
+/// transaction-scoped advisory lock per handler and source (topic and partition) of the
+/// messages, taken in one order so that two batches never deadlock.
+///
+/// What keeps a (event, handler) pair handled once when `processed_event` is partitioned (its
+/// unique key then contains `processed_at`, so two rows of the pair in different partitions
+/// would not conflict): the same message in two consumers at once (one the group replaced,
+/// finishing its batch) takes the same lock, so the second waits for the first to end, and
+/// its insert, a statement that starts after that (READ COMMITTED: a snapshot per statement),
+/// sees the first's row in whichever partition, and skips the pair. On an unpartitioned table
+/// the unique key does it too.
+async fn begin(
+    pool: &PgPool,
+    routes: &Routes,
+    messages: &[Checked<'_>],
+) -> Result<sqlx::Transaction<'static, sqlx::Postgres>> {
+    let mut tx = pool
+        .begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
+        .await?;
+    let sources: BTreeSet<String> = messages
+        .iter()
+        .filter_map(|m| m.as_ref().ok())
+        .flat_map(|incoming| {
+            let meta = &incoming.meta;
+            routes
+                .get(meta.topic, &meta.event_type)
+                .iter()
+                .map(|route| {
+                    format!(
+                        "{}\u{1f}{}\u{1f}{}",
+                        route.key,
+                        meta.topic,
+                        meta.partition.unwrap_or(-1)
+                    )
+                })
+        })
+        .collect();
+    if !sources.is_empty() {
+        let sources: Vec<String> = sources.into_iter().collect();
+        sqlx::query(
+            "SELECT count(pg_advisory_xact_lock($1, h)) \
+             FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest($2::text[]) AS k ORDER BY 1) AS s",
+        )
+        .bind(SOURCE_LOCK)
+        .bind(&sources)
+        .execute(&mut *tx)
+        .await?;
+    }
+    Ok(tx)
 }
 
 /// `None` for an error that says the transaction is aborted.
@@ -340,7 +394,10 @@ async fn optimistic_in(
     let keys: Vec<&str> = work.iter().map(|w| w.2.key.as_str()).collect();
     let new: Vec<(Uuid, String)> = sqlx::query_as(
         "INSERT INTO processed_event (event_id, handler) \
-         SELECT * FROM unnest($1::uuid[], $2::text[]) ON CONFLICT DO NOTHING \
+         SELECT x.e, x.h FROM unnest($1::uuid[], $2::text[]) AS x(e, h) \
+         WHERE NOT EXISTS (SELECT 1 FROM processed_event p \
+                           WHERE p.event_id = x.e AND p.handler = x.h) \
+         ON CONFLICT DO NOTHING \
          RETURNING event_id, handler",
     )
     .bind(&ids)
@@ -407,7 +464,9 @@ async fn isolated_in(
             } else {
                 let mut savepoint = Connection::begin(&mut *conn).await?;
                 let new = sqlx::query(
-                    "INSERT INTO processed_event (event_id, handler) VALUES ($1, $2) \
+                    "INSERT INTO processed_event (event_id, handler) SELECT $1::uuid, $2::text \
+                     WHERE NOT EXISTS (SELECT 1 FROM processed_event \
+                                       WHERE event_id = $1 AND handler = $2) \
                      ON CONFLICT DO NOTHING",
                 )
                 .bind(incoming.meta.event_id)

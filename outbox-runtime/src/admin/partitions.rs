@@ -1,0 +1,536 @@
+//! Time partitions: what a partitioned table holds, creating partitions ahead of time, dropping
+//! those past their retention, and converting an unpartitioned table in place.
+//!
+//! Today `processed_event` is partitioned (by `processed_at`): new installations get it so,
+//! an existing one keeps its plain table until [`convert_to_partitions`]. Its layout (partition
+//! width, how far ahead partitions exist) is a row of `outbox_partitioning`, which
+//! [`set_partitioning`] changes. The SQL functions `outbox_partitions` and
+//! `outbox_create_partitions` (migration `..._013_processed_event_partitions`) do the work, so an
+//! operator can call them from `psql` too.
+
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+use sqlx::PgPool;
+
+use super::cleanup::CleanupTable;
+use crate::error::{Error, Result};
+
+/// One partition of a partitioned table.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct Partition {
+    /// Its table's name.
+    pub name: String,
+    /// Its lower bound (inclusive); `None` for the first partition, which takes everything
+    /// before its upper bound.
+    pub from: Option<DateTime<Utc>>,
+    /// Its upper bound (exclusive).
+    pub to: Option<DateTime<Utc>>,
+    /// Its rows, as PostgreSQL's statistics estimate them (`None` before its first vacuum or
+    /// analyze).
+    pub estimated_rows: Option<i64>,
+    /// Its size on disk, indexes included.
+    pub bytes: i64,
+    /// A `DETACH ... CONCURRENTLY` of it was interrupted: retention finishes it.
+    pub detach_pending: bool,
+}
+
+/// How a table is partitioned, and its partitions in order.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct PartitionLayout {
+    /// The table.
+    pub table: CleanupTable,
+    /// The width of the partitions created from now on.
+    #[serde(with = "secs")]
+    pub width: Duration,
+    /// How far past now partitions are kept created.
+    #[serde(with = "secs")]
+    pub ahead: Duration,
+    /// Its partitions, by bound.
+    pub partitions: Vec<Partition>,
+}
+
+impl PartitionLayout {
+    /// How far past `now` the partitions reach (zero when none covers `now`): how long inserts
+    /// would go on if nothing created partitions any more.
+    pub fn covered_past(&self, now: DateTime<Utc>) -> Duration {
+        let mut reach = now;
+        for p in &self.partitions {
+            if p.from.is_none_or(|from| from <= reach) && p.to.is_none_or(|to| to > reach) {
+                match p.to {
+                    Some(to) => reach = to,
+                    None => return Duration::MAX,
+                }
+            }
+        }
+        (reach - now).to_std().unwrap_or_default()
+    }
+}
+
+mod secs {
+    pub(super) fn serialize<S: serde::Serializer>(
+        d: &std::time::Duration,
+        s: S,
+    ) -> Result<S::Ok, S::Error> {
+        s.serialize_u64(d.as_secs())
+    }
+}
+
+/// `table`'s layout, or `None` if it is not partitioned (an installation not converted yet,
+/// or a table that is never partitioned).
+pub async fn partitions(pool: &PgPool, table: CleanupTable) -> Result<Option<PartitionLayout>> {
+    let name = table.table_name();
+    let settings: Option<(f64, f64)> = sqlx::query_as::<_, (f64, f64)>(
+        "SELECT extract(epoch FROM width)::float8, extract(epoch FROM ahead)::float8 \
+         FROM outbox_partitioning \
+         WHERE parent = $1 AND EXISTS (SELECT 1 FROM pg_partitioned_table \
+                                       WHERE partrelid = to_regclass($1))",
+    )
+    .bind(name)
+    .fetch_optional(pool)
+    .await
+    .map(Some)
+    .or_else(absent_as_none)?
+    .flatten();
+    let Some((width, ahead)) = settings else {
+        return Ok(None);
+    };
+    let rows: Vec<PartitionRow> = sqlx::query_as(
+        "SELECT c.relname::text, p.lower_bound, p.upper_bound, p.detach_pending, \
+                    c.reltuples, pg_total_relation_size(c.oid) \
+             FROM outbox_partitions(to_regclass($1)) p \
+             JOIN pg_class c ON c.oid = p.partition",
+    )
+    .bind(name)
+    .fetch_all(pool)
+    .await?;
+    Ok(Some(PartitionLayout {
+        table,
+        width: Duration::from_secs_f64(width),
+        ahead: Duration::from_secs_f64(ahead),
+        partitions: rows
+            .into_iter()
+            .map(
+                |(name, from, to, detach_pending, reltuples, bytes)| Partition {
+                    name,
+                    from,
+                    to,
+                    estimated_rows: (reltuples >= 0.0).then_some(reltuples as i64),
+                    bytes,
+                    detach_pending,
+                },
+            )
+            .collect(),
+    }))
+}
+
+/// A partition as the catalog describes it: name, bounds, detach pending, estimated rows, bytes.
+type PartitionRow = (
+    String,
+    Option<DateTime<Utc>>,
+    Option<DateTime<Utc>>,
+    bool,
+    f32,
+    i64,
+);
+
+/// `outbox_partitioning` is missing before the migrations that add it: no partitions then.
+fn absent_as_none<T>(e: sqlx::Error) -> Result<Option<T>> {
+    match &e {
+        sqlx::Error::Database(db) if db.code().as_deref() == Some("42P01") => Ok(None),
+        _ => Err(e.into()),
+    }
+}
+
+/// Creates `table`'s partitions up to its `ahead` past now; returns how many it created (0 for
+/// a table that is not partitioned). Attaching a partition takes no lock inserts wait for; it
+/// waits up to 5 s for one a long transaction reading the table holds, and fails then (call it
+/// again later). Relays with retention call it at every run, dedup consumers when they start,
+/// every hour and whenever an insert finds no partition.
+pub async fn create_partitions(pool: &PgPool, table: CleanupTable) -> Result<u32> {
+    // Asked first: the function is resolved when a statement is parsed, so a statement that
+    // names it fails on a database without it (migrations not applied yet) however it is
+    // guarded.
+    let partitioned: bool = sqlx::query_scalar(
+        "SELECT to_regprocedure('outbox_create_partitions(regclass,timestamptz)') IS NOT NULL \
+            AND EXISTS (SELECT 1 FROM pg_partitioned_table WHERE partrelid = to_regclass($1))",
+    )
+    .bind(table.table_name())
+    .fetch_one(pool)
+    .await?;
+    if !partitioned {
+        return Ok(0);
+    }
+    let created: i32 = sqlx::query_scalar("SELECT outbox_create_partitions(to_regclass($1))")
+        .bind(table.table_name())
+        .fetch_one(pool)
+        .await?;
+    Ok(created.max(0) as u32)
+}
+
+/// Changes how `table` is partitioned from its last partition on: each new partition `width`
+/// wide (a whole number of minutes, at most 31 days), and partitions kept created `ahead`
+/// of now (at least an hour; a day or more leaves time to notice when nothing creates them).
+/// Then creates what is missing.
+pub async fn set_partitioning(
+    pool: &PgPool,
+    table: CleanupTable,
+    width: Duration,
+    ahead: Duration,
+) -> Result<u32> {
+    if width < Duration::from_secs(60)
+        || width > Duration::from_secs(31 * 86_400)
+        || width.as_secs() % 60 != 0
+        || width.subsec_nanos() != 0
+    {
+        return Err(Error::Config(format!(
+            "a partition width must be a whole number of minutes between 1 minute and 31 days, \
+             not {width:?}"
+        )));
+    }
+    if ahead < Duration::from_secs(3600) {
+        return Err(Error::Config(format!(
+            "partitions must be created at least an hour ahead, not {ahead:?}"
+        )));
+    }
+    let updated = sqlx::query(
+        "UPDATE outbox_partitioning \
+         SET width = make_interval(secs => $2), ahead = make_interval(secs => $3) \
+         WHERE parent = $1",
+    )
+    .bind(table.table_name())
+    .bind(width.as_secs() as f64)
+    .bind(ahead.as_secs_f64())
+    .execute(pool)
+    .await?
+    .rows_affected();
+    if updated == 0 {
+        return Err(Error::Config(format!(
+            "{} is never partitioned",
+            table.table_name()
+        )));
+    }
+    create_partitions(pool, table).await
+}
+
+#[cfg(feature = "kafka")]
+/// Whether `error` is an insert that found no partition for its row (SQLSTATE 23514 with
+/// PostgreSQL's wording): creating partitions is the cure.
+pub(crate) fn is_missing_partition(error: &Error) -> bool {
+    match error {
+        Error::Database(sqlx::Error::Database(db)) => {
+            db.code().as_deref() == Some("23514") && db.message().starts_with("no partition of")
+        }
+        _ => false,
+    }
+}
+
+/// What one [`drop_partitions`] did.
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct DroppedPartitions {
+    /// The partitions dropped, by name.
+    pub dropped: Vec<String>,
+    /// Their rows (counted before each was detached).
+    pub rows: u64,
+}
+
+/// Drops `table`'s partitions that end at or before `cutoff`: each is detached concurrently
+/// (inserts and reads go on) and then dropped; an interrupted detach is finished first. A
+/// `processed_event` partition holds dedup records only, so it goes once it is past the
+/// window whatever it holds.
+pub(crate) async fn drop_partitions(
+    pool: &PgPool,
+    table: CleanupTable,
+    cutoff: DateTime<Utc>,
+) -> Result<DroppedPartitions> {
+    let mut report = DroppedPartitions::default();
+    let Some(layout) = partitions(pool, table).await? else {
+        return Ok(report);
+    };
+    let parent = table.table_name();
+    for p in layout.partitions {
+        if p.to.is_none_or(|to| to > cutoff) {
+            continue;
+        }
+        let rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}", quote(&p.name)))
+            .fetch_one(pool)
+            .await?;
+        // Not in a transaction (DETACH ... CONCURRENTLY refuses one). A detach waits for the
+        // transactions that may see the partition; it is bounded so that a long one only
+        // delays retention to its next run (the detach, pending then, is finished then).
+        let sql = if p.detach_pending {
+            format!(
+                "ALTER TABLE {parent} DETACH PARTITION {} FINALIZE",
+                quote(&p.name)
+            )
+        } else {
+            format!(
+                "ALTER TABLE {parent} DETACH PARTITION {} CONCURRENTLY",
+                quote(&p.name)
+            )
+        };
+        detach(pool.clone(), sql).await?;
+        sqlx::raw_sql(&format!("DROP TABLE {}", quote(&p.name)))
+            .execute(pool)
+            .await?;
+        tracing::info!(table = parent, partition = %p.name, rows, "dropped a partition past retention");
+        report.rows += rows.max(0) as u64;
+        report.dropped.push(p.name);
+    }
+    Ok(report)
+}
+
+/// Runs a `DETACH PARTITION` on a connection of its own, outside a transaction, bounded to a
+/// minute. Statements of the extended protocol (`sqlx::raw_sql` on a `&mut PgConnection` makes
+/// a future that the relay's spawned retention task cannot prove `Send`).
+async fn detach(pool: PgPool, sql: String) -> Result<()> {
+    let mut conn = pool.acquire().await?;
+    sqlx::query("SET statement_timeout = '60s'")
+        .execute(&mut *conn)
+        .await?;
+    let detached = sqlx::query(&sql).execute(&mut *conn).await;
+    let reset = sqlx::query("RESET statement_timeout")
+        .execute(&mut *conn)
+        .await;
+    detached?;
+    reset?;
+    Ok(())
+}
+
+/// `name` as a quoted identifier.
+pub(crate) fn quote(name: &str) -> String {
+    format!("\"{}\"", name.replace('"', "\"\""))
+}
+
+/// What [`convert_to_partitions`] did.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub enum Conversion {
+    /// The table was partitioned already: nothing done.
+    AlreadyPartitioned,
+    /// The table is partitioned now: its rows stay where they are, in its first partition
+    /// (`<table>_history`, everything before `history_until`), which retention drops once that
+    /// bound is past the window; new rows go to partitions from `history_until` on.
+    Converted {
+        /// The name the old table has now, as the first partition.
+        history: String,
+        /// The first partition's upper bound.
+        history_until: DateTime<Utc>,
+        /// The partitions created after it.
+        created: u32,
+    },
+}
+
+/// The steps' bounds on waiting for a lock.
+const CONVERT_LOCK_TIMEOUT: &str = "5s";
+
+/// Converts `table` (today `processed_event`) to the partitioned layout in place, while
+/// consumers keep running (of this version or later: older ones insert with `ON CONFLICT`
+/// alone, which the partitioned key does not catch). Nothing is copied: the old table becomes
+/// the first partition. The steps, none of which holds a lock that consumers wait on for
+/// longer than a moment:
+///
+/// 1. a unique index matching the partitioned key, built concurrently;
+/// 2. a constraint bounding the old rows below the end of the current partition width (at
+///    least 10 minutes away), added `NOT VALID` and validated by a scan that inserts do not
+///    wait for (if a later step fails, it is dropped again);
+/// 3. one short transaction (waiting at most 5 s for its lock, tried again up to 5 times):
+///    rename the old table, make the new index its key (the partitioned key; dropping the old
+///    key's index is quick), create the partitioned table, attach the old one as its first
+///    partition (the validated constraint spares a scan, the key an index build), create the
+///    partitions after it.
+///
+/// Safe to run again after it failed at any step (each checks what is done).
+pub async fn convert_to_partitions(pool: &PgPool, table: CleanupTable) -> Result<Conversion> {
+    if table != CleanupTable::ProcessedEvent {
+        return Err(Error::Config(format!(
+            "only processed_event can be partitioned in this version, not {}",
+            table.table_name()
+        )));
+    }
+    let parent = table.table_name();
+    let kind: Option<String> = sqlx::query_scalar(
+        "SELECT relkind::text FROM pg_class WHERE oid = to_regclass('processed_event')",
+    )
+    .fetch_one(pool)
+    .await?;
+    match kind.as_deref() {
+        Some("p") => return Ok(Conversion::AlreadyPartitioned),
+        Some("r") => {}
+        _ => {
+            return Err(Error::Config(
+                "no processed_event table on the search_path: run the migrations".into(),
+            ))
+        }
+    }
+    let history = format!("{parent}_history");
+    // 1. The partitioned key's index, the longest step (no lock inserts wait for); an invalid
+    // one (an interrupted build) is built again.
+    sqlx::raw_sql(
+        "DO $$ BEGIN \
+           IF EXISTS (SELECT 1 FROM pg_index WHERE indexrelid = \
+                      to_regclass('processed_event_partition_key') AND NOT indisvalid) THEN \
+             DROP INDEX processed_event_partition_key; \
+           END IF; \
+         END $$",
+    )
+    .execute(pool)
+    .await?;
+    sqlx::raw_sql(
+        "CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS processed_event_partition_key \
+         ON processed_event (event_id, handler, processed_at)",
+    )
+    .execute(pool)
+    .await?;
+    // 2. The bound: the end of the current width, or of the next if it is less than 10 minutes
+    // away. A bound left by an earlier attempt goes first: it may be close or past, and then
+    // refuses inserts.
+    let until: DateTime<Utc> = sqlx::query_scalar(
+        "SELECT date_bin(width, now() + interval '10 minutes', \
+                         timestamptz '2000-01-01 00:00:00+00') + width \
+         FROM outbox_partitioning WHERE parent = 'processed_event'",
+    )
+    .fetch_one(pool)
+    .await?;
+    let mut conn = pool.acquire().await?;
+    with_lock_timeout(
+        &mut conn,
+        &format!(
+            "ALTER TABLE processed_event DROP CONSTRAINT IF EXISTS processed_event_before_partitions; \
+             ALTER TABLE processed_event ADD CONSTRAINT processed_event_before_partitions \
+             CHECK (processed_at < '{}') NOT VALID",
+            until.to_rfc3339()
+        ),
+    )
+    .await?;
+    drop(conn);
+    let swapped = async {
+        sqlx::raw_sql(
+            "ALTER TABLE processed_event VALIDATE CONSTRAINT processed_event_before_partitions",
+        )
+        .execute(pool)
+        .await?;
+        swap(pool, &history, until).await
+    }
+    .await;
+    if swapped.is_err() {
+        // Not left behind to refuse inserts once its bound passes.
+        let mut conn = pool.acquire().await?;
+        let _ = with_lock_timeout(
+            &mut conn,
+            "ALTER TABLE IF EXISTS processed_event \
+             DROP CONSTRAINT IF EXISTS processed_event_before_partitions",
+        )
+        .await;
+    }
+    swapped
+}
+
+/// Step 3 of [`convert_to_partitions`]: the old table becomes the first partition of a new
+/// partitioned one.
+async fn swap(pool: &PgPool, history: &str, until: DateTime<Utc>) -> Result<Conversion> {
+    // 3. The swap.
+    let swap = format!(
+        "SET LOCAL lock_timeout = '{CONVERT_LOCK_TIMEOUT}';
+         LOCK TABLE processed_event IN ACCESS EXCLUSIVE MODE;
+         ALTER TABLE processed_event RENAME TO {history};
+         ALTER TABLE {history} DROP CONSTRAINT processed_event_pkey;
+         ALTER TABLE {history} ADD CONSTRAINT {history}_pkey
+             PRIMARY KEY USING INDEX processed_event_partition_key;
+         CREATE TABLE processed_event (
+             event_id     uuid        NOT NULL,
+             handler      text        NOT NULL,
+             processed_at timestamptz NOT NULL DEFAULT now(),
+             PRIMARY KEY (event_id, handler, processed_at)
+         ) PARTITION BY RANGE (processed_at);
+         ALTER TABLE processed_event ATTACH PARTITION {history}
+             FOR VALUES FROM (MINVALUE) TO ('{}');",
+        until.to_rfc3339()
+    );
+    let mut attempt = 0;
+    loop {
+        attempt += 1;
+        let mut tx = pool.begin().await?;
+        let swapped = sqlx::raw_sql(&swap).execute(&mut *tx).await;
+        match swapped {
+            Ok(_) => {
+                let created: i32 =
+                    sqlx::query_scalar("SELECT outbox_create_partitions('processed_event')")
+                        .fetch_one(&mut *tx)
+                        .await?;
+                tx.commit().await?;
+                tracing::info!(%history, %until, created, "processed_event is partitioned now");
+                return Ok(Conversion::Converted {
+                    history: history.to_owned(),
+                    history_until: until,
+                    created: created.max(0) as u32,
+                });
+            }
+            Err(e) if attempt < 5 && lock_timed_out(&e) => {
+                drop(tx);
+                tracing::info!(
+                    attempt,
+                    "converting processed_event: its lock is busy; trying again"
+                );
+                tokio::time::sleep(Duration::from_secs(attempt)).await;
+            }
+            Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Runs one DDL statement waiting at most [`CONVERT_LOCK_TIMEOUT`] for its lock.
+async fn with_lock_timeout(conn: &mut sqlx::PgConnection, statement: &str) -> Result<()> {
+    let mut tx = sqlx::Connection::begin(&mut *conn).await?;
+    sqlx::raw_sql(&format!(
+        "SET LOCAL lock_timeout = '{CONVERT_LOCK_TIMEOUT}'; {statement}"
+    ))
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+fn lock_timed_out(e: &sqlx::Error) -> bool {
+    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
+}
+
+#[cfg(feature = "kafka")]
+/// How often a dedup consumer makes sure `processed_event`'s partitions exist ahead.
+const KEEP_AHEAD_EVERY: Duration = Duration::from_secs(3600);
+
+/// Creates `table`'s partitions ahead now and every hour until `cancel` fires (what a dedup
+/// consumer runs beside its loop, so that an application without a relay keeps its
+/// partitions too). A failure is logged and tried again at the next turn.
+#[cfg(feature = "kafka")]
+pub(crate) async fn keep_ahead(
+    pool: PgPool,
+    table: CleanupTable,
+    cancel: tokio_util::sync::CancellationToken,
+) {
+    loop {
+        match create_partitions(&pool, table).await {
+            Ok(0) => {}
+            Ok(created) => {
+                tracing::info!(
+                    table = table.table_name(),
+                    created,
+                    "created partitions ahead"
+                )
+            }
+            Err(e) => tracing::warn!(
+                table = table.table_name(),
+                error = %crate::error_chain(&e),
+                "cannot create partitions ahead; trying again in an hour"
+            ),
+        }
+        tokio::select! {
+            () = cancel.cancelled() => return,
+            () = tokio::time::sleep(KEEP_AHEAD_EVERY) => {}
+        }
+    }
+}

@@ -1,0 +1,507 @@
+//! `processed_event` in time partitions: deduplication holds across a partition boundary (a
+//! redelivery after its first receipt's partition rolled over; the same message in two
+//! consumers at once, their rows in different partitions), partitions are created and dropped
+//! while consumers insert, a consumer creates the partition it finds missing, an installation
+//! from before converts while a consumer runs, and the health check reports partitions not
+//! created ahead or not dropped.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_runtime::admin::{
+    self, CleanupTable, Conversion, HealthThresholds, Retention, WarningKind,
+};
+use outbox_runtime::inbox::{HandlerError, MessageMeta};
+use outbox_runtime::inbox_handler;
+use outbox_runtime::testing::{self, Delivery};
+use outbox_tests::fixtures::{self, PaymentSucceeded, PAYMENTS};
+use outbox_tests::kafka::{committed_total, produce, Kafka};
+use outbox_tests::payments::PARTITIONS;
+use outbox_tests::payments::{builder, orders_with_payments, paid_counts, records, wait_for};
+use outbox_tests::{count, Running, TestDb};
+use sqlx::postgres::PgConnectOptions;
+use sqlx::{PgConnection, PgPool};
+use tokio::sync::Semaphore;
+
+/// The payments' topics on a fresh mock cluster, and the orders table in `db`.
+async fn payments_on(db: &TestDb) -> Kafka {
+    fixtures::create_orders(&db.pool).await;
+    let kafka = Kafka::mock();
+    kafka.create_topic(PAYMENTS, PARTITIONS).await;
+    kafka
+        .create_topic(&format!("{PAYMENTS}.retry"), PARTITIONS)
+        .await;
+    kafka.create_topic(&format!("{PAYMENTS}.dlq"), 1).await;
+    kafka
+}
+
+/// Waits until group `group` committed `total` offsets of the payments' topic.
+async fn committed(kafka: &Kafka, group: &str, total: i64) {
+    wait_for(
+        "every message consumed and committed",
+        Duration::from_secs(60),
+        || async { committed_total(&kafka.bootstrap(), group, PAYMENTS, PARTITIONS) == total },
+    )
+    .await;
+}
+
+/// The partition (its table's name) each of the rows `where_` picks is in.
+async fn partitions_of(pool: &PgPool, where_: &str) -> Vec<String> {
+    sqlx::query_scalar(&format!(
+        "SELECT DISTINCT tableoid::regclass::text FROM processed_event WHERE {where_} ORDER BY 1"
+    ))
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redelivery_after_its_first_receipts_partition_rolled_over_takes_effect_once() {
+    let db = TestDb::new().await;
+    fixtures::dedup_partitions_since(&db.pool, 3).await;
+    let kafka = payments_on(&db).await;
+    let payments = orders_with_payments(&db.pool, 100).await;
+    produce(&kafka.bootstrap(), PAYMENTS, &records(&payments)).await;
+    let consumer = builder(&db, &kafka, "orders")
+        .handler(fixtures::mark_order_paid)
+        .build()
+        .unwrap();
+    let running = Running::consumer(&consumer);
+    committed(&kafka, "orders", 100).await;
+    let today = partitions_of(&db.pool, "true").await;
+    assert_eq!(today.len(), 1, "{today:?}");
+
+    // The first receipts' partition rolls over: their records are in yesterday's partition
+    // now, and today's (where a redelivery's record goes) holds none of them.
+    sqlx::query("UPDATE processed_event SET processed_at = processed_at - interval '1 day'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let yesterday = partitions_of(&db.pool, "true").await;
+    assert_eq!(yesterday.len(), 1);
+    assert_ne!(yesterday, today);
+
+    // Everything delivered again.
+    produce(&kafka.bootstrap(), PAYMENTS, &records(&payments)).await;
+    committed(&kafka, "orders", 200).await;
+    running.stop().await;
+    assert_eq!(
+        paid_counts(&db.pool).await,
+        vec![1; 100],
+        "each payment applied once"
+    );
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM processed_event").await,
+        100
+    );
+    assert_eq!(partitions_of(&db.pool, "true").await, yesterday);
+}
+
+/// Lets a test hold a handler inside its transaction.
+struct Gate {
+    entered: Semaphore,
+    release: Semaphore,
+}
+
+impl Gate {
+    fn new() -> Arc<Gate> {
+        Arc::new(Gate {
+            entered: Semaphore::new(0),
+            release: Semaphore::new(0),
+        })
+    }
+}
+
+#[inbox_handler]
+async fn pay_when_released(
+    event: PaymentSucceeded,
+    tx: &mut PgConnection,
+    gate: &Arc<Gate>,
+) -> Result<(), HandlerError> {
+    sqlx::query("UPDATE orders SET paid = paid + 1 WHERE id = $1")
+        .bind(event.order_id)
+        .execute(tx)
+        .await?;
+    gate.entered.add_permits(1);
+    gate.release.acquire().await.unwrap().forget();
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_same_message_in_two_consumers_at_once_takes_effect_once_across_partitions() {
+    let db = TestDb::new().await;
+    fixtures::create_orders(&db.pool).await;
+    let payments = orders_with_payments(&db.pool, 1).await;
+    let (event_id, payment) = payments[0].clone();
+    // Two transactions on either side of a partition boundary: the second consumer's clock is
+    // a day ahead, so its dedup record would go to tomorrow's partition, where the first one's
+    // (today's) is no conflict for the table's key.
+    sqlx::query(
+        "ALTER TABLE processed_event ALTER COLUMN processed_at SET DEFAULT \
+         coalesce(nullif(current_setting('outbox_test.clock', true), '')::timestamptz, now())",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let tomorrow: String = sqlx::query_scalar(
+        "SELECT to_char((now() + interval '1 day') AT TIME ZONE 'UTC', \
+                        'YYYY-MM-DD\"T\"HH24:MI:SS\"Z\"')",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let ahead = sqlx::postgres::PgPoolOptions::new()
+        .max_connections(2)
+        .connect_with(
+            db.url
+                .parse::<PgConnectOptions>()
+                .unwrap()
+                .application_name("consumer-ahead")
+                .options([("outbox_test.clock", tomorrow.as_str())]),
+        )
+        .await
+        .unwrap();
+
+    // The first consumer handles the message and is held inside its transaction (one that a
+    // rebalance replaced, finishing its batch).
+    let first_gate = Gate::new();
+    let first = {
+        let (pool, gate) = (db.pool.clone(), Arc::clone(&first_gate));
+        let payment = payment.clone();
+        tokio::spawn(async move {
+            let meta = MessageMeta::new(event_id, "PaymentSucceeded", PAYMENTS);
+            testing::deliver_with(&pool, "orders", pay_when_released, gate, &meta, &payment).await
+        })
+    };
+    tokio::time::timeout(Duration::from_secs(10), first_gate.entered.acquire())
+        .await
+        .expect("the first consumer runs its handler")
+        .unwrap()
+        .forget();
+    // The second gets the same message meanwhile.
+    let second_gate = Gate::new();
+    second_gate.release.add_permits(1);
+    let second = {
+        let gate = Arc::clone(&second_gate);
+        let pool = ahead.clone();
+        tokio::spawn(async move {
+            let meta = MessageMeta::new(event_id, "PaymentSucceeded", PAYMENTS);
+            testing::deliver_with(&pool, "orders", pay_when_released, gate, &meta, &payment).await
+        })
+    };
+    // It must wait for the first (on a lock), or have finished without waiting.
+    wait_for(
+        "the second consumer to wait or finish",
+        Duration::from_secs(10),
+        || async {
+            second.is_finished()
+                || count(
+                    &db.pool,
+                    "SELECT count(*) FROM pg_stat_activity \
+                 WHERE application_name = 'consumer-ahead' AND wait_event_type = 'Lock'",
+                )
+                .await
+                    > 0
+        },
+    )
+    .await;
+    first_gate.release.add_permits(1);
+    assert_eq!(first.await.unwrap().unwrap(), Delivery::Handled);
+    assert_eq!(second.await.unwrap().unwrap(), Delivery::Duplicate);
+    assert_eq!(paid_counts(&db.pool).await, vec![1], "applied once");
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM processed_event").await,
+        1
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dedup_partitions_are_created_and_dropped_while_a_consumer_handles_events() {
+    let db = TestDb::new().await;
+    // An installation 6 days old, with a day's dedup records in each past partition.
+    fixtures::dedup_partitions_since(&db.pool, 6).await;
+    sqlx::query(
+        "INSERT INTO processed_event (event_id, handler, processed_at) \
+         SELECT gen_random_uuid(), 'old', now() - make_interval(days => d) \
+         FROM generate_series(1, 5) AS d, generate_series(1, 100)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let kafka = payments_on(&db).await;
+    let payments = orders_with_payments(&db.pool, 2_000).await;
+    let consumer = builder(&db, &kafka, "orders")
+        .handler(fixtures::mark_order_paid)
+        .build()
+        .unwrap();
+    let running = Running::consumer(&consumer);
+    // Events arrive in waves while retention (a 2-day dedup window) and a change of width
+    // (hourly partitions from the last one on) create and drop partitions.
+    let retention = Retention::new(Duration::from_secs(86_400))
+        .dedup_older_than(Duration::from_secs(2 * 86_400));
+    let mut reports = Vec::new();
+    for (i, wave) in payments.chunks(400).enumerate() {
+        produce(&kafka.bootstrap(), PAYMENTS, &records(wave)).await;
+        if i == 1 {
+            let created = admin::set_partitioning(
+                &db.pool,
+                CleanupTable::ProcessedEvent,
+                Duration::from_secs(3600),
+                Duration::from_secs(4 * 86_400),
+            )
+            .await
+            .unwrap();
+            assert!(created > 0, "hourly partitions after the daily ones");
+        }
+        reports.push(retention.run_once(&db.pool).await.unwrap().unwrap());
+    }
+    committed(&kafka, "orders", 2_000).await;
+    running.stop().await;
+
+    assert_eq!(
+        paid_counts(&db.pool).await,
+        vec![1; 2_000],
+        "each payment applied once"
+    );
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT count(*) FROM processed_event WHERE handler = 'orders/mark_order_paid'"
+        )
+        .await,
+        2_000
+    );
+    // The partitions that ended before the window went (the first one and those of 6 to 3
+    // days ago), with the records of 5 to 3 days ago; those of the last 2 days stayed.
+    let dropped: u64 = reports
+        .iter()
+        .map(|r| r.processed_event_partitions_dropped)
+        .sum();
+    let rows: u64 = reports.iter().map(|r| r.processed_event).sum();
+    assert_eq!((dropped, rows), (5, 300), "{reports:?}");
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT count(*) FROM processed_event WHERE handler = 'old'"
+        )
+        .await,
+        200
+    );
+    let layout = admin::partitions(&db.pool, CleanupTable::ProcessedEvent)
+        .await
+        .unwrap()
+        .unwrap();
+    for pair in layout.partitions.windows(2) {
+        assert_eq!(pair[0].to, pair[1].from, "no gap: {layout:#?}");
+    }
+    assert_eq!(layout.width, Duration::from_secs(3600));
+    let last = layout.partitions.last().unwrap();
+    assert_eq!(
+        last.to.unwrap() - last.from.unwrap(),
+        chrono::Duration::hours(1)
+    );
+    let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(
+        last.to.unwrap() >= now + chrono::Duration::days(4),
+        "{layout:#?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_creates_the_partition_it_finds_missing() {
+    let db = TestDb::new().await;
+    let kafka = payments_on(&db).await;
+    let payments = orders_with_payments(&db.pool, 200).await;
+    let consumer = builder(&db, &kafka, "orders")
+        .handler(fixtures::mark_order_paid)
+        .build()
+        .unwrap();
+    let running = Running::consumer(&consumer);
+    produce(&kafka.bootstrap(), PAYMENTS, &records(&payments[..100])).await;
+    committed(&kafka, "orders", 100).await;
+    // Every partition goes (nothing created them for days, say): inserts find none.
+    sqlx::raw_sql(
+        "DO $$ DECLARE p regclass; BEGIN \
+           FOR p IN SELECT partition FROM outbox_partitions('processed_event') LOOP \
+             EXECUTE format('DROP TABLE %s', p); \
+           END LOOP; \
+         END $$",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    produce(&kafka.bootstrap(), PAYMENTS, &records(&payments[100..])).await;
+    committed(&kafka, "orders", 200).await;
+    running.stop().await;
+    assert_eq!(paid_counts(&db.pool).await, vec![1; 200]);
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM processed_event").await,
+        100
+    );
+    let layout = admin::partitions(&db.pool, CleanupTable::ProcessedEvent)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(layout.partitions.len() >= 4, "{layout:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_dedup_table_converts_while_a_consumer_runs_losing_nothing() {
+    let db = TestDb::before_partitions().await;
+    let kafka = payments_on(&db).await;
+    let payments = orders_with_payments(&db.pool, 1_500).await;
+    let consumer = builder(&db, &kafka, "orders")
+        .handler(fixtures::mark_order_paid)
+        .build()
+        .unwrap();
+    let running = Running::consumer(&consumer);
+    produce(&kafka.bootstrap(), PAYMENTS, &records(&payments[..500])).await;
+    committed(&kafka, "orders", 500).await;
+    // The next 500 arrive while the table converts.
+    let producing = {
+        let (bootstrap, wave) = (kafka.bootstrap(), records(&payments[500..1_000]));
+        tokio::spawn(async move { produce(&bootstrap, PAYMENTS, &wave).await })
+    };
+    let conversion = admin::convert_to_partitions(&db.pool, CleanupTable::ProcessedEvent)
+        .await
+        .unwrap();
+    producing.await.unwrap();
+    let Conversion::Converted { history, .. } = &conversion else {
+        panic!("{conversion:?}");
+    };
+    assert_eq!(history, "processed_event_history");
+    // Then the last 500, and the first 500 again: redeliveries of events handled before the
+    // conversion, whose records stayed in the old table, now the first partition.
+    produce(&kafka.bootstrap(), PAYMENTS, &records(&payments[1_000..])).await;
+    produce(&kafka.bootstrap(), PAYMENTS, &records(&payments[..500])).await;
+    committed(&kafka, "orders", 2_000).await;
+    running.stop().await;
+
+    assert_eq!(
+        paid_counts(&db.pool).await,
+        vec![1; 1_500],
+        "each payment applied once"
+    );
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM processed_event").await,
+        1_500
+    );
+    let kind: String = sqlx::query_scalar(
+        "SELECT relkind::text FROM pg_class WHERE oid = 'processed_event'::regclass",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(kind, "p");
+    // Nothing left behind: the old table's bound is its partition bound now.
+    assert_eq!(
+        admin::convert_to_partitions(&db.pool, CleanupTable::ProcessedEvent)
+            .await
+            .unwrap(),
+        Conversion::AlreadyPartitioned
+    );
+    let layout = admin::partitions(&db.pool, CleanupTable::ProcessedEvent)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(layout.partitions[0].name, "processed_event_history");
+    assert!(layout.partitions.len() >= 4, "{layout:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_warns_of_partitions_not_ahead_and_of_one_not_dropped() {
+    let db = TestDb::new().await;
+    fixtures::dedup_partitions_since(&db.pool, 3).await;
+    let thresholds = HealthThresholds::default();
+    let kinds = |h: &admin::Health| h.warnings.iter().map(|w| w.kind()).collect::<Vec<_>>();
+    let health = admin::health(&db.pool, &thresholds).await.unwrap();
+    assert!(
+        !kinds(&health).contains(&WarningKind::PartitionsNotAhead),
+        "{health:#?}"
+    );
+
+    // The partitions after today's go: they reach less than a day past now.
+    sqlx::raw_sql(
+        "DO $$ DECLARE p regclass; BEGIN \
+           FOR p IN SELECT partition FROM outbox_partitions('processed_event') \
+                    WHERE lower_bound > now() LOOP \
+             EXECUTE format('DROP TABLE %s', p); \
+           END LOOP; \
+         END $$",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let health = admin::health(&db.pool, &thresholds).await.unwrap();
+    let warning = health
+        .warnings
+        .iter()
+        .find(|w| w.kind() == WarningKind::PartitionsNotAhead)
+        .unwrap_or_else(|| panic!("{health:#?}"));
+    assert!(
+        warning
+            .to_string()
+            .contains("partitions of processed_event reach only"),
+        "{warning}"
+    );
+    admin::create_partitions(&db.pool, CleanupTable::ProcessedEvent)
+        .await
+        .unwrap();
+    let health = admin::health(&db.pool, &thresholds).await.unwrap();
+    assert!(
+        !kinds(&health).contains(&WarningKind::PartitionsNotAhead),
+        "{health:#?}"
+    );
+
+    // A detach interrupted while a transaction could still see the partition.
+    let oldest: String = sqlx::query_scalar(
+        "SELECT partition::text FROM outbox_partitions('processed_event') \
+         ORDER BY upper_bound LIMIT 1",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let mut reader = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT count(*) FROM processed_event")
+        .execute(&mut *reader)
+        .await
+        .unwrap();
+    let mut conn = db.pool.acquire().await.unwrap();
+    sqlx::query("SET statement_timeout = '1s'")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let interrupted = sqlx::query(&format!(
+        "ALTER TABLE processed_event DETACH PARTITION {oldest} CONCURRENTLY"
+    ))
+    .execute(&mut *conn)
+    .await;
+    assert!(interrupted.is_err(), "the detach waits for the reader");
+    sqlx::query("RESET statement_timeout")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    reader.rollback().await.unwrap();
+    let health = admin::health(&db.pool, &thresholds).await.unwrap();
+    let warning = health
+        .warnings
+        .iter()
+        .find(|w| w.kind() == WarningKind::PartitionNotDropped)
+        .unwrap_or_else(|| panic!("{health:#?}"));
+    assert!(warning.to_string().contains(&oldest), "{warning}");
+    // Retention finishes it (it ended before the window).
+    let report = Retention::new(Duration::from_secs(86_400))
+        .run_once(&db.pool)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(report.processed_event_partitions_dropped >= 1, "{report:?}");
+    let health = admin::health(&db.pool, &thresholds).await.unwrap();
+    assert!(
+        !kinds(&health).contains(&WarningKind::PartitionNotDropped),
+        "{health:#?}"
+    );
+}
