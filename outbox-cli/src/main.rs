@@ -129,9 +129,14 @@ struct Thresholds {
     /// than this [default: 5m]
     #[arg(long, value_parser = parse::duration, value_name = "DURATION")]
     warn_transaction_age: Option<Duration>,
+    /// Warn when processed_event's partitions reach less than this past now [default: 1d, or
+    /// half the layout's ahead if less]
+    #[arg(long, value_parser = parse::duration, value_name = "DURATION")]
+    warn_partitions_ahead: Option<Duration>,
     /// Leave out warnings of this kind; repeatable. Kinds: autovacuum_off, dead_rows,
     /// vacuum_overdue, long_transaction, replication_slot, standby_feedback, prepared_transaction,
-    /// old_unpublished, old_unprocessed, held_keys, parked, dead_inbox, missing_topic
+    /// old_unpublished, old_unprocessed, held_keys, parked, dead_inbox, missing_topic,
+    /// partitions_not_ahead, partition_not_dropped
     #[arg(long, value_name = "KIND")]
     ignore: Vec<outbox_runtime::admin::WarningKind>,
 }
@@ -153,6 +158,9 @@ impl Thresholds {
         }
         if let Some(age) = self.warn_transaction_age {
             t = t.transaction_age(age);
+        }
+        if let Some(ahead) = self.warn_partitions_ahead {
+            t = t.partitions_ahead(ahead);
         }
         self.ignore.iter().fold(t, |t, kind| t.ignore(*kind))
     }
@@ -234,6 +242,48 @@ struct TopicsEnsureArgs {
     json: bool,
 }
 
+/// `outbox partitions`' actions.
+#[derive(Debug, Subcommand)]
+enum PartitionsAction {
+    /// The partitions of processed_event: bounds, estimated rows, size (or that it is not
+    /// partitioned yet)
+    List {
+        #[command(flatten)]
+        db: Db,
+        /// Print JSON instead of a table
+        #[arg(long)]
+        json: bool,
+    },
+    /// Create the partitions missing up to the layout's `ahead` past now (relays with
+    /// retention and dedup consumers do it on their own)
+    Create {
+        #[command(flatten)]
+        db: Db,
+    },
+    /// Change the width of the partitions created from the last one on, and how far ahead
+    /// they are kept created; then create what is missing
+    Set {
+        #[command(flatten)]
+        db: Db,
+        /// Each new partition's width, a whole number of minutes up to 31 days, e.g. 1h, 1d
+        #[arg(long, value_parser = parse::duration, value_name = "DURATION")]
+        width: Duration,
+        /// How far past now partitions are kept created, at least 1h, e.g. 3d
+        #[arg(long, value_parser = parse::duration, value_name = "DURATION")]
+        ahead: Duration,
+    },
+    /// Convert an installation's plain processed_event to partitions in place, while
+    /// consumers run (of this version or later: stop older ones first); nothing is copied,
+    /// the old table becomes the first partition
+    Convert {
+        #[command(flatten)]
+        db: Db,
+        /// Convert without asking
+        #[arg(long)]
+        yes: bool,
+    },
+}
+
 /// `outbox cleanup`'s options.
 #[derive(Debug, Args)]
 struct CleanupArgs {
@@ -299,6 +349,12 @@ enum Command {
     Topics {
         #[command(subcommand)]
         action: TopicsAction,
+    },
+    /// processed_event's time partitions: list them, create them ahead, change their width,
+    /// convert an installation from before partitions
+    Partitions {
+        #[command(subcommand)]
+        action: PartitionsAction,
     },
     /// Parked outbox events (refused by the broker too often): list, retry, drop
     Parked {

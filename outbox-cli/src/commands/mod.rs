@@ -7,6 +7,7 @@ mod dev_broker;
 mod inbox;
 mod migrate;
 mod parked;
+mod partitions;
 mod relay;
 mod replay;
 mod status;
@@ -39,6 +40,7 @@ pub async fn run(command: Command) -> Result {
         Command::Replay(args) => replay::run(args).await,
         Command::Cleanup(args) => cleanup::run(args).await,
         Command::Topics { action } => topics::run(action).await,
+        Command::Partitions { action } => partitions::run(action).await,
         Command::Parked { action } => parked::run(action).await,
         Command::Inbox { action } => inbox::run(action).await,
         Command::DevBroker {

@@ -7,6 +7,7 @@ mod support;
 mod cleanup;
 mod dev_broker;
 mod errors;
+mod partitions;
 mod poison;
 mod relay;
 mod replay;
