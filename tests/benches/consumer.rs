@@ -1,8 +1,9 @@
 //! Consumer throughput for a trivial handler, beside the raw consumer, on one broker and one
 //! database in one run, each figure from the first message handled (joining the group is not
-//! the framework's cost): dedup mode, inbox receipt, inbox processing (1 and 2 processors), and
-//! dedup mode with 1% of the messages failing once (retried through the retry topic, or in
-//! place).
+//! the framework's cost): dedup mode (on a new installation's partitioned `processed_event`, on
+//! ones with 11 and 34 partitions, i.e. 7 and 30 days back, and on a plain table as installations from before
+//! partitions have), inbox receipt, inbox processing (1 and 2 processors), and dedup mode with
+//! 1% of the messages failing once (retried through the retry topic, or in place).
 //!
 //! `cargo bench -p outbox-tests --bench consumer` (env: `N`, default 20000; `ROUNDS`, default 3).
 
@@ -166,8 +167,25 @@ async fn main() {
         .collect();
     produce(&bootstrap, TOPIC, &records).await;
     let db = TestDb::new().await;
+    let week = TestDb::new().await;
+    outbox_tests::fixtures::dedup_partitions_since(&week.pool, 7).await;
+    let month = TestDb::new().await;
+    outbox_tests::fixtures::dedup_partitions_since(&month.pool, 30).await;
+    // Past partitions hold records (10,000 a day), so each probe walks a real index.
+    for (db, days) in [(&week, 7), (&month, 30)] {
+        sqlx::query(
+            "INSERT INTO processed_event (event_id, handler, processed_at) \
+             SELECT gen_random_uuid(), 'dedup/trivial', now() - make_interval(days => d) \
+             FROM generate_series(1, $1) AS d, generate_series(1, 10000)",
+        )
+        .bind(days)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+    let plain = TestDb::before_partitions().await;
     println!("consumer benchmark: {n} messages, {PARTITIONS} partitions, trivial handler, {rounds} rounds");
-    let mut results: [Vec<f64>; 9] = Default::default();
+    let mut results: [Vec<f64>; 12] = Default::default();
     for round in 0..rounds {
         let raw = rate(
             n as u64 - 1,
@@ -187,6 +205,30 @@ async fn main() {
         ));
         let dedup = rate_until(&db.pool, "SELECT count(*) FROM processed_event", n as i64).await;
         running.stop().await;
+        let mut other_layouts = Vec::new();
+        for (layout, other) in [("week", &week), ("month", &month), ("plain", &plain)] {
+            // Only the previous round's records: the past partitions keep theirs.
+            sqlx::query(
+                "DELETE FROM processed_event WHERE processed_at > now() - interval '1 hour'",
+            )
+            .execute(&other.pool)
+            .await
+            .unwrap();
+            let running = Running::consumer(&consumer(
+                other,
+                &bootstrap,
+                &format!("dedup-{layout}-{round}"),
+                Mode::Dedup,
+                0,
+            ));
+            // This round's records (the past partitions' are days old).
+            let sql = "SELECT count(*) FROM processed_event \
+                       WHERE processed_at > now() - interval '1 hour'";
+            other_layouts.push(rate_until(&other.pool, sql, n as i64).await);
+            running.stop().await;
+        }
+        let [week_rate, month_rate, plain_rate] =
+            [other_layouts[0], other_layouts[1], other_layouts[2]];
 
         // Receipt alone: no processors.
         let inbox = consumer(&db, &bootstrap, &format!("inbox-{round}"), Mode::Inbox, 0);
@@ -227,7 +269,8 @@ async fn main() {
         )
         .await;
         println!(
-            "round {round}: raw {raw:.0}/s, dedup {dedup:.0}/s, inbox receipt {receipt:.0}/s, \
+            "round {round}: raw {raw:.0}/s, dedup {dedup:.0}/s (11 partitions {week_rate:.0}/s, 34 {month_rate:.0}/s, \
+             plain table {plain_rate:.0}/s), inbox receipt {receipt:.0}/s, \
              processing 1: {one:.0}/s, 2: {two:.0}/s; 1% retried: retry topic {topic:.0}/s \
              (+{topic_tail:.0} ms), in place {in_place:.0}/s (+{in_place_tail:.0} ms)"
         );
@@ -241,6 +284,9 @@ async fn main() {
             topic_tail,
             in_place,
             in_place_tail,
+            month_rate,
+            plain_rate,
+            week_rate,
         ]
         .into_iter()
         .enumerate()
@@ -248,12 +294,24 @@ async fn main() {
             results[i].push(r);
         }
     }
-    let [raw, dedup, receipt, one, two, topic, topic_tail, in_place, in_place_tail] =
+    let [raw, dedup, receipt, one, two, topic, topic_tail, in_place, in_place_tail, month, plain, week] =
         results.map(median);
     println!();
     println!("medians over {rounds} rounds (messages/s, from the first message handled):");
     println!("  raw consumer (no processing)     {raw:>9.0}");
     println!("  dedup mode                       {dedup:>9.0}");
+    println!(
+        "    with 11 partitions (7 days)    {week:>9.0}  ({:.2}x)",
+        week / dedup
+    );
+    println!(
+        "    with 34 partitions (30 days)   {month:>9.0}  ({:.2}x)",
+        month / dedup
+    );
+    println!(
+        "    on a plain table (before)      {plain:>9.0}  ({:.2}x)",
+        plain / dedup
+    );
     println!("  inbox mode, receipt              {receipt:>9.0}");
     println!("  inbox mode, processing, 1 task   {one:>9.0}");
     println!("  inbox mode, processing, 2 tasks  {two:>9.0}");

@@ -392,11 +392,14 @@ async fn optimistic_in(
     }
     let ids: Vec<Uuid> = work.iter().map(|w| w.3.meta.event_id).collect();
     let keys: Vec<&str> = work.iter().map(|w| w.2.key.as_str()).collect();
+    // The check probes each partition's key index once per pair (`OFFSET 0` keeps it a
+    // subplan: pulled up into an anti-join, the planner may hash the whole table, every batch,
+    // when its statistics are stale or missing).
     let new: Vec<(Uuid, String)> = sqlx::query_as(
         "INSERT INTO processed_event (event_id, handler) \
          SELECT x.e, x.h FROM unnest($1::uuid[], $2::text[]) AS x(e, h) \
          WHERE NOT EXISTS (SELECT 1 FROM processed_event p \
-                           WHERE p.event_id = x.e AND p.handler = x.h) \
+                           WHERE p.event_id = x.e AND p.handler = x.h OFFSET 0) \
          ON CONFLICT DO NOTHING \
          RETURNING event_id, handler",
     )
