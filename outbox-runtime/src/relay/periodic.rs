@@ -65,8 +65,9 @@ impl RetentionRuns {
     }
 
     /// Runs it once (unless another instance of any relay on the database is running it) and
-    /// reports it: a log line with what it deleted, `outbox_retention_deleted_total{table}`, or
-    /// a warning with the error.
+    /// reports it: a log line with what it deleted, `outbox_retention_deleted_total{table}`,
+    /// `outbox_partitions_dropped_total{table}` and `outbox_partitions_created_total{table}`,
+    /// or a warning with the error.
     pub(super) async fn run(&self, pool: &PgPool) {
         match self.retention.run_once(pool).await {
             Ok(Some(report)) => {
@@ -78,10 +79,16 @@ impl RetentionRuns {
                     metrics::counter!("outbox_retention_deleted_total", "table" => table)
                         .increment(n);
                 }
+                metrics::counter!("outbox_partitions_dropped_total", "table" => "processed_event")
+                    .increment(report.processed_event_partitions_dropped);
+                metrics::counter!("outbox_partitions_created_total", "table" => "processed_event")
+                    .increment(report.partitions_created);
                 tracing::info!(
                     outbox = report.outbox,
                     inbox = report.inbox,
                     processed_event = report.processed_event,
+                    processed_event_partitions_dropped = report.processed_event_partitions_dropped,
+                    partitions_created = report.partitions_created,
                     "outbox retention: deleted the rows past the retention"
                 );
             }
