@@ -214,7 +214,9 @@ const RETENTION_KEY: i32 = 0x5200_0000; // "R"
 /// the lock taken skips its turn; a run that finds nothing to delete costs three index scans).
 /// It runs [`Cleanup`] on the three tables: published outbox rows older than `older_than`, processed inbox rows and
 /// `processed_event` rows older than [`dedup_older_than`](Self::dedup_older_than). Never an
-/// unpublished, parked, unprocessed or dead row.
+/// unpublished, parked, unprocessed or dead row. A partitioned `processed_event` loses whole
+/// partitions instead (those that end before the cut-off), and each run first creates the
+/// partitions missing ahead ([`create_partitions`](super::create_partitions)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use]
 pub struct Retention {

@@ -30,8 +30,8 @@ pub use health::{
     VACUUM_OVERDUE_MIN_DEAD_ROWS,
 };
 pub use partitions::{
-    convert_to_partitions, create_partitions, partitions, set_partitioning, Conversion,
-    DroppedPartitions, Partition, PartitionLayout,
+    convert_to_partitions, create_partitions, partitions, set_partitioning, Conversion, Partition,
+    PartitionLayout,
 };
 pub use poison::{
     drop_parked, list_dead, list_parked, retry_dead, retry_parked, DeadInboxEvent, ParkedEvent,

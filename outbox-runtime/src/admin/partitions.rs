@@ -14,7 +14,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 use sqlx::PgPool;
 
-use super::cleanup::CleanupTable;
+use super::CleanupTable;
 use crate::error::{Error, Result};
 
 /// One partition of a partitioned table.
@@ -229,13 +229,12 @@ pub(crate) fn is_missing_partition(error: &Error) -> bool {
 }
 
 /// What one [`drop_partitions`] did.
-#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize)]
-#[non_exhaustive]
-pub struct DroppedPartitions {
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub(crate) struct DroppedPartitions {
     /// The partitions dropped, by name.
-    pub dropped: Vec<String>,
+    pub(crate) dropped: Vec<String>,
     /// Their rows (counted before each was detached).
-    pub rows: u64,
+    pub(crate) rows: u64,
 }
 
 /// Drops `table`'s partitions that end at or before `cutoff`: each is detached concurrently
