@@ -119,6 +119,8 @@ $$;
 -- table is replaced by the partitioned one.
 DO $$
 BEGIN
+    -- Locked first: no consumer commits a record between the check and the drop.
+    LOCK TABLE processed_event IN ACCESS EXCLUSIVE MODE;
     IF NOT EXISTS (SELECT 1 FROM processed_event) AND NOT EXISTS (SELECT 1 FROM outbox_event)
        AND NOT EXISTS (SELECT 1 FROM inbox_event) THEN
         DROP TABLE processed_event;

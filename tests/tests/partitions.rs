@@ -408,7 +408,19 @@ async fn a_plain_dedup_table_converts_while_a_consumer_runs_losing_nothing() {
         .unwrap()
         .unwrap();
     assert_eq!(layout.partitions[0].name, "processed_event_history");
-    assert!(layout.partitions.len() >= 4, "{layout:#?}");
+    // The old table takes the rows until the end of the width a day ahead; partitions follow
+    // it to the layout's ahead.
+    let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let history_until = layout.partitions[0].to.unwrap();
+    assert!(
+        history_until >= now + chrono::Duration::days(1),
+        "{layout:#?}"
+    );
+    let last = layout.partitions.last().unwrap().to.unwrap();
+    assert!(last >= now + chrono::Duration::days(3), "{layout:#?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

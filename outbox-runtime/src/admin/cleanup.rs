@@ -358,7 +358,13 @@ impl Retention {
         )
         .batch_size(self.batch_size);
         // Partitions ahead first: this job runs on a schedule anyway.
-        let created = partitions::create_partitions(pool, CleanupTable::ProcessedEvent).await?;
+        // A failure here (a lock that did not come within its timeout) must not cost the run.
+        let created = partitions::create_partitions(pool, CleanupTable::ProcessedEvent)
+            .await
+            .unwrap_or_else(|e| {
+                tracing::warn!(error = %crate::error_chain(&e), "cannot create partitions ahead; the next run tries again");
+                0
+            });
         let mut report = RetentionReport {
             partitions_created: u64::from(created),
             ..RetentionReport::default()

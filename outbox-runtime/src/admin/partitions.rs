@@ -334,8 +334,8 @@ const CONVERT_LOCK_TIMEOUT: &str = "5s";
 /// longer than a moment:
 ///
 /// 1. a unique index matching the partitioned key, built concurrently;
-/// 2. a constraint bounding the old rows below the end of the current partition width (at
-///    least 10 minutes away), added `NOT VALID` and validated by a scan that inserts do not
+/// 2. a constraint bounding the old rows below the end of the partition width a day from
+///    now, added `NOT VALID` and validated by a scan that inserts do not
 ///    wait for (if a later step fails, it is dropped again);
 /// 3. one short transaction (waiting at most 5 s for its lock, tried again up to 5 times):
 ///    rename the old table, make the new index its key (the partitioned key; dropping the old
@@ -370,7 +370,8 @@ pub async fn convert_to_partitions(pool: &PgPool, table: CleanupTable) -> Result
     // 1. The partitioned key's index, the longest step (no lock inserts wait for); an invalid
     // one (an interrupted build) is built again.
     sqlx::raw_sql(
-        "DO $$ BEGIN \
+        "SET LOCAL lock_timeout = '5s'; \
+         DO $$ BEGIN \
            IF EXISTS (SELECT 1 FROM pg_index WHERE indexrelid = \
                       to_regclass('processed_event_partition_key') AND NOT indisvalid) THEN \
              DROP INDEX processed_event_partition_key; \
@@ -385,11 +386,12 @@ pub async fn convert_to_partitions(pool: &PgPool, table: CleanupTable) -> Result
     )
     .execute(pool)
     .await?;
-    // 2. The bound: the end of the current width, or of the next if it is less than 10 minutes
-    // away. A bound left by an earlier attempt goes first: it may be close or past, and then
+    // 2. The bound: the end of the width a day from now (the old table takes the rows until
+    // then: a validation scan or a swap that waits never outruns it, and a run killed here
+    // leaves a day to run it again). A bound left by an earlier attempt goes first: it may be close or past, and then
     // refuses inserts.
     let until: DateTime<Utc> = sqlx::query_scalar(
-        "SELECT date_bin(width, now() + interval '10 minutes', \
+        "SELECT date_bin(width, now() + interval '1 day', \
                          timestamptz '2000-01-01 00:00:00+00') + width \
          FROM outbox_partitioning WHERE parent = 'processed_event'",
     )

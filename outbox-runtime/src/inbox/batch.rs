@@ -336,7 +336,8 @@ async fn begin(
         let sources: Vec<String> = sources.into_iter().collect();
         sqlx::query(
             "SELECT count(pg_advisory_xact_lock($1, h)) \
-             FROM (SELECT DISTINCT hashtext(k) AS h FROM unnest($2::text[]) AS k ORDER BY 1) AS s",
+             FROM (SELECT DISTINCT hashtext(current_schema() || k) AS h \
+                   FROM unnest($2::text[]) AS k ORDER BY 1) AS s",
         )
         .bind(SOURCE_LOCK)
         .bind(&sources)
