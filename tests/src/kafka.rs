@@ -328,6 +328,17 @@ impl Outgoing {
 
 /// Produces the records in order and waits for every acknowledgement.
 pub async fn produce(bootstrap: &str, topic: &str, records: &[Outgoing]) {
+    produce_at(bootstrap, topic, None, records).await;
+}
+
+/// [`produce`] to partition `partition` (the key's, if `None`); the partition and offset of
+/// each record.
+pub async fn produce_at(
+    bootstrap: &str,
+    topic: &str,
+    partition: Option<i32>,
+    records: &[Outgoing],
+) -> Vec<(i32, i64)> {
     use rdkafka::message::{Header, OwnedHeaders};
     use rdkafka::producer::{FutureProducer, FutureRecord};
     let producer: FutureProducer = ClientConfig::new()
@@ -345,10 +356,13 @@ pub async fn produce(bootstrap: &str, topic: &str, records: &[Outgoing]) {
                 value: Some(v.as_bytes()),
             });
         }
-        let record = FutureRecord::to(topic)
+        let mut record = FutureRecord::to(topic)
             .key(r.key.as_bytes())
             .payload(&r.payload)
             .headers(headers);
+        if let Some(p) = partition {
+            record = record.partition(p);
+        }
         pending.push(
             producer
                 .send_result(record)
@@ -356,9 +370,12 @@ pub async fn produce(bootstrap: &str, topic: &str, records: &[Outgoing]) {
                 .expect("enqueue"),
         );
     }
+    let mut delivered = Vec::with_capacity(pending.len());
     for d in pending {
-        d.await.expect("delivery").expect("acknowledged");
+        let d = d.await.expect("delivery").expect("acknowledged");
+        delivered.push((d.partition, d.offset));
     }
+    delivered
 }
 
 /// Sum over the topic's partitions of the offsets `group` has committed.

@@ -77,6 +77,33 @@ async fn swallowed_errors(mode: Mode) {
     .await;
     let reasons = dead_reasons(&db.pool, &kafka, mode, 4).await;
     running.stop().await;
+    if matches!(mode, Mode::Dedup) {
+        // Dead-lettered from the retry topic: the headers say where the original was read.
+        let originals = consume(
+            &kafka.bootstrap(),
+            PAYMENTS,
+            PARTITIONS,
+            Duration::from_secs(10),
+            |r| r.len() == payments.len(),
+        )
+        .await;
+        for dead in dead_letters(&kafka, 4, Duration::from_secs(30)).await {
+            assert_eq!(dead.header("dlq_attempts"), "2");
+            let original = originals
+                .iter()
+                .find(|o| o.header("event_id") == dead.header("event_id"))
+                .unwrap();
+            assert_eq!(dead.header("dlq_source_topic"), PAYMENTS);
+            assert_eq!(
+                dead.header("dlq_source_partition"),
+                original.partition.to_string()
+            );
+            assert_eq!(
+                dead.header("dlq_source_offset"),
+                original.offset.to_string()
+            );
+        }
+    }
     assert_eq!(reasons.len(), 4, "{reasons:?}");
     for reason in &reasons {
         assert!(reason.contains("left its transaction aborted"), "{reason}");

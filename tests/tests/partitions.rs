@@ -1,11 +1,12 @@
 //! `processed_event` in time partitions: deduplication holds across a partition boundary (a
 //! redelivery after its first receipt's partition rolled over; the same message in two
-//! consumers at once, their rows in different partitions), partitions are created and dropped
+//! consumers at once, their rows in different partitions; a retried copy beside its
+//! redelivered original), partitions are created and dropped
 //! while consumers insert, a consumer creates the partition it finds missing, an installation
 //! from before converts while a consumer runs, and the health check reports partitions not
 //! created ahead or not dropped.
 
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use outbox_runtime::admin::{
@@ -15,13 +16,14 @@ use outbox_runtime::inbox::{HandlerError, MessageMeta};
 use outbox_runtime::inbox_handler;
 use outbox_runtime::testing::{self, Delivery};
 use outbox_tests::fixtures::{self, PaymentSucceeded, PAYMENTS};
-use outbox_tests::kafka::{committed_total, produce, Kafka};
+use outbox_tests::kafka::{committed_total, produce, produce_at, Kafka, Outgoing};
 use outbox_tests::payments::PARTITIONS;
 use outbox_tests::payments::{builder, orders_with_payments, paid_counts, records, wait_for};
 use outbox_tests::{count, Running, TestDb};
 use sqlx::postgres::PgConnectOptions;
 use sqlx::{PgConnection, PgPool};
 use tokio::sync::Semaphore;
+use uuid::Uuid;
 
 /// The payments' topics on a fresh mock cluster, and the orders table in `db`.
 async fn payments_on(db: &TestDb) -> Kafka {
@@ -211,6 +213,200 @@ async fn the_same_message_in_two_consumers_at_once_takes_effect_once_across_part
     assert_eq!(paid_counts(&db.pool).await, vec![1], "applied once");
     assert_eq!(
         count(&db.pool, "SELECT count(*) FROM processed_event").await,
+        1
+    );
+}
+
+/// A member of a consumer group, as its handler knows it.
+struct Member {
+    name: &'static str,
+    /// The orders whose payments the group's members handled (rolled back or not), and which
+    /// member did.
+    handled: Arc<Mutex<Vec<(Uuid, &'static str)>>>,
+    /// The order whose payment's handling is held inside its transaction.
+    held: Uuid,
+    gate: Arc<Gate>,
+}
+
+impl Member {
+    fn handler_of(&self, order: Uuid) -> Option<&'static str> {
+        let handled = self.handled.lock().unwrap();
+        handled.iter().find(|(o, _)| *o == order).map(|(_, m)| *m)
+    }
+}
+
+#[inbox_handler]
+async fn pay_as_member(
+    event: PaymentSucceeded,
+    tx: &mut PgConnection,
+    member: &Member,
+) -> Result<(), HandlerError> {
+    sqlx::query("UPDATE orders SET paid = paid + 1 WHERE id = $1")
+        .bind(event.order_id)
+        .execute(tx)
+        .await?;
+    member
+        .handled
+        .lock()
+        .unwrap()
+        .push((event.order_id, member.name));
+    if event.order_id == member.held {
+        member.gate.entered.add_permits(1);
+        member.gate.release.acquire().await.unwrap().forget();
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retried_copy_handled_beside_its_redelivered_original_takes_effect_once() {
+    // A consumer sent a message to the retry topic and died before storing its offset: the
+    // original is redelivered to one member of the group while another handles the copy from
+    // the retry topic, whose partition number differs. Their dedup records would not conflict
+    // in the partitioned table (its key holds `processed_at`): only the lock on the source
+    // partition, the original's for both, makes the second see the first's record.
+    let db = TestDb::new().await;
+    let kafka = payments_on(&db).await;
+    let retry_topic = format!("{PAYMENTS}.retry");
+    let held = orders_with_payments(&db.pool, 1).await.remove(0);
+    let handled = Arc::new(Mutex::new(Vec::new()));
+    let gate = Gate::new();
+    // Range assignment: one member gets partitions 0 and 1 of both topics, the other 2 and 3.
+    let mut members = Vec::new();
+    for name in ["member-a", "member-b"] {
+        let pool = sqlx::postgres::PgPoolOptions::new()
+            .max_connections(4)
+            .connect_with(
+                db.url
+                    .parse::<PgConnectOptions>()
+                    .unwrap()
+                    .application_name(name),
+            )
+            .await
+            .unwrap();
+        let mut config = rdkafka::ClientConfig::new();
+        config
+            .set("auto.commit.interval.ms", "100")
+            .set("heartbeat.interval.ms", "500")
+            .set("partition.assignment.strategy", "range");
+        let consumer = outbox_runtime::inbox::Consumer::builder(pool)
+            .brokers(kafka.bootstrap())
+            .group_id("orders")
+            .consumer_config(config)
+            .state(Member {
+                name,
+                handled: Arc::clone(&handled),
+                held: held.1.order_id,
+                gate: Arc::clone(&gate),
+            })
+            .handler(pay_as_member)
+            .build()
+            .unwrap();
+        members.push(Running::consumer(&consumer));
+    }
+    let observer = Member {
+        name: "test",
+        handled: Arc::clone(&handled),
+        held: held.1.order_id,
+        gate: Arc::clone(&gate),
+    };
+    // Once both have joined, partition 0 and partition 3 are two members' (a pair of probes
+    // shows it).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let probes = orders_with_payments(&db.pool, 2).await;
+        for ((_, probe), partition) in probes.iter().zip([0, PARTITIONS - 1]) {
+            let record = Outgoing::event(probe, Uuid::now_v7());
+            produce_at(&kafka.bootstrap(), PAYMENTS, Some(partition), &[record]).await;
+        }
+        // A rebalance may hold them up for a few heartbeats.
+        wait_for("the probes handled", Duration::from_secs(60), || async {
+            probes
+                .iter()
+                .all(|(_, p)| observer.handler_of(p.order_id).is_some())
+        })
+        .await;
+        let by: Vec<_> = probes
+            .iter()
+            .map(|(_, p)| observer.handler_of(p.order_id))
+            .collect();
+        if by[0] != by[1] {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the two members never shared the partitions"
+        );
+    }
+
+    // The original in partition 0, its retried copy (as the consumer that died sent it) in
+    // partition 3 of the retry topic, due at once.
+    let (event_id, payment) = held;
+    let original = Outgoing::event(&payment, event_id);
+    let at = produce_at(&kafka.bootstrap(), PAYMENTS, Some(0), &[original.clone()]).await;
+    let mut copy = original;
+    copy.headers.extend([
+        ("outbox_retry_source_topic".into(), PAYMENTS.into()),
+        ("outbox_retry_source_partition".into(), at[0].0.to_string()),
+        ("outbox_retry_source_offset".into(), at[0].1.to_string()),
+        ("outbox_retry_attempts".into(), "1".into()),
+        ("outbox_retry_due_ms".into(), "0".into()),
+        ("outbox_retry_error".into(), "busy".into()),
+    ]);
+    produce_at(
+        &kafka.bootstrap(),
+        &retry_topic,
+        Some(PARTITIONS - 1),
+        &[copy],
+    )
+    .await;
+    // One member holds it inside its transaction; the other must then wait for it (on a
+    // lock), or it handles the copy too.
+    tokio::time::timeout(Duration::from_secs(30), gate.entered.acquire())
+        .await
+        .expect("a member handles the payment")
+        .unwrap()
+        .forget();
+    wait_for(
+        "the other member to wait, or to handle it too",
+        Duration::from_secs(30),
+        || async {
+            gate.entered.available_permits() > 0
+                || count(
+                    &db.pool,
+                    "SELECT count(*) FROM pg_stat_activity \
+                     WHERE application_name LIKE 'member-%' AND wait_event_type = 'Lock'",
+                )
+                .await
+                    > 0
+        },
+    )
+    .await;
+    gate.release.add_permits(2);
+    wait_for(
+        "both messages consumed",
+        Duration::from_secs(60),
+        || async {
+            committed_total(&kafka.bootstrap(), "orders", &retry_topic, PARTITIONS) == 1
+                && committed_total(&kafka.bootstrap(), "orders", PAYMENTS, PARTITIONS)
+                    == count(&db.pool, "SELECT count(*) FROM orders").await
+        },
+    )
+    .await;
+    for member in members {
+        member.stop().await;
+    }
+    let paid: i32 = sqlx::query_scalar("SELECT paid FROM orders WHERE id = $1")
+        .bind(payment.order_id)
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(paid, 1, "the payment applied once");
+    assert_eq!(
+        count(
+            &db.pool,
+            &format!("SELECT count(*) FROM processed_event WHERE event_id = '{event_id}'")
+        )
+        .await,
         1
     );
 }
