@@ -302,7 +302,9 @@ const SOURCE_LOCK: i32 = 0x4445_4455;
 /// What keeps a (event, handler) pair handled once when `processed_event` is partitioned (its
 /// unique key then contains `processed_at`, so two rows of the pair in different partitions
 /// would not conflict): the same message in two consumers at once (one the group replaced,
-/// finishing its batch) takes the same lock, so the second waits for the first to end, and
+/// finishing its batch; or a retried copy, locked by the partition its original was read
+/// from, handled while a consumer that died before storing the original's offset has it
+/// redelivered) takes the same lock, so the second waits for the first to end, and
 /// its insert, a statement that starts after that (READ COMMITTED: a snapshot per statement),
 /// sees the first's row in whichever partition, and skips the pair. On an unpartitioned table
 /// the unique key does it too.
@@ -327,7 +329,7 @@ async fn begin(
                         "{}\u{1f}{}\u{1f}{}",
                         route.key,
                         meta.topic,
-                        meta.partition.unwrap_or(-1)
+                        incoming.source_partition.unwrap_or(-1)
                     )
                 })
         })

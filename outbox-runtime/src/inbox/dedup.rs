@@ -67,7 +67,7 @@ pub(crate) async fn consume(
                     };
                     Forward {
                         msg,
-                        source: origin.topic,
+                        origin,
                         destination,
                         reason,
                     }
@@ -98,7 +98,7 @@ pub(crate) async fn consume(
                 let msg = ready[start];
                 let dead = Forward {
                     msg,
-                    source: message::origin(msg).topic,
+                    origin: message::origin(msg),
                     destination: Destination::DeadLetter { attempts: tries },
                     reason: dead_reason(&failure, tries),
                 };

@@ -11,7 +11,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::TopicPartitionList;
 use tokio_util::sync::CancellationToken;
 
-use super::message::headers;
+use super::message::{headers, Origin};
 use super::poll::rewind;
 use super::settings::{Settings, Topics};
 use crate::config::Backoff;
@@ -92,8 +92,9 @@ impl Drop for Blocked<'_> {
 /// A message to send on, and why.
 pub(crate) struct Forward<'a, 'm> {
     pub msg: &'a BorrowedMessage<'m>,
-    /// The topic its handlers are routed by (its own, or the one it was retried from).
-    pub source: &'a str,
+    /// Where it was first read: its own topic (its handlers are routed by it), partition and
+    /// offset, or those of the message it was retried from.
+    pub origin: Origin<'a>,
     pub destination: Destination,
     pub reason: String,
 }
@@ -116,7 +117,9 @@ impl Forward<'_, '_> {
         }
         let ours: Vec<(&str, String)> = match self.destination {
             Destination::Retry { attempts, due_ms } => vec![
-                (headers::SOURCE_TOPIC, self.source.to_owned()),
+                (headers::SOURCE_TOPIC, self.origin.topic.to_owned()),
+                (headers::SOURCE_PARTITION, self.origin.partition.to_string()),
+                (headers::SOURCE_OFFSET, self.origin.offset.to_string()),
                 (headers::ATTEMPTS, attempts.to_string()),
                 (headers::DUE_MS, due_ms.to_string()),
                 (headers::ERROR, self.reason.clone()),
@@ -124,9 +127,9 @@ impl Forward<'_, '_> {
             Destination::DeadLetter { attempts } => vec![
                 ("dlq_error", self.reason.clone()),
                 ("dlq_attempts", attempts.to_string()),
-                ("dlq_source_topic", self.source.to_owned()),
-                ("dlq_source_partition", self.msg.partition().to_string()),
-                ("dlq_source_offset", self.msg.offset().to_string()),
+                ("dlq_source_topic", self.origin.topic.to_owned()),
+                ("dlq_source_partition", self.origin.partition.to_string()),
+                ("dlq_source_offset", self.origin.offset.to_string()),
             ],
         };
         for (key, value) in &ours {
@@ -200,8 +203,8 @@ impl Forwarder {
 
     fn destination_topic(&self, item: &Forward<'_, '_>) -> String {
         match item.destination {
-            Destination::Retry { attempts, .. } => self.topics.retry(item.source, attempts),
-            Destination::DeadLetter { .. } => self.topics.dead_letter(item.source),
+            Destination::Retry { attempts, .. } => self.topics.retry(item.origin.topic, attempts),
+            Destination::DeadLetter { .. } => self.topics.dead_letter(item.origin.topic),
         }
     }
 

@@ -13,6 +13,11 @@ use crate::event::SCHEMA_VERSION_HEADER;
 pub(crate) mod headers {
     /// The topic the message was first read from (its handlers are routed by it).
     pub(crate) const SOURCE_TOPIC: &str = "outbox_retry_source_topic";
+    /// Its partition there (a retried message's handling is serialized with its original's
+    /// by it: see `batch::begin`).
+    pub(crate) const SOURCE_PARTITION: &str = "outbox_retry_source_partition";
+    /// Its offset there.
+    pub(crate) const SOURCE_OFFSET: &str = "outbox_retry_source_offset";
     /// Failed attempts so far.
     pub(crate) const ATTEMPTS: &str = "outbox_retry_attempts";
     /// When it may be tried again, in milliseconds since the Unix epoch.
@@ -21,7 +26,14 @@ pub(crate) mod headers {
     pub(crate) const ERROR: &str = "outbox_retry_error";
     /// Every header the consumer sets on a retried message (replaced, not repeated, on the
     /// next retry).
-    pub(crate) const ALL: [&str; 4] = [SOURCE_TOPIC, ATTEMPTS, DUE_MS, ERROR];
+    pub(crate) const ALL: [&str; 6] = [
+        SOURCE_TOPIC,
+        SOURCE_PARTITION,
+        SOURCE_OFFSET,
+        ATTEMPTS,
+        DUE_MS,
+        ERROR,
+    ];
 }
 
 /// A checked message: its metadata (routed by `meta.topic`, its own topic or the one it was
@@ -30,6 +42,9 @@ pub(crate) mod headers {
 pub(crate) struct Incoming<'m> {
     pub meta: MessageMeta<'m>,
     pub payload: &'m [u8],
+    /// The partition of `meta.topic` it was first read from (for a retried message, not
+    /// `meta.partition`, the retry topic's); `None` when not read off Kafka.
+    pub source_partition: Option<i32>,
 }
 
 /// The headers the consumer reads, found in one pass over the message's headers (each header
@@ -39,6 +54,8 @@ struct Read<'m> {
     event_id: Option<&'m [u8]>,
     event_type: Option<&'m [u8]>,
     source_topic: Option<&'m [u8]>,
+    source_partition: Option<&'m [u8]>,
+    source_offset: Option<&'m [u8]>,
     attempts: Option<&'m [u8]>,
     due_ms: Option<&'m [u8]>,
     schema_version: Option<&'m [u8]>,
@@ -76,6 +93,8 @@ fn read<'m>(msg: &'m BorrowedMessage<'_>, application: bool) -> Read<'m> {
             "event_id" => &mut read.event_id,
             "event_type" => &mut read.event_type,
             headers::SOURCE_TOPIC => &mut read.source_topic,
+            headers::SOURCE_PARTITION => &mut read.source_partition,
+            headers::SOURCE_OFFSET => &mut read.source_offset,
             headers::ATTEMPTS => &mut read.attempts,
             headers::DUE_MS => &mut read.due_ms,
             SCHEMA_VERSION_HEADER => &mut read.schema_version,
@@ -104,11 +123,16 @@ pub(crate) fn now_ms() -> i64 {
         .map_or(0, |d| d.as_millis() as i64)
 }
 
-/// Where a message's handlers are routed from, and how often it failed before.
+/// Where a message was first read (its handlers are routed by its topic), and how often it
+/// failed before.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Origin<'m> {
     /// Its own topic, or the one it was retried from.
     pub topic: &'m str,
+    /// Its partition there.
+    pub partition: i32,
+    /// Its offset there.
+    pub offset: i64,
     /// Attempts that failed before this one (0 for a message from its own topic).
     pub attempts: u32,
 }
@@ -118,11 +142,25 @@ pub(crate) fn origin<'m>(msg: &'m BorrowedMessage<'_>) -> Origin<'m> {
 }
 
 fn origin_of<'m>(msg: &'m BorrowedMessage<'_>, read: &Read<'m>) -> Origin<'m> {
-    Origin {
-        topic: text(read.source_topic).unwrap_or(msg.topic()),
-        attempts: text(read.attempts)
-            .and_then(|a| a.parse().ok())
-            .unwrap_or(0),
+    fn parsed<T: std::str::FromStr>(value: Option<&[u8]>) -> Option<T> {
+        text(value).and_then(|v| v.parse().ok())
+    }
+    let attempts = parsed(read.attempts).unwrap_or(0);
+    match text(read.source_topic) {
+        // A copy sent by a version without the partition and offset headers: where it was
+        // read stands in.
+        Some(topic) => Origin {
+            topic,
+            partition: parsed(read.source_partition).unwrap_or(msg.partition()),
+            offset: parsed(read.source_offset).unwrap_or(msg.offset()),
+            attempts,
+        },
+        None => Origin {
+            topic: msg.topic(),
+            partition: msg.partition(),
+            offset: msg.offset(),
+            attempts,
+        },
     }
 }
 
@@ -161,6 +199,7 @@ pub(crate) fn check<'m>(msg: &'m BorrowedMessage<'_>) -> Result<Incoming<'m>, St
             schema_version,
         },
         payload,
+        source_partition: Some(origin.partition),
     })
 }
 

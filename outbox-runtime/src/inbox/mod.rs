@@ -90,7 +90,8 @@
 //! [`HandlerError::Retryable`] is retried with backoff up to `max_attempts`; then, or at once for
 //! [`HandlerError::Permanent`], the message is dead-lettered: to `<topic>.dlq` with its key, value
 //! and headers and the reason in `dlq_error` (plus `dlq_attempts` and
-//! `dlq_source_topic`/`dlq_source_partition`/`dlq_source_offset`), or, in inbox mode, as a dead
+//! `dlq_source_topic`/`dlq_source_partition`/`dlq_source_offset`, where the original was read,
+//! also for a message dead-lettered from a retry topic), or, in inbox mode, as a dead
 //! row (`dead_at`, `last_error`). What `?` makes of a database error or of this crate's
 //! [`Error`](crate::Error): see [`HandlerError`].
 //!
@@ -104,8 +105,9 @@
 //!
 //! **[`RetryPolicy::Topic`]** (dedup mode, the default, the style guide's R-DIST-OBX-2): a
 //! retryable failure sends the message to `<topic>.retry` with its key, value and headers plus
-//! `outbox_retry_attempts`, `outbox_retry_due_ms` (when it may run again),
-//! `outbox_retry_source_topic` and `outbox_retry_error`, and stores its offset: its partition
+//! `outbox_retry_attempts`, `outbox_retry_due_ms` (when it may run again), `outbox_retry_error`
+//! and where the original was read (`outbox_retry_source_topic`, `_partition` and `_offset`,
+//! carried from copy to copy), and stores its offset: its partition
 //! flows on. The consumer also reads the retry topic and handles each message once it is due (a
 //! not-yet-due message pauses its retry partition, nothing else). So **a retried message is
 //! handled after its key's later messages**. [`retry_tiers(n)`](ConsumerBuilder::retry_tiers)

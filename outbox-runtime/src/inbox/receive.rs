@@ -74,7 +74,7 @@ pub(crate) async fn consume(
                 let reason = reason?;
                 Some(Forward {
                     msg,
-                    source: message::origin(msg).topic,
+                    origin: message::origin(msg),
                     destination: Destination::DeadLetter { attempts: 1 },
                     reason,
                 })

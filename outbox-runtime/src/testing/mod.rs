@@ -259,6 +259,7 @@ where
     meta.topic = <H::Event as OutboxEvent>::TOPIC;
     meta.event_type = <H::Event as OutboxEvent>::EVENT_TYPE.into();
     let message = Incoming {
+        source_partition: meta.partition,
         meta,
         payload: payload.as_bytes(),
     };
