@@ -334,20 +334,27 @@ pub async fn insert_dedup_records(pool: &PgPool) {
 /// partitions are dropped and made again from the width that held that moment on (the first
 /// partition taking everything before), as if the installation were that old.
 pub async fn dedup_partitions_since(pool: &PgPool, days: u32) {
-    sqlx::raw_sql(
-        "DO $$ DECLARE p regclass; BEGIN \
-           FOR p IN SELECT partition FROM outbox_partitions('processed_event') LOOP \
-             EXECUTE format('DROP TABLE %s', p); \
-           END LOOP; \
-         END $$",
-    )
-    .execute(pool)
-    .await
-    .unwrap();
+    drop_dedup_partitions(pool, "true").await;
     sqlx::query(
         "SELECT outbox_create_partitions('processed_event', now() - make_interval(days => $1))",
     )
     .bind(days as i32)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// Drops the `processed_event` partitions that `filter` (on `outbox_partitions`' columns)
+/// picks, as a careless operator would.
+pub async fn drop_dedup_partitions(pool: &PgPool, filter: &str) {
+    sqlx::raw_sql(&format!(
+        "DO $$ DECLARE p regclass; BEGIN \
+           FOR p IN SELECT partition FROM outbox_partitions('processed_event') \
+                    WHERE {filter} LOOP \
+             EXECUTE format('DROP TABLE %s', p); \
+           END LOOP; \
+         END $$"
+    ))
     .execute(pool)
     .await
     .unwrap();

@@ -519,16 +519,7 @@ async fn a_consumer_creates_the_partition_it_finds_missing() {
     produce(&kafka.bootstrap(), PAYMENTS, &records(&payments[..100])).await;
     committed(&kafka, "orders", 100).await;
     // Every partition goes (nothing created them for days, say): inserts find none.
-    sqlx::raw_sql(
-        "DO $$ DECLARE p regclass; BEGIN \
-           FOR p IN SELECT partition FROM outbox_partitions('processed_event') LOOP \
-             EXECUTE format('DROP TABLE %s', p); \
-           END LOOP; \
-         END $$",
-    )
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    fixtures::drop_dedup_partitions(&db.pool, "true").await;
     produce(&kafka.bootstrap(), PAYMENTS, &records(&payments[100..])).await;
     committed(&kafka, "orders", 200).await;
     running.stop().await;
@@ -632,17 +623,7 @@ async fn health_warns_of_partitions_not_ahead_and_of_one_not_dropped() {
     );
 
     // The partitions after today's go: they reach less than a day past now.
-    sqlx::raw_sql(
-        "DO $$ DECLARE p regclass; BEGIN \
-           FOR p IN SELECT partition FROM outbox_partitions('processed_event') \
-                    WHERE lower_bound > now() LOOP \
-             EXECUTE format('DROP TABLE %s', p); \
-           END LOOP; \
-         END $$",
-    )
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    fixtures::drop_dedup_partitions(&db.pool, "lower_bound > now()").await;
     let health = admin::health(&db.pool, &thresholds).await.unwrap();
     let warning = health
         .warnings

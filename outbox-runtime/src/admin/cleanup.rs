@@ -169,12 +169,22 @@ impl Cleanup {
         &self,
         table: CleanupTable,
         cutoff: DateTime<Utc>,
-        mut progress: impl FnMut(u64),
+        progress: impl FnMut(u64),
     ) -> Result<u64> {
-        if partitions::partitions(&self.pool, table).await?.is_some() {
-            let dropped = partitions::drop_partitions(&self.pool, table, cutoff).await?;
+        Ok(self.remove(table, cutoff, progress).await?.rows)
+    }
+
+    /// [`run`](Self::run), saying also which partitions it dropped.
+    async fn remove(
+        &self,
+        table: CleanupTable,
+        cutoff: DateTime<Utc>,
+        mut progress: impl FnMut(u64),
+    ) -> Result<partitions::DroppedPartitions> {
+        if let Some(layout) = partitions::partitions(&self.pool, table).await? {
+            let dropped = partitions::drop_partitions(&self.pool, layout, cutoff).await?;
             progress(dropped.rows);
-            return Ok(dropped.rows);
+            return Ok(dropped);
         }
         // By ctid: a tid scan, whatever the table's key.
         let sql = format!(
@@ -194,7 +204,10 @@ impl Cleanup {
                 .await?
                 .rows_affected();
             if deleted == 0 {
-                return Ok(total);
+                return Ok(partitions::DroppedPartitions {
+                    rows: total,
+                    dropped: Vec::new(),
+                });
             }
             total += deleted;
             progress(total);
@@ -374,18 +387,16 @@ impl Retention {
                 CleanupTable::Outbox => &outbox,
                 _ => &dedup,
             };
-            let cutoff = cleanup.cutoff().await?;
-            if partitions::partitions(pool, table).await?.is_some() {
-                let dropped = partitions::drop_partitions(pool, table, cutoff).await?;
-                report.processed_event = dropped.rows;
-                report.processed_event_partitions_dropped = dropped.dropped.len() as u64;
-                continue;
-            }
-            let deleted = cleanup.run(table, cutoff, |_| {}).await?;
+            let removed = cleanup
+                .remove(table, cleanup.cutoff().await?, |_| {})
+                .await?;
             match table {
-                CleanupTable::Outbox => report.outbox = deleted,
-                CleanupTable::Inbox => report.inbox = deleted,
-                CleanupTable::ProcessedEvent => report.processed_event = deleted,
+                CleanupTable::Outbox => report.outbox = removed.rows,
+                CleanupTable::Inbox => report.inbox = removed.rows,
+                CleanupTable::ProcessedEvent => {
+                    report.processed_event = removed.rows;
+                    report.processed_event_partitions_dropped = removed.dropped.len() as u64;
+                }
             }
         }
         Ok(report)

@@ -237,20 +237,17 @@ pub(crate) struct DroppedPartitions {
     pub(crate) rows: u64,
 }
 
-/// Drops `table`'s partitions that end at or before `cutoff`: each is detached concurrently
+/// Drops the partitions of `layout`'s table that end at or before `cutoff`: each is detached concurrently
 /// (inserts and reads go on) and then dropped; an interrupted detach is finished first. A
 /// `processed_event` partition holds dedup records only, so it goes once it is past the
 /// window whatever it holds.
 pub(crate) async fn drop_partitions(
     pool: &PgPool,
-    table: CleanupTable,
+    layout: PartitionLayout,
     cutoff: DateTime<Utc>,
 ) -> Result<DroppedPartitions> {
     let mut report = DroppedPartitions::default();
-    let Some(layout) = partitions(pool, table).await? else {
-        return Ok(report);
-    };
-    let parent = table.table_name();
+    let parent = layout.table.table_name();
     for p in layout.partitions {
         if p.to.is_none_or(|to| to > cutoff) {
             continue;
@@ -434,7 +431,8 @@ pub async fn convert_to_partitions(pool: &PgPool, table: CleanupTable) -> Result
 /// Step 3 of [`convert_to_partitions`]: the old table becomes the first partition of a new
 /// partitioned one.
 async fn swap(pool: &PgPool, history: &str, until: DateTime<Utc>) -> Result<Conversion> {
-    // 3. The swap.
+    // 3. The swap. The new table takes the old one's columns and defaults (one definition:
+    // the migrations').
     let swap = format!(
         "SET LOCAL lock_timeout = '{CONVERT_LOCK_TIMEOUT}';
          LOCK TABLE processed_event IN ACCESS EXCLUSIVE MODE;
@@ -443,9 +441,7 @@ async fn swap(pool: &PgPool, history: &str, until: DateTime<Utc>) -> Result<Conv
          ALTER TABLE {history} ADD CONSTRAINT {history}_pkey
              PRIMARY KEY USING INDEX processed_event_partition_key;
          CREATE TABLE processed_event (
-             event_id     uuid        NOT NULL,
-             handler      text        NOT NULL,
-             processed_at timestamptz NOT NULL DEFAULT now(),
+             LIKE {history} INCLUDING DEFAULTS,
              PRIMARY KEY (event_id, handler, processed_at)
          ) PARTITION BY RANGE (processed_at);
          ALTER TABLE processed_event ATTACH PARTITION {history}
