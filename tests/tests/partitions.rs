@@ -342,7 +342,13 @@ async fn a_retried_copy_handled_beside_its_redelivered_original_takes_effect_onc
     // partition 3 of the retry topic, due at once.
     let (event_id, payment) = held;
     let original = Outgoing::event(&payment, event_id);
-    let at = produce_at(&kafka.bootstrap(), PAYMENTS, Some(0), &[original.clone()]).await;
+    let at = produce_at(
+        &kafka.bootstrap(),
+        PAYMENTS,
+        Some(0),
+        std::slice::from_ref(&original),
+    )
+    .await;
     let mut copy = original;
     copy.headers.extend([
         ("outbox_retry_source_topic".into(), PAYMENTS.into()),
