@@ -418,6 +418,65 @@ async fn a_retried_copy_handled_beside_its_redelivered_original_takes_effect_onc
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn creating_partitions_beside_another_creator_works_under_a_repeatable_read_default() {
+    // Some installations make REPEATABLE READ the default: a call that waited for another
+    // creator's lock must still see the partitions that one made, not try to make them again.
+    let db = TestDb::new().await;
+    sqlx::query(&format!(
+        "ALTER DATABASE {} SET default_transaction_isolation = 'repeatable read'",
+        db.name
+    ))
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let pool = db.pool(2).await;
+    let isolation: String = sqlx::query_scalar("SHOW transaction_isolation")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(isolation, "repeatable read");
+    fixtures::drop_dedup_partitions(&pool, "lower_bound > now()").await;
+    // Another creator holds the creators' lock.
+    let mut other = pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_advisory_xact_lock('processed_event'::regclass::oid::int4, 1346458196)")
+        .execute(&mut *other)
+        .await
+        .unwrap();
+    let waiting = {
+        let pool = pool.clone();
+        tokio::spawn(
+            async move { admin::create_partitions(&pool, CleanupTable::ProcessedEvent).await },
+        )
+    };
+    wait_for(
+        "the second creator to wait",
+        Duration::from_secs(10),
+        || async {
+            count(
+                &db.pool,
+                "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted \
+             AND database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+    let made: i32 = sqlx::query_scalar("SELECT outbox_create_partitions('processed_event')")
+        .fetch_one(&mut *other)
+        .await
+        .unwrap();
+    assert!(made > 0);
+    other.commit().await.unwrap();
+    assert_eq!(waiting.await.unwrap().unwrap(), 0, "nothing left to create");
+    let layout = admin::partitions(&pool, CleanupTable::ProcessedEvent)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(layout.partitions.windows(2).all(|w| w[0].to == w[1].from));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dedup_partitions_are_created_and_dropped_while_a_consumer_handles_events() {
     let db = TestDb::new().await;
     // An installation 6 days old, with a day's dedup records in each past partition.
