@@ -129,6 +129,10 @@ struct Thresholds {
     /// than this [default: 5m]
     #[arg(long, value_parser = parse::duration, value_name = "DURATION")]
     warn_transaction_age: Option<Duration>,
+    /// Warn sooner of a session idle in its transaction this long in one stretch (it holds
+    /// the cleanup horizon while it waits) [default: 30s]
+    #[arg(long, value_parser = parse::duration, value_name = "DURATION")]
+    warn_idle_transaction_age: Option<Duration>,
     /// Warn when processed_event's partitions reach less than this past now [default: 1d, or
     /// half the layout's ahead if less]
     #[arg(long, value_parser = parse::duration, value_name = "DURATION")]
@@ -158,6 +162,9 @@ impl Thresholds {
         }
         if let Some(age) = self.warn_transaction_age {
             t = t.transaction_age(age);
+        }
+        if let Some(age) = self.warn_idle_transaction_age {
+            t = t.idle_transaction_age(age);
         }
         if let Some(ahead) = self.warn_partitions_ahead {
             t = t.partitions_ahead(ahead);

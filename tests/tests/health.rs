@@ -3,6 +3,7 @@
 //! held, parked and dead rows, a consumer's missing dead-letter topic), named with its cause,
 //! and gone once the cause is; `EnsureTopics` creating what is missing.
 
+use std::str::FromStr;
 use std::time::Duration;
 
 use outbox_runtime::admin::{
@@ -14,10 +15,10 @@ use outbox_runtime::Uow;
 use outbox_tests::fixtures::{self, PaymentSucceeded, PAYMENTS};
 use outbox_tests::kafka::Kafka;
 use outbox_tests::payments::{
-    builder, no_auto_created_topics, setup_without_dead_letter_topic, PARTITIONS,
+    builder, no_auto_created_topics, setup_without_dead_letter_topic, wait_for, PARTITIONS,
 };
-use outbox_tests::{HeldTransaction, Running, TestDb};
-use sqlx::PgPool;
+use outbox_tests::{count, HeldTransaction, Running, TestDb};
+use sqlx::{ConnectOptions, PgPool};
 use uuid::Uuid;
 
 /// Checks health until `found` holds for its report (the statistics views lag the tables by
@@ -212,7 +213,8 @@ async fn an_idle_in_transaction_session_is_named_with_its_pid_until_it_ends() {
     )));
     assert!(held.oldest_transaction_age_secs.unwrap() > 1.0);
 
-    // Under the default threshold (5 minutes) it is not a warning yet.
+    // Under the default thresholds (30 s for a session idle in its transaction) it is not a
+    // warning yet.
     let default = health(pool, &HealthThresholds::default()).await.unwrap();
     assert!(of_kind(&default, WarningKind::LongTransaction).is_empty());
 
@@ -222,6 +224,72 @@ async fn an_idle_in_transaction_session_is_named_with_its_pid_until_it_ends() {
     })
     .await;
     assert_eq!(ended.oldest_transaction_age_secs, None, "{ended:#?}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_session_idle_in_its_transaction_is_named_sooner_than_a_busy_one() {
+    let db = TestDb::new().await;
+    let pool = &db.pool;
+    // A busy transaction (a report running a long statement), older than the idle one.
+    let mut busy = sqlx::postgres::PgConnectOptions::from_str(&db.url)
+        .unwrap()
+        .application_name("busy-report")
+        .connect()
+        .await
+        .unwrap();
+    let busy_pid: i32 = sqlx::query_scalar("SELECT pg_backend_pid()")
+        .fetch_one(&mut busy)
+        .await
+        .unwrap();
+    let report =
+        sqlx::raw_sql("BEGIN; SELECT txid_current(); SELECT pg_sleep(120)").execute(&mut busy);
+    let checks = async {
+        wait_for("the report to run", Duration::from_secs(10), || async {
+            count(
+                pool,
+                "SELECT count(*) FROM pg_stat_activity \
+                 WHERE application_name = 'busy-report' AND state = 'active' \
+                   AND backend_xid IS NOT NULL",
+            )
+            .await
+                == 1
+        })
+        .await;
+        let idle = HeldTransaction::open(&db.url, "forgotten-session").await;
+        let thresholds = HealthThresholds::default().idle_transaction_age(Duration::from_secs(1));
+        let named = until(pool, &thresholds, "the idle session named", |h| {
+            h.warnings
+                .iter()
+                .any(|w| matches!(w, Warning::LongTransaction { pid, .. } if *pid == idle.pid))
+        })
+        .await;
+        let busy_age = named.oldest_transaction_age_secs.unwrap();
+        assert!(busy_age > 1.0, "{named:#?}");
+        assert!(
+            !named
+                .warnings
+                .iter()
+                .any(|w| matches!(w, Warning::LongTransaction { pid, .. } if *pid == busy_pid)),
+            "a busy transaction of {busy_age} s is no warning under 5 minutes: {named:#?}"
+        );
+        // The busy one is named too once past the (general) threshold.
+        let both = thresholds.transaction_age(Duration::from_secs(1));
+        until(pool, &both, "the busy session named", |h| {
+            h.warnings
+                .iter()
+                .any(|w| matches!(w, Warning::LongTransaction { pid, .. } if *pid == busy_pid))
+        })
+        .await;
+        sqlx::query("SELECT pg_cancel_backend($1)")
+            .bind(busy_pid)
+            .execute(pool)
+            .await
+            .unwrap();
+        idle
+    };
+    let (report, idle) = tokio::join!(report, checks);
+    assert!(report.is_err(), "the report was cancelled");
+    idle.commit().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

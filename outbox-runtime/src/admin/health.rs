@@ -38,6 +38,7 @@ pub struct HealthThresholds {
     dead_rows: i64,
     vacuum_age: Duration,
     transaction_age: Duration,
+    idle_transaction_age: Duration,
     slot_xmin_age: i64,
     partitions_ahead: Duration,
     ignored: Vec<WarningKind>,
@@ -51,6 +52,7 @@ impl Default for HealthThresholds {
             dead_rows: 500_000,
             vacuum_age: Duration::from_secs(60 * 60),
             transaction_age: Duration::from_secs(5 * 60),
+            idle_transaction_age: Duration::from_secs(30),
             slot_xmin_age: 1_000_000,
             partitions_ahead: Duration::from_secs(24 * 60 * 60),
             ignored: Vec::new(),
@@ -91,6 +93,16 @@ impl HealthThresholds {
     /// most its publish timeout.
     pub fn transaction_age(mut self, age: Duration) -> Self {
         self.transaction_age = age;
+        self
+    }
+
+    /// Warns sooner of a session that has sat *idle* in its transaction this long in one
+    /// stretch (default 30 s, or [`transaction_age`](Self::transaction_age) if that is
+    /// shorter): a forgotten `BEGIN`, a connection leaked mid-transaction, or a transaction
+    /// kept open around a slow call to another service; it holds the horizon while it waits.
+    /// A busy transaction may rightly run for minutes.
+    pub fn idle_transaction_age(mut self, age: Duration) -> Self {
+        self.idle_transaction_age = age;
         self
     }
 
@@ -675,15 +687,15 @@ GROUP BY p.relname ORDER BY p.relname";
 const SESSIONS_SQL: &str = "\
 SELECT pid, coalesce(application_name, '') AS application_name, \
        coalesce(usename::text, '') AS usename, coalesce(state, backend_type) AS state, \
-       extract(epoch FROM now() - coalesce(xact_start, backend_start))::float8 AS age \
+       extract(epoch FROM now() - coalesce(xact_start, backend_start))::float8 AS age, \
+       extract(epoch FROM now() - state_change)::float8 AS idle \
 FROM pg_stat_activity \
 WHERE pid <> pg_backend_pid() \
   AND (backend_xmin IS NOT NULL OR backend_xid IS NOT NULL) \
   AND backend_type NOT IN ('autovacuum worker', 'walsender') \
   AND datname = current_database() \
   AND NOT (state = 'active' AND query ~* '^\\s*vacuum\\y' AND query !~* '\\yfull\\y') \
-ORDER BY coalesce(xact_start, backend_start) \
-LIMIT 20";
+ORDER BY coalesce(xact_start, backend_start)";
 
 /// Standbys whose feedback (`hot_standby_feedback` without a slot) holds the horizon of every
 /// database of the server.
@@ -779,12 +791,23 @@ async fn check(pool: &PgPool, thresholds: &HealthThresholds, count: Count) -> Re
     for row in sqlx::query(SESSIONS_SQL).fetch_all(&mut *conn).await? {
         let age_secs: f64 = row.try_get("age")?;
         oldest_transaction_age_secs.get_or_insert(age_secs);
-        if age_secs > thresholds.transaction_age.as_secs_f64() {
+        let state: String = row.try_get("state")?;
+        // Idle in its transaction for that long in one stretch, not between two statements
+        // of a busy one.
+        let idle_secs: Option<f64> = row.try_get("idle")?;
+        let idle_too_long = state.starts_with("idle in transaction")
+            && idle_secs.is_some_and(|idle| {
+                idle > thresholds
+                    .idle_transaction_age
+                    .min(thresholds.transaction_age)
+                    .as_secs_f64()
+            });
+        if idle_too_long || age_secs > thresholds.transaction_age.as_secs_f64() {
             warnings.push(Warning::LongTransaction {
                 pid: row.try_get("pid")?,
                 application_name: row.try_get("application_name")?,
                 user: row.try_get("usename")?,
-                state: row.try_get("state")?,
+                state,
                 age_secs,
             });
         }
