@@ -292,6 +292,21 @@ async fn chained(
     }))
 }
 
+/// The condition that leaves the partitions made ahead out of a dedup check (pruned at the
+/// executor's start, not probed per pair): a record that the check must see was committed
+/// before the checking statement began (before the batch got the lock, or before the
+/// statement's snapshot), and its `processed_at`, its transaction's start, is earlier still,
+/// as long as the server's clock does not go back. The hour is a margin for a clock set back,
+/// or a failover to a server whose clock is behind.
+macro_rules! recorded_by_now {
+    ($alias:literal) => {
+        concat!(
+            $alias,
+            ".processed_at <= statement_timestamp() + interval '1 hour'"
+        )
+    };
+}
+
 /// First key of the advisory locks [`begin`] takes ("DEDU").
 const SOURCE_LOCK: i32 = 0x4445_4455;
 
@@ -397,15 +412,18 @@ async fn optimistic_in(
     let keys: Vec<&str> = work.iter().map(|w| w.2.key.as_str()).collect();
     // The check probes each partition's key index once per pair (`OFFSET 0` keeps it a
     // subplan: pulled up into an anti-join, the planner may hash the whole table, every batch,
-    // when its statistics are stale or missing).
-    let new: Vec<(Uuid, String)> = sqlx::query_as(
+    // when its statistics are stale or missing), except the partitions made ahead: see
+    // `recorded_by_now`.
+    let new: Vec<(Uuid, String)> = sqlx::query_as(concat!(
         "INSERT INTO processed_event (event_id, handler) \
          SELECT x.e, x.h FROM unnest($1::uuid[], $2::text[]) AS x(e, h) \
          WHERE NOT EXISTS (SELECT 1 FROM processed_event p \
-                           WHERE p.event_id = x.e AND p.handler = x.h OFFSET 0) \
+                           WHERE p.event_id = x.e AND p.handler = x.h AND ",
+        recorded_by_now!("p"),
+        " OFFSET 0) \
          ON CONFLICT DO NOTHING \
-         RETURNING event_id, handler",
-    )
+         RETURNING event_id, handler"
+    ))
     .bind(&ids)
     .bind(&keys)
     .fetch_all(&mut *conn)
@@ -469,12 +487,13 @@ async fn isolated_in(
                 failure.clone()
             } else {
                 let mut savepoint = Connection::begin(&mut *conn).await?;
-                let new = sqlx::query(
+                let new = sqlx::query(concat!(
                     "INSERT INTO processed_event (event_id, handler) SELECT $1::uuid, $2::text \
-                     WHERE NOT EXISTS (SELECT 1 FROM processed_event \
-                                       WHERE event_id = $1 AND handler = $2) \
-                     ON CONFLICT DO NOTHING",
-                )
+                     WHERE NOT EXISTS (SELECT 1 FROM processed_event p \
+                                       WHERE p.event_id = $1 AND p.handler = $2 AND ",
+                    recorded_by_now!("p"),
+                    ") ON CONFLICT DO NOTHING"
+                ))
                 .bind(incoming.meta.event_id)
                 .bind(&route.key)
                 .execute(&mut *savepoint)
