@@ -243,12 +243,10 @@ async fn main() {
             .await
             .unwrap();
     }
-    sqlx::raw_sql(&format!(
-        "CREATE TABLE longrun_effect (account text NOT NULL, emitted_us int8 NOT NULL)"
-    ))
-    .execute(&admin_pool)
-    .await
-    .unwrap();
+    sqlx::raw_sql("CREATE TABLE longrun_effect (account text NOT NULL, emitted_us int8 NOT NULL)")
+        .execute(&admin_pool)
+        .await
+        .unwrap();
     let _reset = (o.autovacuum != "keep").then(|| AutovacuumReset {
         url: db.url.clone(),
     });
