@@ -86,6 +86,28 @@ pub async fn retried(kafka: &Kafka, expected: usize) -> Vec<Received> {
     .await
 }
 
+/// Where each of the `n` payments on the payments' topic was read: its partition and offset
+/// (as a retry or dead-letter header spells them), by its `event_id`.
+pub async fn read_at(
+    kafka: &Kafka,
+    n: usize,
+) -> std::collections::HashMap<String, (String, String)> {
+    consume(
+        &kafka.bootstrap(),
+        PAYMENTS,
+        PARTITIONS,
+        Duration::from_secs(10),
+        |r| r.len() == n,
+    )
+    .await
+    .into_iter()
+    .map(|r| {
+        let at = (r.partition.to_string(), r.offset.to_string());
+        (r.header("event_id").to_owned(), at)
+    })
+    .collect()
+}
+
 /// The payments' dead letters: read until `n` came, or `timeout` passed.
 pub async fn dead_letters(kafka: &Kafka, n: usize, timeout: Duration) -> Vec<Received> {
     consume(

@@ -5,10 +5,10 @@ use std::time::Duration;
 
 use outbox_runtime::inbox::{Consumer, ConsumerBuilder, HandlerError, Mode, RetryPolicy};
 use outbox_tests::fixtures::{self, PaymentRefunded, PaymentSucceeded, PAYMENTS};
-use outbox_tests::kafka::{committed_total, consume, produce, Kafka, Outgoing};
+use outbox_tests::kafka::{committed_total, produce, Kafka, Outgoing};
 use outbox_tests::payments::{
-    builder, dead_letters, orders_with_payments, paid_counts, publish, records, retried, setup,
-    setup_on, wait_for, PARTITIONS,
+    builder, dead_letters, orders_with_payments, paid_counts, publish, read_at, records, retried,
+    setup, setup_on, wait_for, PARTITIONS,
 };
 use outbox_tests::{count, ChildGuard, Running, TestDb};
 use sqlx::PgPool;
@@ -246,14 +246,7 @@ async fn failing_twice_then_succeeding(policy: RetryPolicy) {
     };
     let retried = retried(&kafka, expected).await;
     assert_eq!(retried.len(), expected, "messages sent to the retry topic");
-    let originals = consume(
-        &kafka.bootstrap(),
-        PAYMENTS,
-        PARTITIONS,
-        Duration::from_secs(10),
-        |r| r.len() == payments.len(),
-    )
-    .await;
+    let originals = read_at(&kafka, payments.len()).await;
     for (event_id, _) in payments.iter().filter(|_| policy == RetryPolicy::Topic) {
         let mut attempts: Vec<&str> = retried
             .iter()
@@ -272,18 +265,9 @@ async fn failing_twice_then_succeeding(policy: RetryPolicy) {
         {
             assert_eq!(r.header("outbox_retry_source_topic"), PAYMENTS);
             // Where the original was read, also on the copy of a copy (its second retry).
-            let original = originals
-                .iter()
-                .find(|o| o.header("event_id") == event_id.to_string())
-                .unwrap();
-            assert_eq!(
-                r.header("outbox_retry_source_partition"),
-                original.partition.to_string()
-            );
-            assert_eq!(
-                r.header("outbox_retry_source_offset"),
-                original.offset.to_string()
-            );
+            let (partition, offset) = &originals[&event_id.to_string()];
+            assert_eq!(r.header("outbox_retry_source_partition"), partition);
+            assert_eq!(r.header("outbox_retry_source_offset"), offset);
             assert!(r
                 .header("outbox_retry_error")
                 .contains("the payment service is busy"));

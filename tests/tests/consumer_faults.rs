@@ -9,7 +9,7 @@ use outbox_tests::fixtures::{self, PAYMENTS};
 use outbox_tests::kafka::{committed_total, consume, produce, Kafka, Outgoing};
 use outbox_tests::payments::{
     builder, dead_letters, orders_with_payments, orders_with_special_payments, paid_counts,
-    publish, records, retried, setup, wait_for, PARTITIONS,
+    publish, read_at, records, retried, setup, wait_for, PARTITIONS,
 };
 use outbox_tests::{count, Running};
 use sqlx::PgPool;
@@ -79,29 +79,13 @@ async fn swallowed_errors(mode: Mode) {
     running.stop().await;
     if matches!(mode, Mode::Dedup) {
         // Dead-lettered from the retry topic: the headers say where the original was read.
-        let originals = consume(
-            &kafka.bootstrap(),
-            PAYMENTS,
-            PARTITIONS,
-            Duration::from_secs(10),
-            |r| r.len() == payments.len(),
-        )
-        .await;
+        let originals = read_at(&kafka, payments.len()).await;
         for dead in dead_letters(&kafka, 4, Duration::from_secs(30)).await {
             assert_eq!(dead.header("dlq_attempts"), "2");
-            let original = originals
-                .iter()
-                .find(|o| o.header("event_id") == dead.header("event_id"))
-                .unwrap();
+            let (partition, offset) = &originals[dead.header("event_id")];
             assert_eq!(dead.header("dlq_source_topic"), PAYMENTS);
-            assert_eq!(
-                dead.header("dlq_source_partition"),
-                original.partition.to_string()
-            );
-            assert_eq!(
-                dead.header("dlq_source_offset"),
-                original.offset.to_string()
-            );
+            assert_eq!(dead.header("dlq_source_partition"), partition);
+            assert_eq!(dead.header("dlq_source_offset"), offset);
         }
     }
     assert_eq!(reasons.len(), 4, "{reasons:?}");
