@@ -287,6 +287,10 @@ async fn a_retried_copy_handled_beside_its_redelivered_original_takes_effect_onc
         config
             .set("auto.commit.interval.ms", "100")
             .set("heartbeat.interval.ms", "500")
+            // A rebalance waits for every member to rejoin, up to about the session timeout
+            // (45 s by default): a member slow to rejoin on a loaded machine must not hold
+            // the probes that long.
+            .set("session.timeout.ms", "6000")
             .set("partition.assignment.strategy", "range");
         let consumer = outbox_runtime::inbox::Consumer::builder(pool)
             .brokers(kafka.bootstrap())
@@ -310,8 +314,9 @@ async fn a_retried_copy_handled_beside_its_redelivered_original_takes_effect_onc
         gate: Arc::clone(&gate),
     };
     // Once both have joined, partition 0 and partition 3 are two members' (a pair of probes
-    // shows it).
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(120);
+    // shows it). Rebalances may come one after another while the members join: each round of
+    // probes may wait for them, within one deadline for all.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(180);
     loop {
         let probes = orders_with_payments(&db.pool, 2).await;
         for ((_, probe), partition) in probes.iter().zip([0, PARTITIONS - 1]) {
@@ -319,7 +324,8 @@ async fn a_retried_copy_handled_beside_its_redelivered_original_takes_effect_onc
             produce_at(&kafka.bootstrap(), PAYMENTS, Some(partition), &[record]).await;
         }
         // A rebalance may hold them up for a few heartbeats.
-        wait_for("the probes handled", Duration::from_secs(60), || async {
+        let left = deadline.saturating_duration_since(tokio::time::Instant::now());
+        wait_for("the probes handled", left, || async {
             probes
                 .iter()
                 .all(|(_, p)| observer.handler_of(p.order_id).is_some())
