@@ -252,11 +252,12 @@ struct TopicsEnsureArgs {
 /// `outbox partitions`' actions.
 #[derive(Debug, Subcommand)]
 enum PartitionsAction {
-    /// The partitions of processed_event: bounds, estimated rows, size (or that it is not
-    /// partitioned yet)
+    /// A table's partitions: bounds, estimated rows, size (or that it is not partitioned yet)
     List {
         #[command(flatten)]
         db: Db,
+        #[command(flatten)]
+        table: PartitionedTable,
         /// Print JSON instead of a table
         #[arg(long)]
         json: bool,
@@ -266,12 +267,16 @@ enum PartitionsAction {
     Create {
         #[command(flatten)]
         db: Db,
+        #[command(flatten)]
+        table: PartitionedTable,
     },
     /// Change the width of the partitions created from the last one on, and how far ahead
     /// they are kept created; then create what is missing
     Set {
         #[command(flatten)]
         db: Db,
+        #[command(flatten)]
+        table: PartitionedTable,
         /// Each new partition's width, a whole number of minutes up to 31 days, e.g. 1h, 1d
         #[arg(long, value_parser = parse::duration, value_name = "DURATION")]
         width: Duration,
@@ -279,16 +284,25 @@ enum PartitionsAction {
         #[arg(long, value_parser = parse::duration, value_name = "DURATION")]
         ahead: Duration,
     },
-    /// Convert an installation's plain processed_event to partitions in place, while
-    /// consumers run (of this version or later: stop older ones first); nothing is copied,
+    /// Convert an installation's plain table to partitions in place, while consumers run (of this version or later: stop older ones first); nothing is copied,
     /// the old table becomes the first partition
     Convert {
         #[command(flatten)]
         db: Db,
+        #[command(flatten)]
+        table: PartitionedTable,
         /// Convert without asking
         #[arg(long)]
         yes: bool,
     },
+}
+
+/// Which partitioned table.
+#[derive(Debug, Args)]
+struct PartitionedTable {
+    /// The table: processed (processed_event, dedup mode's records) or inbox (inbox_event)
+    #[arg(long, default_value = "processed", value_parser = parse::partitioned_table)]
+    table: outbox_runtime::admin::CleanupTable,
 }
 
 /// `outbox cleanup`'s options.

@@ -334,10 +334,16 @@ pub async fn insert_dedup_records(pool: &PgPool) {
 /// partitions are dropped and made again from the width that held that moment on (the first
 /// partition taking everything before), as if the installation were that old.
 pub async fn dedup_partitions_since(pool: &PgPool, days: u32) {
-    drop_dedup_partitions(pool, "true").await;
+    partitions_since(pool, "processed_event", days).await;
+}
+
+/// [`dedup_partitions_since`] for any partitioned table (`inbox_event`, say).
+pub async fn partitions_since(pool: &PgPool, table: &str, days: u32) {
+    drop_partitions_of(pool, table, "true").await;
     sqlx::query(
-        "SELECT outbox_create_partitions('processed_event', now() - make_interval(days => $1))",
+        "SELECT outbox_create_partitions(to_regclass($1), now() - make_interval(days => $2))",
     )
+    .bind(table)
     .bind(days as i32)
     .execute(pool)
     .await
@@ -347,9 +353,14 @@ pub async fn dedup_partitions_since(pool: &PgPool, days: u32) {
 /// Drops the `processed_event` partitions that `filter` (on `outbox_partitions`' columns)
 /// picks, as a careless operator would.
 pub async fn drop_dedup_partitions(pool: &PgPool, filter: &str) {
+    drop_partitions_of(pool, "processed_event", filter).await;
+}
+
+/// [`drop_dedup_partitions`] for any partitioned table.
+pub async fn drop_partitions_of(pool: &PgPool, table: &str, filter: &str) {
     sqlx::raw_sql(&format!(
         "DO $$ DECLARE p regclass; BEGIN \
-           FOR p IN SELECT partition FROM outbox_partitions('processed_event') \
+           FOR p IN SELECT partition FROM outbox_partitions('{table}') \
                     WHERE {filter} LOOP \
              EXECUTE format('DROP TABLE %s', p); \
            END LOOP; \

@@ -1,67 +1,76 @@
-//! `outbox partitions`: processed_event's time partitions.
+//! `outbox partitions`: the time partitions of processed_event and inbox_event.
 
-use outbox_runtime::admin::{self, CleanupTable, Conversion, PartitionLayout};
+use outbox_runtime::admin::{self, Conversion, PartitionLayout};
 
 use super::{chain, connect_migrated, print_json, Result};
 use crate::{parse, ui, PartitionsAction};
 
-const TABLE: CleanupTable = CleanupTable::ProcessedEvent;
-
 pub async fn run(action: PartitionsAction) -> Result {
     match action {
-        PartitionsAction::List { db, json } => {
+        PartitionsAction::List { db, table, json } => {
+            let (table, name) = (table.table, table.table.table_name());
             let pool = connect_migrated(&db, 2).await?;
-            let layout = admin::partitions(&pool, TABLE).await.map_err(chain)?;
+            let layout = admin::partitions(&pool, table).await.map_err(chain)?;
             if json {
                 return print_json(&layout);
             }
             match layout {
                 Some(layout) => list(&layout),
                 None => out!(
-                    "processed_event is not partitioned (an installation from before \
-                     partitions): `outbox partitions convert` converts it in place"
+                    "{name} is not partitioned (an installation from before partitions): \
+                     `outbox partitions convert --table {}` converts it in place",
+                    name.trim_end_matches("_event")
                 ),
             }
             Ok(())
         }
-        PartitionsAction::Create { db } => {
+        PartitionsAction::Create { db, table } => {
+            let (table, name) = (table.table, table.table.table_name());
             let pool = connect_migrated(&db, 2).await?;
-            let created = admin::create_partitions(&pool, TABLE)
+            let created = admin::create_partitions(&pool, table)
                 .await
                 .map_err(chain)?;
-            out!("created {created} partitions of processed_event");
+            out!("created {created} partitions of {name}");
             Ok(())
         }
-        PartitionsAction::Set { db, width, ahead } => {
+        PartitionsAction::Set {
+            db,
+            table,
+            width,
+            ahead,
+        } => {
+            let (table, name) = (table.table, table.table.table_name());
             let pool = connect_migrated(&db, 2).await?;
-            let created = admin::set_partitioning(&pool, TABLE, width, ahead)
+            let created = admin::set_partitioning(&pool, table, width, ahead)
                 .await
                 .map_err(chain)?;
             out!(
-                "processed_event: partitions {} wide from the last one on, kept {} ahead; \
+                "{name}: partitions {} wide from the last one on, kept {} ahead; \
                  created {created}",
                 parse::human(width),
                 parse::human(ahead)
             );
             Ok(())
         }
-        PartitionsAction::Convert { db, yes } => {
+        PartitionsAction::Convert { db, table, yes } => {
+            let (table, name) = (table.table, table.table.table_name());
             let pool = connect_migrated(&db, 4).await?;
-            if admin::partitions(&pool, TABLE)
+            if admin::partitions(&pool, table)
                 .await
                 .map_err(chain)?
                 .is_some()
             {
-                out!("processed_event is partitioned already");
+                out!("{name} is partitioned already");
                 return Ok(());
             }
             ui::confirm(
-                "convert processed_event to partitions in place (consumers of an older \
-                 version must be stopped: they do not deduplicate against the partitioned \
-                 table)",
+                &format!(
+                    "convert {name} to partitions in place (consumers of an older version \
+                     must be stopped: they do not deduplicate against the partitioned table)"
+                ),
                 yes,
             )?;
-            match admin::convert_to_partitions(&pool, TABLE)
+            match admin::convert_to_partitions(&pool, table)
                 .await
                 .map_err(chain)?
             {
@@ -70,11 +79,11 @@ pub async fn run(action: PartitionsAction) -> Result {
                     history_until,
                     created,
                 } => out!(
-                    "processed_event is partitioned: its rows stay in {history} (everything \
+                    "{name} is partitioned: its rows stay in {history} (everything \
                      before {history_until}), dropped by retention once that is past the \
                      window; {created} partitions created after it"
                 ),
-                _ => out!("processed_event is partitioned already"),
+                _ => out!("{name} is partitioned already"),
             }
             Ok(())
         }
@@ -113,7 +122,8 @@ fn list(layout: &PartitionLayout) {
         &rows,
     );
     out!(
-        "processed_event: {} partitions, {} wide, kept {} ahead",
+        "{}: {} partitions, {} wide, kept {} ahead",
+        layout.table.table_name(),
         layout.partitions.len(),
         parse::human(layout.width),
         parse::human(layout.ahead)

@@ -136,6 +136,12 @@ impl Cleanup {
                 .iter()
                 .filter(|p| p.to.is_some_and(|to| to <= cutoff))
             {
+                if partitions::kept_because(&self.pool, table, &p.name)
+                    .await?
+                    .is_some()
+                {
+                    continue;
+                }
                 let n: i64 = sqlx::query_scalar(&format!(
                     "SELECT count(*) FROM {}",
                     partitions::quote(&p.name)
@@ -161,10 +167,12 @@ impl Cleanup {
     /// Deletes the rows of `table` past `cutoff`, a batch per transaction, calling `progress`
     /// with the total so far after each batch. Returns how many rows it deleted.
     ///
-    /// A partitioned table (`processed_event` of a new or converted installation) loses whole
-    /// partitions instead: those that end at or before `cutoff`, detached concurrently and
-    /// dropped, which leaves nothing for vacuum. Its rows are so kept up to one partition
-    /// width longer than `cutoff` says.
+    /// A partitioned table (`processed_event` or `inbox_event` of a new or converted
+    /// installation) loses whole partitions instead: those that end at or before `cutoff`,
+    /// detached concurrently and dropped, which leaves nothing for vacuum. Its rows are so kept
+    /// up to one partition width longer than `cutoff` says. An `inbox_event` partition that
+    /// still holds an unprocessed or dead row is kept (and reported by `outbox status`) until
+    /// every row in it is processed.
     pub async fn run(
         &self,
         table: CleanupTable,
@@ -206,7 +214,7 @@ impl Cleanup {
             if deleted == 0 {
                 return Ok(partitions::DroppedPartitions {
                     rows: total,
-                    dropped: Vec::new(),
+                    ..Default::default()
                 });
             }
             total += deleted;
@@ -227,8 +235,9 @@ const RETENTION_KEY: i32 = 0x5200_0000; // "R"
 /// the lock taken skips its turn; a run that finds nothing to delete costs three index scans).
 /// It runs [`Cleanup`] on the three tables: published outbox rows older than `older_than`, processed inbox rows and
 /// `processed_event` rows older than [`dedup_older_than`](Self::dedup_older_than). Never an
-/// unpublished, parked, unprocessed or dead row. A partitioned `processed_event` loses whole
-/// partitions instead (those that end before the cut-off), and each run first creates the
+/// unpublished, parked, unprocessed or dead row. A partitioned `processed_event` or
+/// `inbox_event` loses whole partitions instead (those that end before the cut-off; an inbox
+/// partition only once every row in it is processed), and each run first creates the
 /// partitions missing ahead ([`create_partitions`](super::create_partitions)).
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[must_use]
@@ -252,7 +261,13 @@ pub struct RetentionReport {
     /// `processed_event` partitions dropped (when it is partitioned), their rows counted in
     /// `processed_event`.
     pub processed_event_partitions_dropped: u64,
-    /// Partitions created ahead.
+    /// `inbox_event` partitions dropped (when it is partitioned), their rows counted in
+    /// `inbox`.
+    pub inbox_partitions_dropped: u64,
+    /// Partitions past the window kept because they still hold an unprocessed or dead row
+    /// (named, with the reason, in the log and by `outbox status`).
+    pub partitions_kept: u64,
+    /// Partitions created ahead, of every partitioned table.
     pub partitions_created: u64,
 }
 
@@ -372,16 +387,18 @@ impl Retention {
         .batch_size(self.batch_size);
         // Partitions ahead first: this job runs on a schedule anyway.
         // A failure here (a lock that did not come within its timeout) must not cost the run.
-        let created = partitions::create_partitions(pool, CleanupTable::ProcessedEvent)
-            .await
-            .unwrap_or_else(|e| {
-                tracing::warn!(error = %crate::error_chain(&e), "cannot create partitions ahead; the next run tries again");
-                0
-            });
-        let mut report = RetentionReport {
-            partitions_created: u64::from(created),
-            ..RetentionReport::default()
-        };
+        let mut report = RetentionReport::default();
+        for table in [CleanupTable::Inbox, CleanupTable::ProcessedEvent] {
+            let created = partitions::create_partitions(pool, table)
+                .await
+                .unwrap_or_else(|e| {
+                    tracing::warn!(table = table.table_name(), error = %crate::error_chain(&e), "cannot create partitions ahead; the next run tries again");
+                    0
+                });
+            metrics::counter!("outbox_partitions_created_total", "table" => table.table_name())
+                .increment(u64::from(created));
+            report.partitions_created += u64::from(created);
+        }
         for table in CleanupTable::ALL {
             let cleanup = match table {
                 CleanupTable::Outbox => &outbox,
@@ -390,9 +407,13 @@ impl Retention {
             let removed = cleanup
                 .remove(table, cleanup.cutoff().await?, |_| {})
                 .await?;
+            report.partitions_kept += removed.kept.len() as u64;
             match table {
                 CleanupTable::Outbox => report.outbox = removed.rows,
-                CleanupTable::Inbox => report.inbox = removed.rows,
+                CleanupTable::Inbox => {
+                    report.inbox = removed.rows;
+                    report.inbox_partitions_dropped = removed.dropped.len() as u64;
+                }
                 CleanupTable::ProcessedEvent => {
                     report.processed_event = removed.rows;
                     report.processed_event_partitions_dropped = removed.dropped.len() as u64;

@@ -388,10 +388,11 @@ pub enum Warning {
         /// Seconds past now its partitions reach (0: none takes rows now).
         covered_secs: f64,
     },
-    /// A partition past retention could not be dropped: its concurrent detach was interrupted
-    /// (a transaction that could see it outlasted the detach's minute), so it is neither
-    /// attached nor gone. Retention finishes it at its next run; `ALTER TABLE <table> DETACH
-    /// PARTITION <partition> FINALIZE` does it now.
+    /// A partition past retention was not dropped: its concurrent detach was interrupted (a
+    /// transaction that could see it outlasted the detach's minute), so it is neither attached
+    /// nor gone (retention finishes it at its next run; `ALTER TABLE <table> DETACH PARTITION
+    /// <partition> FINALIZE` does it now); or retention kept it, because it still holds an
+    /// unprocessed or dead inbox row (process or discard them: `outbox dead-letters`).
     PartitionNotDropped {
         /// The table.
         table: String,
@@ -915,30 +916,53 @@ async fn check(pool: &PgPool, thresholds: &HealthThresholds, count: Count) -> Re
 }
 
 /// The partitioned tables' warnings: partitions not created far enough ahead, partitions
-/// whose drop was interrupted.
+/// whose drop was interrupted, partitions retention kept past its window (an unprocessed or
+/// dead inbox row in them, as its last run found).
 async fn partition_warnings(
     pool: &PgPool,
     thresholds: &HealthThresholds,
     warnings: &mut Vec<Warning>,
 ) -> Result<()> {
-    let table = super::CleanupTable::ProcessedEvent;
-    let Some(layout) = super::partitions::partitions(pool, table).await? else {
-        return Ok(());
-    };
     let now: chrono::DateTime<chrono::Utc> =
         sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
-    let covered = layout.covered_past(now);
-    if covered < thresholds.partitions_ahead.min(layout.ahead / 2) {
-        warnings.push(Warning::PartitionsNotAhead {
-            table: table.table_name().to_owned(),
-            covered_secs: covered.as_secs_f64(),
-        });
+    for table in [
+        super::CleanupTable::Inbox,
+        super::CleanupTable::ProcessedEvent,
+    ] {
+        let Some(layout) = super::partitions::partitions(pool, table).await? else {
+            continue;
+        };
+        let covered = layout.covered_past(now);
+        if covered < thresholds.partitions_ahead.min(layout.ahead / 2) {
+            warnings.push(Warning::PartitionsNotAhead {
+                table: table.table_name().to_owned(),
+                covered_secs: covered.as_secs_f64(),
+            });
+        }
+        for p in layout.partitions.iter().filter(|p| p.detach_pending) {
+            warnings.push(Warning::PartitionNotDropped {
+                table: table.table_name().to_owned(),
+                partition: p.name.clone(),
+                reason: "its concurrent detach was interrupted".to_owned(),
+            });
+        }
     }
-    for p in layout.partitions.iter().filter(|p| p.detach_pending) {
+    // Before the migration that adds it, there is none (and no partitioned inbox).
+    let kept: Vec<(String, String, String)> = sqlx::query_as(
+        "SELECT parent, partition, reason FROM outbox_partition_kept k \
+         WHERE to_regclass(quote_ident(k.partition)) IS NOT NULL ORDER BY since, partition",
+    )
+    .fetch_all(pool)
+    .await
+    .or_else(|e| match &e {
+        sqlx::Error::Database(db) if db.code().as_deref() == Some("42P01") => Ok(Vec::new()),
+        _ => Err(e),
+    })?;
+    for (table, partition, reason) in kept {
         warnings.push(Warning::PartitionNotDropped {
-            table: table.table_name().to_owned(),
-            partition: p.name.clone(),
-            reason: "its concurrent detach was interrupted".to_owned(),
+            table,
+            partition,
+            reason: format!("{reason}, and past the window it is kept until none is left"),
         });
     }
     Ok(())

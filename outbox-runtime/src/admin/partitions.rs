@@ -1,8 +1,9 @@
 //! Time partitions: what a partitioned table holds, creating partitions ahead of time, dropping
 //! those past their retention, and converting an unpartitioned table in place.
 //!
-//! Today `processed_event` is partitioned (by `processed_at`): new installations get it so,
-//! an existing one keeps its plain table until [`convert_to_partitions`]. Its layout (partition
+//! Today `processed_event` (by `processed_at`) and `inbox_event` (by `received_at`) are
+//! partitioned: new installations get them so, an existing one keeps its plain tables until
+//! [`convert_to_partitions`]. Its layout (partition
 //! width, how far ahead partitions exist) is a row of `outbox_partitioning`, which
 //! [`set_partitioning`] changes. The SQL functions `outbox_partitions` and
 //! `outbox_create_partitions` (migration `..._013_processed_event_partitions`) do the work, so an
@@ -235,21 +236,64 @@ pub(crate) struct DroppedPartitions {
     pub(crate) dropped: Vec<String>,
     /// Their rows (counted before each was detached).
     pub(crate) rows: u64,
+    /// The partitions past the cut-off kept, and why.
+    pub(crate) kept: Vec<(String, String)>,
 }
 
-/// Drops the partitions of `layout`'s table that end at or before `cutoff`: each is detached concurrently
-/// (inserts and reads go on) and then dropped; an interrupted detach is finished first. A
-/// `processed_event` partition holds dedup records only, so it goes once it is past the
-/// window whatever it holds.
+/// Why a partition of `table` must stay although it ended before the cut-off, if it must: an
+/// `inbox_event` partition with a row not processed yet (its processors have not come to it,
+/// or it waits for a retry) or dead (kept for an operator: `outbox dead-letters`). A
+/// `processed_event` partition holds dedup records only: none.
+pub(crate) async fn kept_because(
+    pool: &PgPool,
+    table: CleanupTable,
+    partition: &str,
+) -> Result<Option<String>> {
+    if table != CleanupTable::Inbox {
+        return Ok(None);
+    }
+    let (unprocessed, dead): (i64, i64) = sqlx::query_as(&format!(
+        "SELECT count(*) FILTER (WHERE dead_at IS NULL), count(*) FILTER (WHERE dead_at IS NOT NULL) \
+         FROM {} WHERE NOT processed",
+        quote(partition)
+    ))
+    .fetch_one(pool)
+    .await?;
+    let plural = |n: i64, what: &str| format!("{n} {what} row{}", if n == 1 { "" } else { "s" });
+    Ok(match (unprocessed, dead) {
+        (0, 0) => None,
+        (u, 0) => Some(format!("it holds {}", plural(u, "unprocessed"))),
+        (0, d) => Some(format!("it holds {}", plural(d, "dead"))),
+        (u, d) => Some(format!(
+            "it holds {} and {}",
+            plural(u, "unprocessed"),
+            plural(d, "dead")
+        )),
+    })
+}
+
+/// Drops the partitions of `layout`'s table that end at or before `cutoff`: each is detached
+/// concurrently (inserts and reads go on) and then dropped; an interrupted detach is finished
+/// first. A `processed_event` partition holds dedup records only, so it goes once it is past
+/// the window whatever it holds; an `inbox_event` partition only once every row in it is
+/// processed (one with an unprocessed or dead row is kept, and recorded with the reason in
+/// `outbox_partition_kept` for `outbox status`). A detached partition is checked again before
+/// it is dropped (a receipt whose transaction began before the detach could still write to
+/// it): with such a row, it is attached back.
 pub(crate) async fn drop_partitions(
     pool: &PgPool,
     layout: PartitionLayout,
     cutoff: DateTime<Utc>,
 ) -> Result<DroppedPartitions> {
     let mut report = DroppedPartitions::default();
-    let parent = layout.table.table_name();
+    let table = layout.table;
+    let parent = table.table_name();
     for p in layout.partitions {
         if p.to.is_none_or(|to| to > cutoff) {
+            continue;
+        }
+        if let Some(reason) = kept_because(pool, table, &p.name).await? {
+            report.kept.push((p.name, reason));
             continue;
         }
         let rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}", quote(&p.name)))
@@ -270,6 +314,23 @@ pub(crate) async fn drop_partitions(
             )
         };
         detach(pool.clone(), sql).await?;
+        if let Some(reason) = kept_because(pool, table, &p.name).await? {
+            let from = p.from.map_or_else(
+                || "MINVALUE".to_owned(),
+                |f| format!("'{}'", f.to_rfc3339()),
+            );
+            let to = p.to.map_or_else(String::new, |t| t.to_rfc3339());
+            sqlx::raw_sql(&format!(
+                "ALTER TABLE {parent} ATTACH PARTITION {} FOR VALUES FROM ({from}) TO ('{to}')",
+                quote(&p.name)
+            ))
+            .execute(pool)
+            .await?;
+            tracing::warn!(table = parent, partition = %p.name, %reason,
+                "a partition written to while it was detached is attached back");
+            report.kept.push((p.name, reason));
+            continue;
+        }
         sqlx::raw_sql(&format!("DROP TABLE {}", quote(&p.name)))
             .execute(pool)
             .await?;
@@ -277,7 +338,38 @@ pub(crate) async fn drop_partitions(
         report.rows += rows.max(0) as u64;
         report.dropped.push(p.name);
     }
+    for (partition, reason) in &report.kept {
+        tracing::warn!(table = parent, %partition, %reason, "a partition past retention is kept");
+    }
+    if table == CleanupTable::Inbox {
+        record_kept(pool, parent, &report.kept).await?;
+    }
     Ok(report)
+}
+
+/// Replaces `parent`'s rows of `outbox_partition_kept` with `kept` (a partition kept since an
+/// earlier run keeps its `since`).
+async fn record_kept(pool: &PgPool, parent: &str, kept: &[(String, String)]) -> Result<()> {
+    let (names, reasons): (Vec<&str>, Vec<&str>) =
+        kept.iter().map(|(p, r)| (p.as_str(), r.as_str())).unzip();
+    let mut tx = pool.begin().await?;
+    sqlx::query("DELETE FROM outbox_partition_kept WHERE parent = $1 AND partition <> ALL($2)")
+        .bind(parent)
+        .bind(&names)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query(
+        "INSERT INTO outbox_partition_kept (partition, parent, reason) \
+         SELECT k.p, $1, k.r FROM unnest($2::text[], $3::text[]) AS k(p, r) \
+         ON CONFLICT (partition) DO UPDATE SET reason = excluded.reason",
+    )
+    .bind(parent)
+    .bind(&names)
+    .bind(&reasons)
+    .execute(&mut *tx)
+    .await?;
+    tx.commit().await?;
+    Ok(())
 }
 
 /// Runs a `DETACH PARTITION` on a connection of its own, outside a transaction, bounded to a
@@ -324,95 +416,137 @@ pub enum Conversion {
 /// The steps' bounds on waiting for a lock.
 const CONVERT_LOCK_TIMEOUT: &str = "5s";
 
-/// Converts `table` (today `processed_event`) to the partitioned layout in place, while
-/// consumers keep running (of this version or later: older ones insert with `ON CONFLICT`
-/// alone, which the partitioned key does not catch). Nothing is copied: the old table becomes
-/// the first partition. The steps, none of which holds a lock that consumers wait on for
-/// longer than a moment:
+/// What converting a table needs to know of it.
+struct Shape {
+    /// The table.
+    name: &'static str,
+    /// The partitioned key's columns (the partition column last).
+    key: &'static str,
+    /// The partition column.
+    column: &'static str,
+    /// The partitioned table's other indexes: name, and what follows `ON <table>`. The old
+    /// table has the same ones (the migrations made them), which become its partition's.
+    indexes: &'static [(&'static str, &'static str)],
+}
+
+impl Shape {
+    fn of(table: CleanupTable) -> Result<Shape> {
+        match table {
+            CleanupTable::ProcessedEvent => Ok(Shape {
+                name: "processed_event",
+                key: "event_id, handler, processed_at",
+                column: "processed_at",
+                indexes: &[],
+            }),
+            CleanupTable::Inbox => Ok(Shape {
+                name: "inbox_event",
+                key: "event_id, received_at",
+                column: "received_at",
+                indexes: &[
+                    (
+                        "ix_inbox_event_unprocessed",
+                        "(received_at) WHERE NOT processed",
+                    ),
+                    (
+                        "ix_inbox_event_dead",
+                        "(received_at) WHERE dead_at IS NOT NULL",
+                    ),
+                ],
+            }),
+            CleanupTable::Outbox => Err(Error::Config(
+                "outbox_event cannot be partitioned in this version (processed_event and \
+                 inbox_event can)"
+                    .into(),
+            )),
+        }
+    }
+}
+
+/// Converts `table` (`processed_event` or `inbox_event`) to the partitioned layout in place,
+/// while consumers keep running (of this version or later: older ones insert with
+/// `ON CONFLICT` on the old key, which the partitioned key does not catch, or which the
+/// partitioned table refuses). Nothing is copied: the old table becomes the first partition.
+/// The steps, none of which holds a lock that consumers wait on for longer than a moment:
 ///
 /// 1. a unique index matching the partitioned key, built concurrently;
 /// 2. a constraint bounding the old rows below the end of the partition width a day from
 ///    now, added `NOT VALID` and validated by a scan that inserts do not
 ///    wait for (if a later step fails, it is dropped again);
 /// 3. one short transaction (waiting at most 5 s for its lock, tried again up to 5 times):
-///    rename the old table, make the new index its key (the partitioned key; dropping the old
-///    key's index is quick), create the partitioned table, attach the old one as its first
-///    partition (the validated constraint spares a scan, the key an index build), create the
-///    partitions after it.
+///    rename the old table (and its indexes), make the new index its key (the partitioned
+///    key; dropping the old key's index is quick), create the partitioned table and its
+///    indexes, attach the old one as its first partition (the validated constraint spares a
+///    scan, its indexes a build), create the partitions after it.
 ///
 /// Safe to run again after it failed at any step (each checks what is done).
 pub async fn convert_to_partitions(pool: &PgPool, table: CleanupTable) -> Result<Conversion> {
-    if table != CleanupTable::ProcessedEvent {
-        return Err(Error::Config(format!(
-            "only processed_event can be partitioned in this version, not {}",
-            table.table_name()
-        )));
-    }
-    let parent = table.table_name();
-    let kind: Option<String> = sqlx::query_scalar(
-        "SELECT relkind::text FROM pg_class WHERE oid = to_regclass('processed_event')",
-    )
-    .fetch_one(pool)
-    .await?;
+    let shape = Shape::of(table)?;
+    let parent = shape.name;
+    let kind: Option<String> =
+        sqlx::query_scalar("SELECT relkind::text FROM pg_class WHERE oid = to_regclass($1)")
+            .bind(parent)
+            .fetch_one(pool)
+            .await?;
     match kind.as_deref() {
         Some("p") => return Ok(Conversion::AlreadyPartitioned),
         Some("r") => {}
         _ => {
-            return Err(Error::Config(
-                "no processed_event table on the search_path: run the migrations".into(),
-            ))
+            return Err(Error::Config(format!(
+                "no {parent} table on the search_path: run the migrations"
+            )))
         }
     }
     let history = format!("{parent}_history");
+    let key_index = format!("{parent}_partition_key");
+    let bound = format!("{parent}_before_partitions");
     // 1. The partitioned key's index, the longest step (no lock inserts wait for); an invalid
     // one (an interrupted build) is built again.
-    sqlx::raw_sql(
+    sqlx::raw_sql(&format!(
         "SET LOCAL lock_timeout = '5s'; \
          DO $$ BEGIN \
            IF EXISTS (SELECT 1 FROM pg_index WHERE indexrelid = \
-                      to_regclass('processed_event_partition_key') AND NOT indisvalid) THEN \
-             DROP INDEX processed_event_partition_key; \
+                      to_regclass('{key_index}') AND NOT indisvalid) THEN \
+             DROP INDEX {key_index}; \
            END IF; \
-         END $$",
-    )
+         END $$"
+    ))
     .execute(pool)
     .await?;
-    sqlx::raw_sql(
-        "CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS processed_event_partition_key \
-         ON processed_event (event_id, handler, processed_at)",
-    )
+    sqlx::raw_sql(&format!(
+        "CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS {key_index} ON {parent} ({})",
+        shape.key
+    ))
     .execute(pool)
     .await?;
     // 2. The bound: the end of the width a day from now (the old table takes the rows until
     // then: a validation scan or a swap that waits never outruns it, and a run killed here
-    // leaves a day to run it again). A bound left by an earlier attempt goes first: it may be close or past, and then
-    // refuses inserts.
+    // leaves a day to run it again). A bound left by an earlier attempt goes first: it may be
+    // close or past, and then refuses inserts.
     let until: DateTime<Utc> = sqlx::query_scalar(
         "SELECT date_bin(width, now() + interval '1 day', \
                          timestamptz '2000-01-01 00:00:00+00') + width \
-         FROM outbox_partitioning WHERE parent = 'processed_event'",
+         FROM outbox_partitioning WHERE parent = $1",
     )
+    .bind(parent)
     .fetch_one(pool)
     .await?;
     let mut conn = pool.acquire().await?;
     with_lock_timeout(
         &mut conn,
         &format!(
-            "ALTER TABLE processed_event DROP CONSTRAINT IF EXISTS processed_event_before_partitions; \
-             ALTER TABLE processed_event ADD CONSTRAINT processed_event_before_partitions \
-             CHECK (processed_at < '{}') NOT VALID",
+            "ALTER TABLE {parent} DROP CONSTRAINT IF EXISTS {bound}; \
+             ALTER TABLE {parent} ADD CONSTRAINT {bound} CHECK ({} < '{}') NOT VALID",
+            shape.column,
             until.to_rfc3339()
         ),
     )
     .await?;
     drop(conn);
     let swapped = async {
-        sqlx::raw_sql(
-            "ALTER TABLE processed_event VALIDATE CONSTRAINT processed_event_before_partitions",
-        )
-        .execute(pool)
-        .await?;
-        swap(pool, &history, until).await
+        sqlx::raw_sql(&format!("ALTER TABLE {parent} VALIDATE CONSTRAINT {bound}"))
+            .execute(pool)
+            .await?;
+        swap(pool, &shape, &history, until).await
     }
     .await;
     if swapped.is_err() {
@@ -420,8 +554,7 @@ pub async fn convert_to_partitions(pool: &PgPool, table: CleanupTable) -> Result
         let mut conn = pool.acquire().await?;
         let _ = with_lock_timeout(
             &mut conn,
-            "ALTER TABLE IF EXISTS processed_event \
-             DROP CONSTRAINT IF EXISTS processed_event_before_partitions",
+            &format!("ALTER TABLE IF EXISTS {parent} DROP CONSTRAINT IF EXISTS {bound}"),
         )
         .await;
     }
@@ -430,24 +563,44 @@ pub async fn convert_to_partitions(pool: &PgPool, table: CleanupTable) -> Result
 
 /// Step 3 of [`convert_to_partitions`]: the old table becomes the first partition of a new
 /// partitioned one.
-async fn swap(pool: &PgPool, history: &str, until: DateTime<Utc>) -> Result<Conversion> {
+async fn swap(
+    pool: &PgPool,
+    shape: &Shape,
+    history: &str,
+    until: DateTime<Utc>,
+) -> Result<Conversion> {
+    let Shape {
+        name: parent,
+        key,
+        column,
+        indexes,
+    } = shape;
     // 3. The swap. The new table takes the old one's columns and defaults (one definition:
-    // the migrations').
-    let swap = format!(
+    // the migrations'); its indexes are made before the attach, which then takes the old
+    // table's matching ones as their partitions.
+    let mut swap = format!(
         "SET LOCAL lock_timeout = '{CONVERT_LOCK_TIMEOUT}';
-         LOCK TABLE processed_event IN ACCESS EXCLUSIVE MODE;
-         ALTER TABLE processed_event RENAME TO {history};
-         ALTER TABLE {history} DROP CONSTRAINT processed_event_pkey;
+         LOCK TABLE {parent} IN ACCESS EXCLUSIVE MODE;
+         ALTER TABLE {parent} RENAME TO {history};
+         ALTER TABLE {history} DROP CONSTRAINT {parent}_pkey;
          ALTER TABLE {history} ADD CONSTRAINT {history}_pkey
-             PRIMARY KEY USING INDEX processed_event_partition_key;
-         CREATE TABLE processed_event (
+             PRIMARY KEY USING INDEX {parent}_partition_key;
+         CREATE TABLE {parent} (
              LIKE {history} INCLUDING DEFAULTS,
-             PRIMARY KEY (event_id, handler, processed_at)
-         ) PARTITION BY RANGE (processed_at);
-         ALTER TABLE processed_event ATTACH PARTITION {history}
+             PRIMARY KEY ({key})
+         ) PARTITION BY RANGE ({column});"
+    );
+    for (i, (index, definition)) in indexes.iter().enumerate() {
+        swap.push_str(&format!(
+            "ALTER INDEX {index} RENAME TO {history}_{i};
+             CREATE INDEX {index} ON {parent} {definition};"
+        ));
+    }
+    swap.push_str(&format!(
+        "ALTER TABLE {parent} ATTACH PARTITION {history}
              FOR VALUES FROM (MINVALUE) TO ('{}');",
         until.to_rfc3339()
-    );
+    ));
     let mut attempt = 0;
     loop {
         attempt += 1;
@@ -456,11 +609,12 @@ async fn swap(pool: &PgPool, history: &str, until: DateTime<Utc>) -> Result<Conv
         match swapped {
             Ok(_) => {
                 let created: i32 =
-                    sqlx::query_scalar("SELECT outbox_create_partitions('processed_event')")
+                    sqlx::query_scalar("SELECT outbox_create_partitions(to_regclass($1))")
+                        .bind(*parent)
                         .fetch_one(&mut *tx)
                         .await?;
                 tx.commit().await?;
-                tracing::info!(%history, %until, created, "processed_event is partitioned now");
+                tracing::info!(table = parent, %history, %until, created, "the table is partitioned now");
                 return Ok(Conversion::Converted {
                     history: history.to_owned(),
                     history_until: until,
@@ -470,8 +624,9 @@ async fn swap(pool: &PgPool, history: &str, until: DateTime<Utc>) -> Result<Conv
             Err(e) if attempt < 5 && lock_timed_out(&e) => {
                 drop(tx);
                 tracing::info!(
+                    table = parent,
                     attempt,
-                    "converting processed_event: its lock is busy; trying again"
+                    "converting to partitions: the table's lock is busy; trying again"
                 );
                 tokio::time::sleep(Duration::from_secs(attempt)).await;
             }

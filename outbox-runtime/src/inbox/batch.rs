@@ -351,15 +351,7 @@ async fn begin(
         .collect();
     if !sources.is_empty() {
         let sources: Vec<String> = sources.into_iter().collect();
-        sqlx::query(
-            "SELECT count(pg_advisory_xact_lock($1, h)) \
-             FROM (SELECT DISTINCT hashtext(current_schema() || k) AS h \
-                   FROM unnest($2::text[]) AS k ORDER BY 1) AS s",
-        )
-        .bind(SOURCE_LOCK)
-        .bind(&sources)
-        .execute(&mut *tx)
-        .await?;
+        super::shared::lock_sources(&mut tx, SOURCE_LOCK, &sources).await?;
     }
     Ok(tx)
 }

@@ -76,15 +76,16 @@ impl Consumer {
         consumer.subscribe(&topics)?;
         // Say now, not at the first failure, if a retry or dead-letter topic is missing.
         let checking = tokio::spawn(topics::watch(Arc::clone(shared), cancel.child_token()));
-        // Dedup records go to time partitions: keep them created ahead, also where no relay
-        // runs retention.
-        let partitions = (settings.mode == Mode::Dedup).then(|| {
-            tokio::spawn(crate::admin::partitions::keep_ahead(
-                shared.pool.clone(),
-                crate::admin::CleanupTable::ProcessedEvent,
-                cancel.child_token(),
-            ))
-        });
+        // Dedup records and inbox rows go to time partitions: keep them created ahead, also
+        // where no relay runs retention.
+        let partitions = tokio::spawn(crate::admin::partitions::keep_ahead(
+            shared.pool.clone(),
+            match settings.mode {
+                Mode::Dedup => crate::admin::CleanupTable::ProcessedEvent,
+                Mode::Inbox => crate::admin::CleanupTable::Inbox,
+            },
+            cancel.child_token(),
+        ));
         let processors: Vec<_> = match settings.mode {
             Mode::Dedup => Vec::new(),
             Mode::Inbox => (0..settings.processors)
@@ -101,9 +102,7 @@ impl Consumer {
         }
         cancel.cancel();
         checking.abort();
-        if let Some(partitions) = partitions {
-            partitions.abort();
-        }
+        partitions.abort();
         for p in processors {
             p.await.map_err(|source| Error::Task {
                 task: "the inbox processor supervisor",

@@ -153,20 +153,9 @@ async fn handle(
             }
             Err(e) => {
                 failures += 1;
-                if crate::admin::partitions::is_missing_partition(&e) {
-                    // Nothing created the partitions ahead (no relay with retention, a
-                    // consumer stopped for days): create them, then try again.
-                    tracing::warn!(error = %crate::error_chain(&e), "no processed_event partition for now; creating partitions");
-                    let table = crate::admin::CleanupTable::ProcessedEvent;
-                    if let Err(e) = crate::admin::create_partitions(&shared.pool, table).await {
-                        tracing::warn!(error = %crate::error_chain(&e), "cannot create partitions");
-                    }
-                } else {
-                    tracing::warn!(error = %crate::error_chain(&e), "consumer cannot reach the database; retrying");
-                }
-                tokio::select! {
-                    () = cancel.cancelled() => return None,
-                    () = tokio::time::sleep(shared.settings.outage_backoff(failures)) => {}
+                let table = crate::admin::CleanupTable::ProcessedEvent;
+                if !shared.wait_out(&e, table, failures, cancel).await {
+                    return None;
                 }
             }
         }

@@ -48,16 +48,16 @@ pub(crate) async fn consume(
         }
         let mut failures = 0;
         let received = loop {
-            match store::receive(&shared.pool, &rows).await {
+            let e = match store::receive(&shared.pool, &rows).await {
                 Ok(received) => break received,
-                Err(e) => {
-                    failures += 1;
-                    tracing::warn!(error = %crate::error_chain(&e), "cannot store received messages; retrying");
-                    tokio::select! {
-                        () = cancel.cancelled() => return Ok(()),
-                        () = tokio::time::sleep(settings.outage_backoff(failures)) => {}
-                    }
-                }
+                Err(e) => e,
+            };
+            failures += 1;
+            if !shared
+                .wait_out(&e, crate::admin::CleanupTable::Inbox, failures, cancel)
+                .await
+            {
+                return Ok(());
             }
         };
         metrics::counter!("outbox_inbox_received_total").increment(received.new);

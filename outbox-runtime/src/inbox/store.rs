@@ -62,10 +62,32 @@ pub(crate) async fn receive(pool: &PgPool, rows: &[InboxRow<'_>]) -> Result<Rece
     }
 }
 
+/// First key of the advisory locks [`insert`] takes ("INBX").
+const RECEIPT_LOCK: i32 = 0x494E_4258;
+
+/// Stores the rows no partition holds yet, in one transaction at READ COMMITTED (whatever the
+/// role's default) that first takes a transaction-scoped advisory lock per source topic and
+/// partition (in one order, so two receipts never deadlock). What keeps an event stored once
+/// when `inbox_event` is partitioned (its key then holds `received_at`, so two rows of one
+/// event would not conflict): the same message in two consumers at once (one the group
+/// replaced, finishing its batch) takes the same lock, so the second waits for the first to
+/// end, and its insert, a statement that starts after that, sees the first's row in whichever
+/// partition and skips it. On an unpartitioned table the key does it too. A row cannot have
+/// been received after the statement began: the probe leaves out the partitions ahead (an
+/// hour's margin for a clock set back).
 async fn insert(pool: &PgPool, rows: &[InboxRow<'_>]) -> std::result::Result<u64, sqlx::Error> {
     if rows.is_empty() {
         return Ok(0);
     }
+    let sources: std::collections::BTreeSet<String> = rows
+        .iter()
+        .map(|r| format!("{}\u{1f}{}", r.topic, r.partition))
+        .collect();
+    let sources: Vec<String> = sources.into_iter().collect();
+    let mut tx = pool
+        .begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
+        .await?;
+    super::shared::lock_sources(&mut tx, RECEIPT_LOCK, &sources).await?;
     let ids: Vec<Uuid> = rows.iter().map(|r| r.event_id).collect();
     let topics: Vec<&str> = rows.iter().map(|r| r.topic).collect();
     let types: Vec<&str> = rows.iter().map(|r| r.event_type.as_str()).collect();
@@ -87,8 +109,10 @@ async fn insert(pool: &PgPool, rows: &[InboxRow<'_>]) -> std::result::Result<u64
              $7::int4[], $8::int8[], $9::int8[]) \
              WITH ORDINALITY AS r(id, topic, event_type, partition_key, payload, headers, part, \
                  off, version, n) \
+         WHERE NOT EXISTS (SELECT 1 FROM inbox_event i WHERE i.event_id = r.id \
+             AND i.received_at <= statement_timestamp() + interval '1 hour') \
          ORDER BY r.n \
-         ON CONFLICT (event_id) DO NOTHING",
+         ON CONFLICT DO NOTHING",
     )
     .bind(&ids)
     .bind(&topics)
@@ -99,8 +123,9 @@ async fn insert(pool: &PgPool, rows: &[InboxRow<'_>]) -> std::result::Result<u64
     .bind(&partitions)
     .bind(&offsets)
     .bind(&versions)
-    .execute(pool)
+    .execute(&mut *tx)
     .await?;
+    tx.commit().await?;
     Ok(result.rows_affected())
 }
 

@@ -66,8 +66,9 @@ impl RetentionRuns {
 
     /// Runs it once (unless another instance of any relay on the database is running it) and
     /// reports it: a log line with what it deleted, `outbox_retention_deleted_total{table}`,
-    /// `outbox_partitions_dropped_total{table}` and `outbox_partitions_created_total{table}`,
-    /// or a warning with the error.
+    /// `outbox_partitions_dropped_total{table}`, `outbox_partitions_created_total{table}`
+    /// (counted where they are created) and `outbox_partitions_kept` (partitions past the
+    /// window kept for an unprocessed or dead inbox row), or a warning with the error.
     pub(super) async fn run(&self, pool: &PgPool) {
         match self.retention.run_once(pool).await {
             Ok(Some(report)) => {
@@ -79,16 +80,22 @@ impl RetentionRuns {
                     metrics::counter!("outbox_retention_deleted_total", "table" => table)
                         .increment(n);
                 }
-                metrics::counter!("outbox_partitions_dropped_total", "table" => "processed_event")
-                    .increment(report.processed_event_partitions_dropped);
-                metrics::counter!("outbox_partitions_created_total", "table" => "processed_event")
-                    .increment(report.partitions_created);
+                for (table, n) in [
+                    ("inbox_event", report.inbox_partitions_dropped),
+                    ("processed_event", report.processed_event_partitions_dropped),
+                ] {
+                    metrics::counter!("outbox_partitions_dropped_total", "table" => table)
+                        .increment(n);
+                }
+                metrics::gauge!("outbox_partitions_kept").set(report.partitions_kept as f64);
                 tracing::info!(
                     outbox = report.outbox,
                     inbox = report.inbox,
                     processed_event = report.processed_event,
+                    inbox_partitions_dropped = report.inbox_partitions_dropped,
                     processed_event_partitions_dropped = report.processed_event_partitions_dropped,
                     partitions_created = report.partitions_created,
+                    partitions_kept = report.partitions_kept,
                     "outbox retention: deleted the rows past the retention"
                 );
             }

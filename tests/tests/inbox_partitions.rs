@@ -1,0 +1,342 @@
+//! `inbox_event` in time partitions (opt-in: `convert_to_partitions`): an event is stored once
+//! across a partition boundary (a redelivery after its first receipt's partition rolled over),
+//! a consumer creates the partition it finds missing, retention drops a partition only once
+//! every row in it is processed (one with an unprocessed or a dead row is kept and reported),
+//! and an installation from before converts while a consumer runs.
+
+use std::time::Duration;
+
+use outbox_runtime::admin::{self, CleanupTable, Conversion, HealthThresholds, Retention};
+use outbox_runtime::inbox::{Consumer, Mode};
+use outbox_tests::fixtures::{self, PAYMENTS};
+use outbox_tests::kafka::{committed_total, produce, Kafka};
+use outbox_tests::payments::{
+    builder, orders_with_payments, orders_with_special_payments, paid_counts, records, setup,
+    wait_for, PARTITIONS,
+};
+use outbox_tests::{count, Running, TestDb};
+use sqlx::PgPool;
+
+fn inbox_consumer(db: &TestDb, kafka: &Kafka) -> Consumer {
+    builder(db, kafka, "orders")
+        .handler(fixtures::mark_order_paid)
+        .mode(Mode::Inbox)
+        .poll_interval(Duration::from_millis(20))
+        .build()
+        .unwrap()
+}
+
+/// Waits until `n` messages were consumed and committed, and the inbox holds `processed`
+/// processed rows.
+async fn settled(db: &TestDb, kafka: &Kafka, n: i64, processed: i64) {
+    wait_for(
+        "every message consumed and its row processed",
+        Duration::from_secs(60),
+        || async {
+            committed_total(&kafka.bootstrap(), "orders", PAYMENTS, PARTITIONS) == n
+                && count(&db.pool, "SELECT count(*) FROM inbox_event WHERE processed").await
+                    == processed
+        },
+    )
+    .await;
+}
+
+/// Converts the (empty) inbox of a new installation to partitions.
+async fn partitioned(pool: &PgPool) {
+    let conversion = admin::convert_to_partitions(pool, CleanupTable::Inbox)
+        .await
+        .unwrap();
+    assert!(
+        matches!(conversion, Conversion::Converted { .. }),
+        "{conversion:?}"
+    );
+}
+
+/// The partitions (their tables' names) that hold the inbox's rows.
+async fn holding(pool: &PgPool) -> Vec<String> {
+    sqlx::query_scalar("SELECT DISTINCT tableoid::regclass::text FROM inbox_event ORDER BY 1")
+        .fetch_all(pool)
+        .await
+        .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redelivery_after_its_first_receipts_inbox_partition_rolled_over_is_stored_once() {
+    let (db, kafka) = setup().await;
+    partitioned(&db.pool).await;
+    fixtures::partitions_since(&db.pool, "inbox_event", 3).await;
+    let payments = orders_with_payments(&db.pool, 100).await;
+    produce(&kafka.bootstrap(), PAYMENTS, &records(&payments)).await;
+    let running = Running::consumer(&inbox_consumer(&db, &kafka));
+    settled(&db, &kafka, 100, 100).await;
+    let today = holding(&db.pool).await;
+    assert_eq!(today.len(), 1, "{today:?}");
+
+    // The first receipts' partition rolls over: their rows are in yesterday's partition now,
+    // and today's (where a redelivery's row goes) holds none of them.
+    sqlx::query("UPDATE inbox_event SET received_at = received_at - interval '1 day'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let yesterday = holding(&db.pool).await;
+    assert_eq!(yesterday.len(), 1);
+    assert_ne!(yesterday, today);
+
+    // Everything delivered again.
+    produce(&kafka.bootstrap(), PAYMENTS, &records(&payments)).await;
+    settled(&db, &kafka, 200, 100).await;
+    running.stop().await;
+    assert_eq!(
+        paid_counts(&db.pool).await,
+        vec![1; 100],
+        "each payment applied once"
+    );
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM inbox_event").await,
+        100
+    );
+    assert_eq!(holding(&db.pool).await, yesterday);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_creates_the_inbox_partition_it_finds_missing() {
+    let (db, kafka) = setup().await;
+    partitioned(&db.pool).await;
+    let payments = orders_with_payments(&db.pool, 200).await;
+    let running = Running::consumer(&inbox_consumer(&db, &kafka));
+    produce(&kafka.bootstrap(), PAYMENTS, &records(&payments[..100])).await;
+    settled(&db, &kafka, 100, 100).await;
+    // Every partition goes (nothing created them for days, say): receipts find none.
+    fixtures::drop_partitions_of(&db.pool, "inbox_event", "true").await;
+    produce(&kafka.bootstrap(), PAYMENTS, &records(&payments[100..])).await;
+    settled(&db, &kafka, 200, 100).await;
+    running.stop().await;
+    assert_eq!(paid_counts(&db.pool).await, vec![1; 200]);
+    let layout = admin::partitions(&db.pool, CleanupTable::Inbox)
+        .await
+        .unwrap()
+        .unwrap();
+    assert!(layout.partitions.len() >= 4, "{layout:#?}");
+}
+
+/// The `partition_not_dropped` warnings `outbox status` shows.
+async fn not_dropped(pool: &PgPool) -> Vec<String> {
+    let health = admin::health(pool, &HealthThresholds::default())
+        .await
+        .unwrap();
+    health
+        .warnings
+        .iter()
+        .filter(|w| w.kind() == admin::WarningKind::PartitionNotDropped)
+        .map(ToString::to_string)
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_drops_an_inbox_partition_only_once_every_row_in_it_is_processed() {
+    let db = TestDb::new().await;
+    partitioned(&db.pool).await;
+    // An installation 6 days old, with 100 processed rows a day in each past partition, an
+    // unprocessed row 4 days old (waiting for a retry a day away) and a dead row 3 days old.
+    fixtures::partitions_since(&db.pool, "inbox_event", 6).await;
+    sqlx::raw_sql(
+        "INSERT INTO inbox_event (event_id, received_at, payload, processed, processed_at) \
+         SELECT gen_random_uuid(), now() - make_interval(days => d), '{}', true, \
+                now() - make_interval(days => d) \
+         FROM generate_series(1, 5) AS d, generate_series(1, 100); \
+         INSERT INTO inbox_event (event_id, received_at, payload, attempts, next_attempt_at) \
+         VALUES (gen_random_uuid(), now() - interval '4 days', '{}', 1, now() + interval '1 day'); \
+         INSERT INTO inbox_event (event_id, received_at, payload, attempts, last_error, dead_at) \
+         VALUES (gen_random_uuid(), now() - interval '3 days', '{}', 5, 'boom', now())",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let of = |days: i32| {
+        let pool = db.pool.clone();
+        async move {
+            sqlx::query_scalar::<_, String>(
+                "SELECT DISTINCT tableoid::regclass::text FROM inbox_event \
+                 WHERE received_at::date = (now() - make_interval(days => $1))::date",
+            )
+            .bind(days)
+            .fetch_one(&pool)
+            .await
+            .unwrap()
+        }
+    };
+    let (four, three) = (of(4).await, of(3).await);
+
+    // A 2-day window: the partitions that end before it are the first one and those of 6 to 3
+    // days ago; those of 4 and 3 days ago hold a row that is not processed.
+    let retention = Retention::new(Duration::from_secs(86_400))
+        .dedup_older_than(Duration::from_secs(2 * 86_400));
+    let report = retention.run_once(&db.pool).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            report.inbox_partitions_dropped,
+            report.inbox,
+            report.partitions_kept
+        ),
+        (3, 100, 2),
+        "{report:?}"
+    );
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM inbox_event").await,
+        400 + 2
+    );
+    let kept = not_dropped(&db.pool).await;
+    assert_eq!(kept.len(), 2, "{kept:#?}");
+    assert!(
+        kept[0].contains(&four) && kept[0].contains("1 unprocessed row"),
+        "{kept:#?}"
+    );
+    assert!(
+        kept[1].contains(&three) && kept[1].contains("1 dead row"),
+        "{kept:#?}"
+    );
+
+    // Once its row is processed, the older one goes; the dead one stays until an operator
+    // deals with it.
+    sqlx::query("UPDATE inbox_event SET processed = true, processed_at = now() WHERE attempts = 1")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let report = retention.run_once(&db.pool).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            report.inbox_partitions_dropped,
+            report.inbox,
+            report.partitions_kept
+        ),
+        (1, 101, 1),
+        "{report:?}"
+    );
+    let kept = not_dropped(&db.pool).await;
+    assert_eq!(kept.len(), 1, "{kept:#?}");
+    assert!(kept[0].contains(&three), "{kept:#?}");
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT count(*) FROM inbox_event WHERE dead_at IS NOT NULL"
+        )
+        .await,
+        1,
+        "the dead row is kept"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_plain_inbox_converts_while_a_consumer_runs_losing_nothing() {
+    // An installation from before partitions (which has rows in its plain tables).
+    let db = TestDb::before_partitions().await;
+    fixtures::create_orders(&db.pool).await;
+    let kafka = Kafka::mock();
+    kafka.create_topic(PAYMENTS, PARTITIONS).await;
+    kafka.create_topic(&format!("{PAYMENTS}.dlq"), 1).await;
+    let kind: String = sqlx::query_scalar(
+        "SELECT relkind::text FROM pg_class WHERE oid = 'inbox_event'::regclass",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(kind, "r");
+    // Some payments fail for good: their rows are dead, and stay through the conversion.
+    let payments = orders_with_special_payments(&db.pool, 1_500, |i| i % 100 == 0, -1).await;
+    let running = Running::consumer(&inbox_consumer(&db, &kafka));
+    produce(&kafka.bootstrap(), PAYMENTS, &records(&payments[..500])).await;
+    settled(&db, &kafka, 500, 495).await;
+    // The next 500 arrive while the table converts.
+    let producing = {
+        let (bootstrap, wave) = (kafka.bootstrap(), records(&payments[500..1_000]));
+        tokio::spawn(async move { produce(&bootstrap, PAYMENTS, &wave).await })
+    };
+    let conversion = admin::convert_to_partitions(&db.pool, CleanupTable::Inbox)
+        .await
+        .unwrap();
+    producing.await.unwrap();
+    let Conversion::Converted { history, .. } = &conversion else {
+        panic!("{conversion:?}");
+    };
+    assert_eq!(history, "inbox_event_history");
+    // Then the last 500, and the first 500 again: redeliveries of events stored before the
+    // conversion, whose rows stayed in the old table, now the first partition.
+    produce(&kafka.bootstrap(), PAYMENTS, &records(&payments[1_000..])).await;
+    produce(&kafka.bootstrap(), PAYMENTS, &records(&payments[..500])).await;
+    settled(&db, &kafka, 2_000, 1_485).await;
+    running.stop().await;
+
+    let paid = paid_counts(&db.pool).await;
+    assert_eq!(paid.iter().filter(|&&p| p == 1).count(), 1_485);
+    assert!(paid.iter().all(|&p| p <= 1), "each payment applied once");
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM inbox_event").await,
+        1_500
+    );
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT count(*) FROM inbox_event WHERE dead_at IS NOT NULL"
+        )
+        .await,
+        15
+    );
+    let kind: String = sqlx::query_scalar(
+        "SELECT relkind::text FROM pg_class WHERE oid = 'inbox_event'::regclass",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(kind, "p");
+    assert_eq!(
+        admin::convert_to_partitions(&db.pool, CleanupTable::Inbox)
+            .await
+            .unwrap(),
+        Conversion::AlreadyPartitioned
+    );
+    let layout = admin::partitions(&db.pool, CleanupTable::Inbox)
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(layout.partitions[0].name, "inbox_event_history");
+    let now: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert!(
+        layout.partitions[0].to.unwrap() >= now + chrono::Duration::days(1),
+        "{layout:#?}"
+    );
+    // The partitions after it have the queue's autovacuum settings, as the old table had.
+    let options: Vec<Option<Vec<String>>> = sqlx::query_scalar(
+        "SELECT c.reloptions::text[] FROM outbox_partitions('inbox_event') p \
+         JOIN pg_class c ON c.oid = p.partition",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert!(options.len() >= 3, "{options:?}");
+    for o in &options {
+        let o = o.as_deref().unwrap_or_default();
+        assert!(
+            o.iter().any(|x| x == "autovacuum_vacuum_threshold=5000"),
+            "{options:?}"
+        );
+    }
+    // The partitioned table's indexes, each with the old table's as its first partition's.
+    let indexes: Vec<String> = sqlx::query_scalar(
+        "SELECT c.relname::text FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid \
+         WHERE i.indrelid = 'inbox_event'::regclass ORDER BY 1",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        indexes,
+        [
+            "inbox_event_pkey",
+            "ix_inbox_event_dead",
+            "ix_inbox_event_unprocessed"
+        ]
+    );
+}
