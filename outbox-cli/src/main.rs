@@ -458,7 +458,7 @@ enum ParkedAction {
 
 #[derive(Debug, Subcommand)]
 enum InboxAction {
-    /// Dead inbox rows: list, retry
+    /// Dead inbox rows: list, retry, discard
     Dead {
         #[command(subcommand)]
         action: DeadAction,
@@ -471,6 +471,9 @@ enum DeadAction {
     List(List),
     /// Revive dead rows: the inbox processors handle them again, attempts reset
     Retry(Act),
+    /// Settle dead rows without handling them: they stay as processed dedup records (a
+    /// redelivery is not handled either), and retention removes them in time
+    Discard(Act),
 }
 
 /// Installs the log subscriber: RUST_LOG's filter (`default` when it is not set), lines on

@@ -178,12 +178,14 @@ async fn retention_drops_an_inbox_partition_only_once_every_row_in_it_is_process
             report.inbox,
             report.partitions_kept
         ),
-        (3, 100, 2),
+        (3, 100 + 200, 2),
         "{report:?}"
     );
+    // The kept ones lost their processed rows past the window meanwhile, as a plain table
+    // would: one dead row does not keep a day of records.
     assert_eq!(
         count(&db.pool, "SELECT count(*) FROM inbox_event").await,
-        400 + 2
+        200 + 2
     );
     let kept = not_dropped(&db.pool).await;
     assert_eq!(kept.len(), 2, "{kept:#?}");
@@ -196,8 +198,8 @@ async fn retention_drops_an_inbox_partition_only_once_every_row_in_it_is_process
         "{kept:#?}"
     );
 
-    // Once its row is processed, the older one goes; the dead one stays until an operator
-    // deals with it.
+    // Its row processed now: the partition waits until that record is past the window too
+    // (a replay of the event must not be handled again), unreported.
     sqlx::query("UPDATE inbox_event SET processed = true, processed_at = now() WHERE attempts = 1")
         .execute(&db.pool)
         .await
@@ -209,12 +211,65 @@ async fn retention_drops_an_inbox_partition_only_once_every_row_in_it_is_process
             report.inbox,
             report.partitions_kept
         ),
-        (1, 101, 1),
+        (0, 0, 1),
         "{report:?}"
     );
     let kept = not_dropped(&db.pool).await;
     assert_eq!(kept.len(), 1, "{kept:#?}");
     assert!(kept[0].contains(&three), "{kept:#?}");
+    // Three days later (by its record), it goes.
+    sqlx::query(
+        "UPDATE inbox_event SET processed_at = now() - interval '3 days' WHERE attempts = 1",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let report = retention.run_once(&db.pool).await.unwrap().unwrap();
+    assert_eq!(
+        (
+            report.inbox_partitions_dropped,
+            report.inbox,
+            report.partitions_kept
+        ),
+        (1, 1, 1),
+        "{report:?}"
+    );
+
+    // The dead row's partition, its drop interrupted (a reader outlasted the detach): the
+    // next run finishes the detach, finds the dead row, and attaches the partition back.
+    let mut reader = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT count(*) FROM inbox_event")
+        .execute(&mut *reader)
+        .await
+        .unwrap();
+    let mut conn = db.pool.acquire().await.unwrap();
+    sqlx::query("SET statement_timeout = '1s'")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let interrupted = sqlx::query(&format!(
+        "ALTER TABLE inbox_event DETACH PARTITION {three} CONCURRENTLY"
+    ))
+    .execute(&mut *conn)
+    .await;
+    assert!(interrupted.is_err(), "the detach waits for the reader");
+    drop(conn);
+    reader.rollback().await.unwrap();
+    let report = retention.run_once(&db.pool).await.unwrap().unwrap();
+    assert_eq!(
+        (report.inbox_partitions_dropped, report.partitions_kept),
+        (0, 1),
+        "{report:?}"
+    );
+    let attached: bool = sqlx::query_scalar(
+        "SELECT NOT detach_pending FROM outbox_partitions('inbox_event') \
+         WHERE partition::text = $1",
+    )
+    .bind(&three)
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert!(attached, "{three} attached back");
     assert_eq!(
         count(
             &db.pool,
@@ -222,8 +277,26 @@ async fn retention_drops_an_inbox_partition_only_once_every_row_in_it_is_process
         )
         .await,
         1,
-        "the dead row is kept"
+        "the dead row is kept, and seen"
     );
+
+    // Discarded by an operator, the dead row settles as a record; its partition goes once
+    // that record is past the window.
+    let filter = admin::PoisonFilter::all();
+    assert_eq!(admin::discard_dead(&db.pool, &filter).await.unwrap(), 1);
+    sqlx::query(
+        "UPDATE inbox_event SET processed_at = now() - interval '3 days' WHERE attempts = 5",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let report = retention.run_once(&db.pool).await.unwrap().unwrap();
+    assert_eq!(
+        (report.inbox_partitions_dropped, report.partitions_kept),
+        (1, 0),
+        "{report:?}"
+    );
+    assert!(not_dropped(&db.pool).await.is_empty());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

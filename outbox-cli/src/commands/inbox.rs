@@ -1,4 +1,4 @@
-//! `outbox inbox dead list | retry`: inbox rows whose handlers failed for good.
+//! `outbox inbox dead list | retry | discard`: inbox rows whose handlers failed for good.
 
 use outbox_runtime::admin::{self, PoisonFilter};
 
@@ -46,38 +46,50 @@ async fn dead(action: DeadAction) -> Result {
                 },
             )
         }
-        DeadAction::Retry(Act {
-            db,
-            select,
-            all,
-            yes,
-        }) => {
-            require_selection(&select, all)?;
-            let pool = connect_migrated(&db, 2).await?;
-            let rows = admin::list_dead(&pool, &filter_of(&select, false, None)?)
-                .await
-                .map_err(chain)?;
-            if rows.is_empty() {
-                out!("no dead inbox rows match; nothing changed");
-                return Ok(());
-            }
-            print_breakdown(
-                rows.iter()
-                    .map(|r| (r.topic.as_str(), r.event_type.as_str())),
-            );
-            ui::confirm(
-                &format!(
-                    "retry {} dead inbox rows (their handlers run again)",
-                    rows.len()
-                ),
-                yes,
-            )?;
-            let exact = rows
-                .iter()
-                .fold(PoisonFilter::all(), |f, r| f.event_id(r.event_id));
-            let n = admin::retry_dead(&pool, &exact).await.map_err(chain)?;
-            out!("revived {n} dead inbox rows; running inbox processors handle them now");
-            Ok(())
-        }
+        DeadAction::Retry(act) => act_on(act, true).await,
+        DeadAction::Discard(act) => act_on(act, false).await,
     }
+}
+
+/// Retries (`retry`) or discards the dead rows `act` selects, once the user confirmed the
+/// list.
+async fn act_on(act: Act, retry: bool) -> Result {
+    let Act {
+        db,
+        select,
+        all,
+        yes,
+    } = act;
+    require_selection(&select, all)?;
+    let pool = connect_migrated(&db, 2).await?;
+    let rows = admin::list_dead(&pool, &filter_of(&select, false, None)?)
+        .await
+        .map_err(chain)?;
+    if rows.is_empty() {
+        out!("no dead inbox rows match; nothing changed");
+        return Ok(());
+    }
+    print_breakdown(
+        rows.iter()
+            .map(|r| (r.topic.as_str(), r.event_type.as_str())),
+    );
+    let n = rows.len();
+    let question = if retry {
+        format!("retry {n} dead inbox rows (their handlers run again)")
+    } else {
+        format!("discard {n} dead inbox rows (their handlers never run; a redelivery is not handled either)")
+    };
+    ui::confirm(&question, yes)?;
+    // Exactly the rows listed to the user, even if more died meanwhile.
+    let exact = rows
+        .iter()
+        .fold(PoisonFilter::all(), |f, r| f.event_id(r.event_id));
+    if retry {
+        let n = admin::retry_dead(&pool, &exact).await.map_err(chain)?;
+        out!("revived {n} dead inbox rows; running inbox processors handle them now");
+    } else {
+        let n = admin::discard_dead(&pool, &exact).await.map_err(chain)?;
+        out!("discarded {n} dead inbox rows");
+    }
+    Ok(())
 }

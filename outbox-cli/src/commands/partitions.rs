@@ -65,8 +65,19 @@ pub async fn run(action: PartitionsAction) -> Result {
             }
             ui::confirm(
                 &format!(
-                    "convert {name} to partitions in place (consumers of an older version \
-                     must be stopped: they do not deduplicate against the partitioned table)"
+                    "convert {name} to partitions in place (consumers{} of an older version \
+                     must be stopped first: {})",
+                    if table == outbox_runtime::admin::CleanupTable::Inbox {
+                        ", relays with retention and cleanup jobs"
+                    } else {
+                        ""
+                    },
+                    if table == outbox_runtime::admin::CleanupTable::Inbox {
+                        "older consumers cannot insert into the partitioned inbox, older \
+                         retention drops its partitions without checking their rows"
+                    } else {
+                        "they do not deduplicate against the partitioned table"
+                    }
                 ),
                 yes,
             )?;

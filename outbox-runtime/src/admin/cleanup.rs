@@ -136,16 +136,20 @@ impl Cleanup {
                 .iter()
                 .filter(|p| p.to.is_some_and(|to| to <= cutoff))
             {
-                if partitions::kept_because(&self.pool, table, &p.name)
+                // A partition kept loses only its rows processed before the cut-off.
+                let kept = partitions::kept_because(&self.pool, table, &p.name, cutoff)
                     .await?
-                    .is_some()
-                {
-                    continue;
-                }
+                    .is_some();
+                let which = if kept {
+                    "WHERE processed AND processed_at < $1"
+                } else {
+                    "WHERE $1 IS NOT NULL"
+                };
                 let n: i64 = sqlx::query_scalar(&format!(
-                    "SELECT count(*) FROM {}",
+                    "SELECT count(*) FROM {} {which}",
                     partitions::quote(&p.name)
                 ))
+                .bind(cutoff)
                 .fetch_one(&self.pool)
                 .await?;
                 rows += n.max(0) as u64;
@@ -167,12 +171,12 @@ impl Cleanup {
     /// Deletes the rows of `table` past `cutoff`, a batch per transaction, calling `progress`
     /// with the total so far after each batch. Returns how many rows it deleted.
     ///
-    /// A partitioned table (`processed_event` or `inbox_event` of a new or converted
-    /// installation) loses whole partitions instead: those that end at or before `cutoff`,
+    /// A partitioned table (`processed_event` of a new or converted installation, a converted
+    /// `inbox_event`) loses whole partitions instead: those that end at or before `cutoff`,
     /// detached concurrently and dropped, which leaves nothing for vacuum. Its rows are so kept
     /// up to one partition width longer than `cutoff` says. An `inbox_event` partition that
-    /// still holds an unprocessed or dead row is kept (and reported by `outbox status`) until
-    /// every row in it is processed.
+    /// still holds an unprocessed or dead row (reported by `outbox status`), or a row
+    /// processed after `cutoff`, is kept, and loses only its rows processed before `cutoff`.
     pub async fn run(
         &self,
         table: CleanupTable,
@@ -190,36 +194,25 @@ impl Cleanup {
         mut progress: impl FnMut(u64),
     ) -> Result<partitions::DroppedPartitions> {
         if let Some(layout) = partitions::partitions(&self.pool, table).await? {
-            let dropped = partitions::drop_partitions(&self.pool, layout, cutoff).await?;
+            let dropped =
+                partitions::drop_partitions(&self.pool, layout, cutoff, self.batch_size).await?;
             progress(dropped.rows);
             return Ok(dropped);
         }
-        // By ctid: a tid scan, whatever the table's key.
-        let sql = format!(
-            "DELETE FROM {table} WHERE ctid = ANY(ARRAY( \
-                 SELECT ctid FROM {table} WHERE {condition} ORDER BY {age} \
-                 LIMIT $2 FOR UPDATE SKIP LOCKED))",
-            table = table.table_name(),
-            condition = table.condition(),
-            age = table.age_column(),
-        );
-        let mut total = 0u64;
-        loop {
-            let deleted = sqlx::query(&sql)
-                .bind(cutoff)
-                .bind(self.batch_size)
-                .execute(&self.pool)
-                .await?
-                .rows_affected();
-            if deleted == 0 {
-                return Ok(partitions::DroppedPartitions {
-                    rows: total,
-                    ..Default::default()
-                });
-            }
-            total += deleted;
-            progress(total);
-        }
+        let rows = super::delete::delete_in_batches(
+            &self.pool,
+            table.table_name(),
+            table.condition(),
+            table.age_column(),
+            cutoff,
+            self.batch_size,
+            progress,
+        )
+        .await?;
+        Ok(partitions::DroppedPartitions {
+            rows,
+            ..Default::default()
+        })
     }
 }
 
@@ -395,18 +388,27 @@ impl Retention {
                     tracing::warn!(table = table.table_name(), error = %crate::error_chain(&e), "cannot create partitions ahead; the next run tries again");
                     0
                 });
+            #[cfg(feature = "kafka")]
             metrics::counter!("outbox_partitions_created_total", "table" => table.table_name())
                 .increment(u64::from(created));
             report.partitions_created += u64::from(created);
         }
+        // A table that fails (a detach that timed out, say) does not cost the others their
+        // run; the first error is returned once all were tried.
+        let mut failed = None;
         for table in CleanupTable::ALL {
             let cleanup = match table {
                 CleanupTable::Outbox => &outbox,
                 _ => &dedup,
             };
-            let removed = cleanup
-                .remove(table, cleanup.cutoff().await?, |_| {})
-                .await?;
+            let removed = match cleanup.remove(table, cleanup.cutoff().await?, |_| {}).await {
+                Ok(removed) => removed,
+                Err(e) => {
+                    tracing::warn!(table = table.table_name(), error = %crate::error_chain(&e), "retention failed for a table; the others go on");
+                    failed.get_or_insert(e);
+                    continue;
+                }
+            };
             report.partitions_kept += removed.kept.len() as u64;
             match table {
                 CleanupTable::Outbox => report.outbox = removed.rows,
@@ -420,6 +422,9 @@ impl Retention {
                 }
             }
         }
-        Ok(report)
+        match failed {
+            Some(e) => Err(e),
+            None => Ok(report),
+        }
     }
 }

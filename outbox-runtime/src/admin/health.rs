@@ -392,7 +392,7 @@ pub enum Warning {
     /// transaction that could see it outlasted the detach's minute), so it is neither attached
     /// nor gone (retention finishes it at its next run; `ALTER TABLE <table> DETACH PARTITION
     /// <partition> FINALIZE` does it now); or retention kept it, because it still holds an
-    /// unprocessed or dead inbox row (process or discard them: `outbox dead-letters`).
+    /// unprocessed or dead inbox row (dead rows: `outbox inbox dead retry` or `discard`).
     PartitionNotDropped {
         /// The table.
         table: String,

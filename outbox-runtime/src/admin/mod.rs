@@ -1,7 +1,7 @@
 //! Operations on the outbox and inbox tables, for operators and their tools (the `outbox` CLI
 //! is a thin layer over this module): backlog figures per topic ([`status`]), retention
 //! ([`Cleanup`]), the broker's topics ([`EnsureTopics`]), poison events (parked outbox rows and dead inbox rows: [`list_parked`],
-//! [`retry_parked`], [`drop_parked`], [`list_dead`], [`retry_dead`]), replay ([`Replay`]).
+//! [`retry_parked`], [`drop_parked`], [`list_dead`], [`retry_dead`], [`discard_dead`]), replay ([`Replay`]).
 //!
 //! Everything here works on the database alone, except [`replay`](crate::admin::Replay), which
 //! publishes (feature `kafka`). Every function is safe to run while relays and consumers run:
@@ -13,6 +13,7 @@
 //! CLI's commands: [`outbox-cli`'s README](https://github.com/outbox-rs/outbox/blob/main/outbox-cli/README.md).
 
 mod cleanup;
+mod delete;
 mod health;
 pub(crate) mod partitions;
 mod poison;
@@ -34,8 +35,8 @@ pub use partitions::{
     PartitionLayout,
 };
 pub use poison::{
-    drop_parked, list_dead, list_parked, retry_dead, retry_parked, DeadInboxEvent, ParkedEvent,
-    PoisonFilter,
+    discard_dead, drop_parked, list_dead, list_parked, retry_dead, retry_parked, DeadInboxEvent,
+    ParkedEvent, PoisonFilter,
 };
 #[cfg(feature = "kafka")]
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]

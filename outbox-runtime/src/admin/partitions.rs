@@ -1,13 +1,15 @@
 //! Time partitions: what a partitioned table holds, creating partitions ahead of time, dropping
 //! those past their retention, and converting an unpartitioned table in place.
 //!
-//! Today `processed_event` (by `processed_at`) and `inbox_event` (by `received_at`) are
-//! partitioned: new installations get them so, an existing one keeps its plain tables until
-//! [`convert_to_partitions`]. Its layout (partition
-//! width, how far ahead partitions exist) is a row of `outbox_partitioning`, which
-//! [`set_partitioning`] changes. The SQL functions `outbox_partitions` and
-//! `outbox_create_partitions` (migration `..._013_processed_event_partitions`) do the work, so an
-//! operator can call them from `psql` too.
+//! Today `processed_event` (by `processed_at`) and `inbox_event` (by `received_at`) can be
+//! partitioned: a new installation gets a partitioned `processed_event`, and an existing one
+//! keeps its plain table until [`convert_to_partitions`]; `inbox_event` is partitioned only by
+//! [`convert_to_partitions`] (opt-in in this version). A table's layout (partition width, how
+//! far ahead partitions exist, the new partitions' storage options) is a row of
+//! `outbox_partitioning`, which [`set_partitioning`] changes. The SQL functions
+//! `outbox_partitions` (migration `..._013_processed_event_partitions`) and
+//! `outbox_create_partitions` (`..._015_inbox_event_partitions`) do the work, so an operator
+//! can call them from `psql` too.
 
 use std::time::Duration;
 
@@ -234,117 +236,202 @@ pub(crate) fn is_missing_partition(error: &Error) -> bool {
 pub(crate) struct DroppedPartitions {
     /// The partitions dropped, by name.
     pub(crate) dropped: Vec<String>,
-    /// Their rows (counted before each was detached).
+    /// Their rows (counted before each was detached), and the rows deleted from partitions
+    /// kept.
     pub(crate) rows: u64,
-    /// The partitions past the cut-off kept, and why.
+    /// The partitions past the cut-off kept for rows an operator must see to, and why.
     pub(crate) kept: Vec<(String, String)>,
+    /// The partitions past the cut-off kept because some of their rows were processed within
+    /// the window (their dedup records still count): they go at a later run.
+    pub(crate) waiting: Vec<String>,
 }
 
-/// Why a partition of `table` must stay although it ended before the cut-off, if it must: an
-/// `inbox_event` partition with a row not processed yet (its processors have not come to it,
-/// or it waits for a retry) or dead (kept for an operator: `outbox dead-letters`). A
-/// `processed_event` partition holds dedup records only: none.
+/// Why a partition past the cut-off stays.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Kept {
+    /// It holds a row not processed yet (its processors have not come to it, or it waits for
+    /// a retry) or dead (an operator retries or discards it: `outbox inbox dead`): reported.
+    Unsettled(String),
+    /// Some of its rows were processed within the window (received long before: a retry, a
+    /// revived dead row): their records keep the dedup window's promise.
+    RecentlyProcessed,
+}
+
+/// Why a partition of `table` must stay although it ended before `cutoff`, if it must (see
+/// [`Kept`]): only an `inbox_event` partition can. A `processed_event` partition holds dedup
+/// records only, and its partition column is when they were recorded.
 pub(crate) async fn kept_because(
     pool: &PgPool,
     table: CleanupTable,
     partition: &str,
-) -> Result<Option<String>> {
+    cutoff: DateTime<Utc>,
+) -> Result<Option<Kept>> {
     if table != CleanupTable::Inbox {
         return Ok(None);
     }
-    let (unprocessed, dead): (i64, i64) = sqlx::query_as(&format!(
-        "SELECT count(*) FILTER (WHERE dead_at IS NULL), count(*) FILTER (WHERE dead_at IS NOT NULL) \
-         FROM {} WHERE NOT processed",
+    let (unprocessed, dead, recent): (i64, i64, bool) = sqlx::query_as(&format!(
+        "SELECT count(*) FILTER (WHERE NOT processed AND dead_at IS NULL), \
+                count(*) FILTER (WHERE NOT processed AND dead_at IS NOT NULL), \
+                coalesce(bool_or(processed AND processed_at >= $1), false) \
+         FROM {} WHERE NOT processed OR processed_at >= $1",
         quote(partition)
     ))
+    .bind(cutoff)
     .fetch_one(pool)
     .await?;
     let plural = |n: i64, what: &str| format!("{n} {what} row{}", if n == 1 { "" } else { "s" });
     Ok(match (unprocessed, dead) {
+        (0, 0) if recent => Some(Kept::RecentlyProcessed),
         (0, 0) => None,
-        (u, 0) => Some(format!("it holds {}", plural(u, "unprocessed"))),
-        (0, d) => Some(format!("it holds {}", plural(d, "dead"))),
-        (u, d) => Some(format!(
+        (u, 0) => Some(Kept::Unsettled(format!(
+            "it holds {}",
+            plural(u, "unprocessed")
+        ))),
+        (0, d) => Some(Kept::Unsettled(format!("it holds {}", plural(d, "dead")))),
+        (u, d) => Some(Kept::Unsettled(format!(
             "it holds {} and {}",
             plural(u, "unprocessed"),
             plural(d, "dead")
-        )),
+        ))),
     })
 }
 
 /// Drops the partitions of `layout`'s table that end at or before `cutoff`: each is detached
 /// concurrently (inserts and reads go on) and then dropped; an interrupted detach is finished
 /// first. A `processed_event` partition holds dedup records only, so it goes once it is past
-/// the window whatever it holds; an `inbox_event` partition only once every row in it is
-/// processed (one with an unprocessed or dead row is kept, and recorded with the reason in
-/// `outbox_partition_kept` for `outbox status`). A detached partition is checked again before
-/// it is dropped (a receipt whose transaction began before the detach could still write to
-/// it): with such a row, it is attached back.
+/// the window whatever it holds. An `inbox_event` partition goes only once every row in it is
+/// processed, and none within the window; one kept for an unprocessed or dead row is recorded
+/// with the reason in `outbox_partition_kept` for `outbox status`, and its rows processed
+/// before the cut-off are deleted meanwhile (as from a plain table), so that one dead row does
+/// not keep a day of records. A detached partition is checked again before it is dropped (a
+/// receipt whose transaction began before the detach could still have written to it): with
+/// such a row, it is attached back.
 pub(crate) async fn drop_partitions(
     pool: &PgPool,
     layout: PartitionLayout,
     cutoff: DateTime<Utc>,
+    batch_size: i64,
 ) -> Result<DroppedPartitions> {
     let mut report = DroppedPartitions::default();
     let table = layout.table;
     let parent = table.table_name();
-    for p in layout.partitions {
-        if p.to.is_none_or(|to| to > cutoff) {
-            continue;
-        }
-        if let Some(reason) = kept_because(pool, table, &p.name).await? {
-            report.kept.push((p.name, reason));
-            continue;
-        }
-        let rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}", quote(&p.name)))
-            .fetch_one(pool)
-            .await?;
-        // Not in a transaction (DETACH ... CONCURRENTLY refuses one). A detach waits for the
-        // transactions that may see the partition; it is bounded so that a long one only
-        // delays retention to its next run (the detach, pending then, is finished then).
-        let sql = if p.detach_pending {
-            format!(
-                "ALTER TABLE {parent} DETACH PARTITION {} FINALIZE",
-                quote(&p.name)
+    let result = async {
+        for p in layout.partitions {
+            if p.to.is_none_or(|to| to > cutoff) {
+                continue;
+            }
+            // An interrupted detach is finished first, whatever the partition holds: until
+            // then its rows are out of every reader's sight.
+            if !p.detach_pending {
+                if let Some(kept) = kept_because(pool, table, &p.name, cutoff).await? {
+                    report.rows += trim(pool, &p.name, cutoff, batch_size).await?;
+                    match kept {
+                        Kept::Unsettled(reason) => report.kept.push((p.name, reason)),
+                        Kept::RecentlyProcessed => report.waiting.push(p.name),
+                    }
+                    continue;
+                }
+            }
+            let rows: i64 =
+                sqlx::query_scalar(&format!("SELECT count(*) FROM {}", quote(&p.name)))
+                    .fetch_one(pool)
+                    .await?;
+            // Not in a transaction (DETACH ... CONCURRENTLY refuses one). A detach waits for
+            // the transactions that may see the partition; it is bounded so that a long one
+            // only delays retention to its next run (the detach, pending then, is finished
+            // then).
+            let how = if p.detach_pending {
+                "FINALIZE"
+            } else {
+                "CONCURRENTLY"
+            };
+            detach(
+                pool.clone(),
+                format!("ALTER TABLE {parent} DETACH PARTITION {} {how}", quote(&p.name)),
             )
-        } else {
-            format!(
-                "ALTER TABLE {parent} DETACH PARTITION {} CONCURRENTLY",
-                quote(&p.name)
-            )
-        };
-        detach(pool.clone(), sql).await?;
-        if let Some(reason) = kept_because(pool, table, &p.name).await? {
-            let from = p.from.map_or_else(
-                || "MINVALUE".to_owned(),
-                |f| format!("'{}'", f.to_rfc3339()),
-            );
-            let to = p.to.map_or_else(String::new, |t| t.to_rfc3339());
-            sqlx::raw_sql(&format!(
-                "ALTER TABLE {parent} ATTACH PARTITION {} FOR VALUES FROM ({from}) TO ('{to}')",
-                quote(&p.name)
-            ))
-            .execute(pool)
             .await?;
-            tracing::warn!(table = parent, partition = %p.name, %reason,
-                "a partition written to while it was detached is attached back");
-            report.kept.push((p.name, reason));
-            continue;
+            if let Some(kept) = kept_because(pool, table, &p.name, cutoff).await? {
+                let reason = match kept {
+                    Kept::Unsettled(reason) => reason,
+                    Kept::RecentlyProcessed => "it holds rows processed within the window".into(),
+                };
+                // Recorded first: if the attach fails, `outbox status` names the table.
+                record_one(
+                    pool,
+                    parent,
+                    &p.name,
+                    &format!("{reason}; it is detached, and was not attached back"),
+                )
+                .await?;
+                let from = p.from.map_or_else(
+                    || "MINVALUE".to_owned(),
+                    |f| format!("'{}'", f.to_rfc3339()),
+                );
+                let to = p.to.map_or_else(String::new, |t| t.to_rfc3339());
+                sqlx::raw_sql(&format!(
+                    "ALTER TABLE {parent} ATTACH PARTITION {} FOR VALUES FROM ({from}) TO ('{to}')",
+                    quote(&p.name)
+                ))
+                .execute(pool)
+                .await?;
+                tracing::warn!(table = parent, partition = %p.name, %reason,
+                    "a detached partition past retention holds rows to keep: attached back");
+                report.kept.push((p.name, reason));
+                continue;
+            }
+            sqlx::raw_sql(&format!("DROP TABLE {}", quote(&p.name)))
+                .execute(pool)
+                .await?;
+            tracing::info!(table = parent, partition = %p.name, rows, "dropped a partition past retention");
+            report.rows += rows.max(0) as u64;
+            report.dropped.push(p.name);
         }
-        sqlx::raw_sql(&format!("DROP TABLE {}", quote(&p.name)))
-            .execute(pool)
-            .await?;
-        tracing::info!(table = parent, partition = %p.name, rows, "dropped a partition past retention");
-        report.rows += rows.max(0) as u64;
-        report.dropped.push(p.name);
+        Ok::<(), Error>(())
     }
+    .await;
     for (partition, reason) in &report.kept {
         tracing::warn!(table = parent, %partition, %reason, "a partition past retention is kept");
     }
-    if table == CleanupTable::Inbox {
+    // Only once every partition was seen: an early error leaves the last run's record.
+    if result.is_ok() && table == CleanupTable::Inbox {
         record_kept(pool, parent, &report.kept).await?;
     }
-    Ok(report)
+    result.map(|()| report)
+}
+
+/// Deletes a kept partition's rows processed before `cutoff`, in batches (each its own short
+/// transaction, skipping rows another transaction holds), as retention does on a plain table.
+/// Returns how many it deleted.
+async fn trim(
+    pool: &PgPool,
+    partition: &str,
+    cutoff: DateTime<Utc>,
+    batch_size: i64,
+) -> Result<u64> {
+    super::delete::delete_in_batches(
+        pool,
+        &quote(partition),
+        "processed AND processed_at < $1",
+        "processed_at",
+        cutoff,
+        batch_size,
+        |_| {},
+    )
+    .await
+}
+
+/// Records one partition kept, with its reason.
+async fn record_one(pool: &PgPool, parent: &str, partition: &str, reason: &str) -> Result<()> {
+    sqlx::query(
+        "INSERT INTO outbox_partition_kept (partition, parent, reason) VALUES ($1, $2, $3) \
+         ON CONFLICT (partition) DO UPDATE SET reason = excluded.reason",
+    )
+    .bind(partition)
+    .bind(parent)
+    .bind(reason)
+    .execute(pool)
+    .await?;
+    Ok(())
 }
 
 /// Replaces `parent`'s rows of `outbox_partition_kept` with `kept` (a partition kept since an

@@ -245,3 +245,17 @@ pub async fn retry_dead(pool: &PgPool, filter: &PoisonFilter) -> Result<u64> {
     let done = filter.bind(sqlx::query(&sql)).execute(pool).await?;
     Ok(done.rows_affected())
 }
+
+/// Settles the dead inbox rows the filter selects without handling them: each becomes a
+/// processed row (its `last_error` prefixed with `discarded: `), so it stays a dedup record (a
+/// redelivery of the event is not handled either), is no longer dead, and goes with its
+/// partition or by retention. Returns how many rows it discarded.
+pub async fn discard_dead(pool: &PgPool, filter: &PoisonFilter) -> Result<u64> {
+    let sql = format!(
+        "UPDATE inbox_event SET processed = true, processed_at = now(), dead_at = NULL, \
+             next_attempt_at = NULL, last_error = 'discarded: ' || coalesce(last_error, '') \
+         WHERE dead_at IS NOT NULL AND event_id IN ({INBOX_SELECT})"
+    );
+    let done = filter.bind(sqlx::query(&sql)).execute(pool).await?;
+    Ok(done.rows_affected())
+}
