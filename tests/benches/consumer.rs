@@ -2,7 +2,8 @@
 //! database in one run, each figure from the first message handled (joining the group is not
 //! the framework's cost): dedup mode (on a new installation's partitioned `processed_event`, on
 //! ones with 11 and 34 partitions, i.e. 7 and 30 days back, and on a plain table as installations from before
-//! partitions have), inbox receipt, inbox processing (1 and 2 processors), and dedup mode with
+//! partitions have), inbox receipt, inbox processing (1 and 2 processors), both also on an
+//! inbox converted to partitions, and dedup mode with
 //! 1% of the messages failing once (retried through the retry topic, or in place).
 //!
 //! `cargo bench -p outbox-tests --bench consumer` (env: `N`, default 20000; `ROUNDS`, default 3).
@@ -184,8 +185,16 @@ async fn main() {
         .unwrap();
     }
     let plain = TestDb::before_partitions().await;
+    // An inbox converted to partitions (daily; receipt locks its sources and probes them).
+    let parted = TestDb::new().await;
+    outbox_runtime::admin::convert_to_partitions(
+        &parted.pool,
+        outbox_runtime::admin::CleanupTable::Inbox,
+    )
+    .await
+    .unwrap();
     println!("consumer benchmark: {n} messages, {PARTITIONS} partitions, trivial handler, {rounds} rounds");
-    let mut results: [Vec<f64>; 12] = Default::default();
+    let mut results: [Vec<f64>; 14] = Default::default();
     for round in 0..rounds {
         let raw = rate(
             n as u64 - 1,
@@ -252,6 +261,26 @@ async fn main() {
         let (a, b) = tokio::join!(inbox.process_inbox_pending(), inbox.process_inbox_pending());
         assert_eq!(a.unwrap() + b.unwrap(), n as u64);
         let two = rate(n as u64, start.elapsed());
+        // The same on the partitioned inbox.
+        sqlx::query("TRUNCATE inbox_event")
+            .execute(&parted.pool)
+            .await
+            .unwrap();
+        let inbox = consumer(
+            &parted,
+            &bootstrap,
+            &format!("inbox-parted-{round}"),
+            Mode::Inbox,
+            0,
+        );
+        let running = Running::consumer(&inbox);
+        let parted_receipt =
+            rate_until(&parted.pool, "SELECT count(*) FROM inbox_event", n as i64).await;
+        running.stop().await;
+        let start = Instant::now();
+        inbox.process_inbox_pending().await.unwrap();
+        let parted_one = rate(n as u64, start.elapsed());
+
         let (topic, topic_tail) = one_percent_retried(
             &db,
             &bootstrap,
@@ -271,7 +300,8 @@ async fn main() {
         println!(
             "round {round}: raw {raw:.0}/s, dedup {dedup:.0}/s (11 partitions {week_rate:.0}/s, 34 {month_rate:.0}/s, \
              plain table {plain_rate:.0}/s), inbox receipt {receipt:.0}/s, \
-             processing 1: {one:.0}/s, 2: {two:.0}/s; 1% retried: retry topic {topic:.0}/s \
+             processing 1: {one:.0}/s, 2: {two:.0}/s; partitioned inbox: receipt \
+             {parted_receipt:.0}/s, processing 1: {parted_one:.0}/s; 1% retried: retry topic {topic:.0}/s \
              (+{topic_tail:.0} ms), in place {in_place:.0}/s (+{in_place_tail:.0} ms)"
         );
         for (i, r) in [
@@ -287,6 +317,8 @@ async fn main() {
             month_rate,
             plain_rate,
             week_rate,
+            parted_receipt,
+            parted_one,
         ]
         .into_iter()
         .enumerate()
@@ -294,7 +326,7 @@ async fn main() {
             results[i].push(r);
         }
     }
-    let [raw, dedup, receipt, one, two, topic, topic_tail, in_place, in_place_tail, month, plain, week] =
+    let [raw, dedup, receipt, one, two, topic, topic_tail, in_place, in_place_tail, month, plain, week, parted_receipt, parted_one] =
         results.map(median);
     println!();
     println!("medians over {rounds} rounds (messages/s, from the first message handled):");
@@ -315,6 +347,14 @@ async fn main() {
     println!("  inbox mode, receipt              {receipt:>9.0}");
     println!("  inbox mode, processing, 1 task   {one:>9.0}");
     println!("  inbox mode, processing, 2 tasks  {two:>9.0}");
+    println!(
+        "    partitioned inbox: receipt     {parted_receipt:>9.0}  ({:.2}x)",
+        parted_receipt / receipt
+    );
+    println!(
+        "    partitioned inbox: 1 task      {parted_one:>9.0}  ({:.2}x)",
+        parted_one / one
+    );
     println!(
         "  dedup, 1% retried, retry topic   {topic:>9.0}   {:.1}% of dedup until 99% handled; \
          the last retry {topic_tail:.0} ms later",
