@@ -241,9 +241,6 @@ pub(crate) struct DroppedPartitions {
     pub(crate) rows: u64,
     /// The partitions past the cut-off kept for rows an operator must see to, and why.
     pub(crate) kept: Vec<(String, String)>,
-    /// The partitions past the cut-off kept because some of their rows were processed within
-    /// the window (their dedup records still count): they go at a later run.
-    pub(crate) waiting: Vec<String>,
 }
 
 /// Why a partition past the cut-off stays.
@@ -325,9 +322,9 @@ pub(crate) async fn drop_partitions(
             if !p.detach_pending {
                 if let Some(kept) = kept_because(pool, table, &p.name, cutoff).await? {
                     report.rows += trim(pool, &p.name, cutoff, batch_size).await?;
-                    match kept {
-                        Kept::Unsettled(reason) => report.kept.push((p.name, reason)),
-                        Kept::RecentlyProcessed => report.waiting.push(p.name),
+                    // A partition with late records goes at a later run, unreported.
+                    if let Kept::Unsettled(reason) = kept {
+                        report.kept.push((p.name, reason));
                     }
                     continue;
                 }
@@ -422,16 +419,8 @@ async fn trim(
 
 /// Records one partition kept, with its reason.
 async fn record_one(pool: &PgPool, parent: &str, partition: &str, reason: &str) -> Result<()> {
-    sqlx::query(
-        "INSERT INTO outbox_partition_kept (partition, parent, reason) VALUES ($1, $2, $3) \
-         ON CONFLICT (partition) DO UPDATE SET reason = excluded.reason",
-    )
-    .bind(partition)
-    .bind(parent)
-    .bind(reason)
-    .execute(pool)
-    .await?;
-    Ok(())
+    let mut conn = pool.acquire().await?;
+    upsert_kept(&mut conn, parent, &[partition], &[reason]).await
 }
 
 /// Replaces `parent`'s rows of `outbox_partition_kept` with `kept` (a partition kept since an
@@ -445,17 +434,28 @@ async fn record_kept(pool: &PgPool, parent: &str, kept: &[(String, String)]) -> 
         .bind(&names)
         .execute(&mut *tx)
         .await?;
+    upsert_kept(&mut tx, parent, &names, &reasons).await?;
+    tx.commit().await?;
+    Ok(())
+}
+
+/// Records `parent`'s partitions kept with their reasons, a reason replacing an earlier one.
+async fn upsert_kept(
+    conn: &mut sqlx::PgConnection,
+    parent: &str,
+    names: &[&str],
+    reasons: &[&str],
+) -> Result<()> {
     sqlx::query(
         "INSERT INTO outbox_partition_kept (partition, parent, reason) \
          SELECT k.p, $1, k.r FROM unnest($2::text[], $3::text[]) AS k(p, r) \
          ON CONFLICT (partition) DO UPDATE SET reason = excluded.reason",
     )
     .bind(parent)
-    .bind(&names)
-    .bind(&reasons)
-    .execute(&mut *tx)
+    .bind(names)
+    .bind(reasons)
+    .execute(conn)
     .await?;
-    tx.commit().await?;
     Ok(())
 }
 
