@@ -284,8 +284,8 @@ enum PartitionsAction {
         #[arg(long, value_parser = parse::duration, value_name = "DURATION")]
         ahead: Duration,
     },
-    /// Convert an installation's plain table to partitions in place, while consumers run (of this version or later: stop older ones first); nothing is copied,
-    /// the old table becomes the first partition
+    /// Convert an installation's plain table to partitions in place, while consumers and emitters run (consumers of this version or later: stop older ones
+    /// first; for outbox, stop the relays first); nothing is copied, the old table becomes the first partition
     Convert {
         #[command(flatten)]
         db: Db,
@@ -300,7 +300,7 @@ enum PartitionsAction {
 /// Which partitioned table.
 #[derive(Debug, Args)]
 struct PartitionedTable {
-    /// The table: processed (processed_event, dedup mode's records) or inbox (inbox_event)
+    /// The table: processed (processed_event, dedup mode's records), inbox (inbox_event) or outbox (outbox_event)
     #[arg(long, default_value = "processed", value_parser = parse::partitioned_table)]
     table: outbox_runtime::admin::CleanupTable,
 }

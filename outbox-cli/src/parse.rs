@@ -68,16 +68,10 @@ pub fn human(d: Duration) -> String {
     }
 }
 
-/// A table that can be partitioned: `processed` or `inbox` (or their table names).
+/// A table that can be partitioned: `processed`, `inbox` or `outbox` (or their table names).
 pub fn partitioned_table(s: &str) -> Result<outbox_runtime::admin::CleanupTable, String> {
-    use outbox_runtime::admin::CleanupTable;
-    match s.parse::<CleanupTable>() {
-        Ok(t @ (CleanupTable::ProcessedEvent | CleanupTable::Inbox)) => Ok(t),
-        Ok(CleanupTable::Outbox) => {
-            Err("outbox_event is not partitioned in this version (processed and inbox are)".into())
-        }
-        Err(e) => Err(e.to_string()),
-    }
+    s.parse::<outbox_runtime::admin::CleanupTable>()
+        .map_err(|e| e.to_string())
 }
 
 #[cfg(test)]

@@ -3,8 +3,9 @@
 //! Runs, on one fresh database in one process, a transaction with one domain INSERT alone, with
 //! one `emit`, with one `emit` carrying a W3C `traceparent` header (given, and captured from an
 //! OpenTelemetry span), with one `emit` while a relay waits for work (so the commit notifies),
-//! with one `emit` while a relay runs (on the in-process mock cluster), and with `emit_all` of
-//! 10 events, at concurrency 1 and 8. The variants are
+//! with one `emit` while a relay runs (on the in-process mock cluster), with `emit_all` of
+//! 10 events, and with `emit` and `emit_all` of 10 into a partitioned outbox (a second
+//! database, converted, with a week of daily partitions), at concurrency 1 and 8. The variants are
 //! interleaved round by round so that the machine's noise hits them alike; the figures are
 //! medians over rounds.
 //!
@@ -44,6 +45,11 @@ enum Variant {
     /// One emit while a relay runs (on the in-process mock cluster), idle when the round
     /// starts: it notifies as the relay asks.
     Emit1Relay,
+    /// [`Variant::Emit1`] into a partitioned outbox (another database, converted, with a week
+    /// of daily partitions behind and three days ahead).
+    Emit1Partitioned,
+    /// [`Variant::EmitAll10`] into the partitioned outbox.
+    EmitAll10Partitioned,
 }
 
 /// A typical W3C `traceparent` (55 bytes).
@@ -76,7 +82,16 @@ impl Variant {
             Variant::Emit1Traced => "insert + emit, OTel span",
             Variant::Emit1Notify => "insert + emit, relay waiting",
             Variant::Emit1Relay => "insert + emit, relay running",
+            Variant::Emit1Partitioned => "insert + emit, partitioned",
+            Variant::EmitAll10Partitioned => "insert + emit_all(10), partitioned",
         }
+    }
+
+    fn partitioned(self) -> bool {
+        matches!(
+            self,
+            Variant::Emit1Partitioned | Variant::EmitAll10Partitioned
+        )
     }
 }
 
@@ -121,14 +136,14 @@ async fn command_untraced(pool: &PgPool, variant: Variant) {
                 .await
                 .unwrap();
         }
-        Variant::Emit1 | Variant::Emit1Notify | Variant::Emit1Relay => {
+        Variant::Emit1 | Variant::Emit1Notify | Variant::Emit1Relay | Variant::Emit1Partitioned => {
             uow.emit(&order).await.unwrap();
         }
         Variant::Emit1Flush => {
             uow.emit(&order).await.unwrap();
             uow.flush().await.unwrap();
         }
-        Variant::EmitAll10 => {
+        Variant::EmitAll10 | Variant::EmitAll10Partitioned => {
             let lines: Vec<OrderCreated> = (0..10)
                 .map(|i| OrderCreated {
                     order_id: order.order_id,
@@ -192,6 +207,8 @@ struct Aside {
     pool: PgPool,
     /// The relay of [`Variant::Emit1Relay`].
     relay: Relay,
+    /// The emitters' pool on the database with a partitioned outbox.
+    partitioned: PgPool,
 }
 
 /// Runs `txs` transactions in each of `concurrency` tasks (on `pool`); returns (tx/s, per-tx
@@ -219,6 +236,11 @@ async fn round(
         Some(running)
     } else {
         None
+    };
+    let pool = if variant.partitioned() {
+        &aside.partitioned
+    } else {
+        pool
     };
     let start = Instant::now();
     let tasks: Vec<_> = (0..concurrency)
@@ -258,10 +280,20 @@ async fn main() {
     let rounds: usize = env("ROUNDS", 7);
     let txs: usize = env("TXS", 300);
     let db = TestDb::new().await;
-    sqlx::query("CREATE TABLE orders (id uuid PRIMARY KEY, customer_id uuid NOT NULL, amount bigint NOT NULL)")
-        .execute(&db.pool)
-        .await
-        .unwrap();
+    let partitioned = TestDb::new().await;
+    for pool in [&db.pool, &partitioned.pool] {
+        sqlx::query("CREATE TABLE orders (id uuid PRIMARY KEY, customer_id uuid NOT NULL, amount bigint NOT NULL)")
+            .execute(pool)
+            .await
+            .unwrap();
+    }
+    outbox_runtime::admin::convert_to_partitions(
+        &partitioned.pool,
+        outbox_runtime::admin::CleanupTable::Outbox,
+    )
+    .await
+    .unwrap();
+    outbox_tests::fixtures::partitions_since(&partitioned.pool, "outbox_event", 7).await;
     let pool = db.pool(8).await;
     let kafka = Kafka::mock();
     kafka.create_topic("order.events", 6).await;
@@ -271,6 +303,7 @@ async fn main() {
             .brokers(kafka.bootstrap())
             .build()
             .unwrap(),
+        partitioned: partitioned.pool(8).await,
     };
     let variants = [
         Variant::NoEmit,
@@ -282,6 +315,8 @@ async fn main() {
         Variant::Emit1Traced,
         Variant::Emit1Notify,
         Variant::Emit1Relay,
+        Variant::Emit1Partitioned,
+        Variant::EmitAll10Partitioned,
     ];
     let n = variants.len();
     println!("emit overhead: {rounds} rounds x {txs} transactions per task, medians over rounds");

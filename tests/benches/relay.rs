@@ -6,6 +6,9 @@
 //!    again with a typical W3C `traceparent` header stored on every event;
 //! 4. end-to-end latency, commit to consumer receipt, at a steady 1,000 events/s.
 //!
+//! In the same rounds as 3, 1 and 4 relays drain a partitioned outbox (another database,
+//! converted, with a week of daily partitions), reported as ratios to 3.
+//!
 //! `cargo bench -p outbox-tests --bench relay` (env: `N`, default 50000; `ROUNDS`, default 3;
 //! `BROKER=tansu` for the tansu process instead of the embedded mock cluster; `LATENCY_SECS`,
 //! default 5).
@@ -319,6 +322,21 @@ async fn main() {
         .batch_size(500)
         .build()
         .unwrap();
+    // The same on a partitioned outbox: converted, a week of daily partitions behind (as a
+    // week's retention leaves them) and three days ahead; the events go to today's.
+    let partitioned = TestDb::new().await;
+    outbox_runtime::admin::convert_to_partitions(
+        &partitioned.pool,
+        outbox_runtime::admin::CleanupTable::Outbox,
+    )
+    .await
+    .unwrap();
+    outbox_tests::fixtures::partitions_since(&partitioned.pool, "outbox_event", 7).await;
+    let partitioned_relay = Relay::builder(partitioned.pool.clone())
+        .brokers(&bootstrap)
+        .batch_size(500)
+        .build()
+        .unwrap();
     let autovacuum: String = sqlx::query_scalar("SHOW autovacuum")
         .fetch_one(&db.pool)
         .await
@@ -329,6 +347,8 @@ async fn main() {
     );
 
     let mut results: [Vec<f64>; 6] = Default::default();
+    // The partitioned outbox's rates as ratios to the plain one's of the same round.
+    let mut ratios: [Vec<f64>; 2] = Default::default();
     for round in 0..rounds {
         let raw = rate(n, raw_producer(&bootstrap, n).await);
 
@@ -368,14 +388,31 @@ async fn main() {
         let published = relay.publish_pending().await.unwrap();
         assert_eq!(published, n);
         let traced = rate(n, t.elapsed());
+
+        write_events(&partitioned.pool, n).await;
+        let t = Instant::now();
+        assert_eq!(partitioned_relay.publish_pending().await.unwrap(), n);
+        let one_partitioned = rate(n, t.elapsed());
+        write_events(&partitioned.pool, n).await;
+        let t = Instant::now();
+        let relays: Vec<_> = (0..4).map(|_| Running::relay(&partitioned_relay)).collect();
+        wait_drained(&partitioned.pool).await;
+        let four_partitioned = rate(n, t.elapsed());
+        Running::stop_all(relays).await;
         println!(
             "round {round}: bare mark {bare:.0}/s (CPU {:.0}%), raw producer {raw:.0}/s, \
              claim+mark only {db_only:.0}/s, 1 relay {one:.0}/s (CPU {:.0}%), \
-             4 relays {four:.0}/s (CPU {:.0}%), 1 relay with traceparent {traced:.0}/s",
+             4 relays {four:.0}/s (CPU {:.0}%), 1 relay with traceparent {traced:.0}/s, \
+             partitioned: 1 relay {one_partitioned:.0}/s ({:.2} x), 4 relays \
+             {four_partitioned:.0}/s ({:.2} x)",
             bare_cpu * 100.0,
             one_cpu * 100.0,
-            four_cpu * 100.0
+            four_cpu * 100.0,
+            one_partitioned / one,
+            four_partitioned / four
         );
+        ratios[0].push(one_partitioned / one);
+        ratios[1].push(four_partitioned / four);
         for (i, r) in [bare, raw, db_only, one, four, traced]
             .into_iter()
             .enumerate()
@@ -403,6 +440,11 @@ async fn main() {
     println!(
         "      1 relay, a traceparent on each      {traced:>9.0}   {:.2} x 1 relay",
         traced / one
+    );
+    let [one_ratio, four_ratio] = ratios.map(median);
+    println!(
+        "      partitioned outbox: 1 relay {one_ratio:.2} x, 4 relays {four_ratio:.2} x the \
+         plain one (medians of the rounds' ratios)"
     );
 
     // (5) Backlogs and statistics: a large backlog on a table the planner knows nothing about,

@@ -116,13 +116,25 @@ pub async fn consume_all(kafka: &Kafka, expected: usize, timeout: Duration) -> V
 /// Checks every record against its outbox row and that each key's events arrived in `id`
 /// order (first deliveries; a duplicate may come later). Returns the number of duplicates.
 pub async fn check_delivery(pool: &PgPool, received: &[Received], expected: usize) -> usize {
-    let rows: Vec<(i64, uuid::Uuid, String, String, serde_json::Value, i64)> = sqlx::query_as(
-        "SELECT id, event_id, partition_key, aggregate_id, payload, \
-                (extract(epoch FROM created_at) * 1000)::int8 FROM outbox_event",
-    )
-    .fetch_all(pool)
-    .await
-    .unwrap();
+    check_delivery_where(pool, received, expected, "true").await
+}
+
+/// [`check_delivery`] against the outbox rows `filter` picks (the others are another test's
+/// fixture).
+pub async fn check_delivery_where(
+    pool: &PgPool,
+    received: &[Received],
+    expected: usize,
+    filter: &str,
+) -> usize {
+    let rows: Vec<(i64, uuid::Uuid, String, String, serde_json::Value, i64)> =
+        sqlx::query_as(&format!(
+            "SELECT id, event_id, partition_key, aggregate_id, payload, \
+                (extract(epoch FROM created_at) * 1000)::int8 FROM outbox_event WHERE {filter}"
+        ))
+        .fetch_all(pool)
+        .await
+        .unwrap();
     assert_eq!(rows.len(), expected);
     let by_id: HashMap<i64, _> = rows.iter().map(|r| (r.0, r)).collect();
     let mut first_seen: HashSet<i64> = HashSet::new();

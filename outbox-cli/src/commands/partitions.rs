@@ -1,4 +1,4 @@
-//! `outbox partitions`: the time partitions of processed_event and inbox_event.
+//! `outbox partitions`: the time partitions of processed_event, inbox_event and outbox_event.
 
 use outbox_runtime::admin::{self, Conversion, PartitionLayout};
 
@@ -63,22 +63,25 @@ pub async fn run(action: PartitionsAction) -> Result {
                 out!("{name} is partitioned already");
                 return Ok(());
             }
+            use outbox_runtime::admin::CleanupTable;
+            let first = match table {
+                CleanupTable::Outbox => {
+                    "relays must be stopped first, and started again after (the conversion \
+                     refuses while one runs); emitters may go on"
+                }
+                CleanupTable::Inbox => {
+                    "consumers, relays with retention and cleanup jobs of an older version \
+                     must be stopped first: older consumers cannot insert into the \
+                     partitioned inbox, older retention drops its partitions without checking \
+                     their rows"
+                }
+                CleanupTable::ProcessedEvent => {
+                    "consumers of an older version must be stopped first: they do not \
+                     deduplicate against the partitioned table"
+                }
+            };
             ui::confirm(
-                &format!(
-                    "convert {name} to partitions in place (consumers{} of an older version \
-                     must be stopped first: {})",
-                    if table == outbox_runtime::admin::CleanupTable::Inbox {
-                        ", relays with retention and cleanup jobs"
-                    } else {
-                        ""
-                    },
-                    if table == outbox_runtime::admin::CleanupTable::Inbox {
-                        "older consumers cannot insert into the partitioned inbox, older \
-                         retention drops its partitions without checking their rows"
-                    } else {
-                        "they do not deduplicate against the partitioned table"
-                    }
-                ),
+                &format!("convert {name} to partitions in place ({first})"),
                 yes,
             )?;
             match admin::convert_to_partitions(&pool, table)

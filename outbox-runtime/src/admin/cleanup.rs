@@ -44,7 +44,7 @@ impl CleanupTable {
     }
 
     /// The rows past the cut-off `$1`.
-    fn condition(self) -> &'static str {
+    pub(super) fn condition(self) -> &'static str {
         match self {
             CleanupTable::Outbox => "published_at < $1",
             CleanupTable::Inbox => "processed AND processed_at < $1",
@@ -53,7 +53,7 @@ impl CleanupTable {
     }
 
     /// The column the condition's index is on.
-    fn age_column(self) -> &'static str {
+    pub(super) fn age_column(self) -> &'static str {
         match self {
             CleanupTable::Outbox => "published_at",
             CleanupTable::Inbox | CleanupTable::ProcessedEvent => "processed_at",
@@ -136,17 +136,17 @@ impl Cleanup {
                 .iter()
                 .filter(|p| p.to.is_some_and(|to| to <= cutoff))
             {
-                // A partition kept loses only its rows processed before the cut-off.
+                // A partition kept loses only its rows settled before the cut-off.
                 let kept = partitions::kept_because(&self.pool, table, &p.name, cutoff)
                     .await?
                     .is_some();
                 let which = if kept {
-                    "WHERE processed AND processed_at < $1"
+                    table.condition()
                 } else {
-                    "WHERE $1 IS NOT NULL"
+                    "$1 IS NOT NULL"
                 };
                 let n: i64 = sqlx::query_scalar(&format!(
-                    "SELECT count(*) FROM {} {which}",
+                    "SELECT count(*) FROM {} WHERE {which}",
                     partitions::quote(&p.name)
                 ))
                 .bind(cutoff)
@@ -247,6 +247,9 @@ pub struct Retention {
 pub struct RetentionReport {
     /// Published `outbox_event` rows.
     pub outbox: u64,
+    /// `outbox_event` partitions dropped (when it is partitioned), their rows counted in
+    /// `outbox`.
+    pub outbox_partitions_dropped: u64,
     /// Processed `inbox_event` rows.
     pub inbox: u64,
     /// `processed_event` rows.
@@ -381,7 +384,7 @@ impl Retention {
         // Partitions ahead first: this job runs on a schedule anyway.
         // A failure here (a lock that did not come within its timeout) must not cost the run.
         let mut report = RetentionReport::default();
-        for table in [CleanupTable::Inbox, CleanupTable::ProcessedEvent] {
+        for table in CleanupTable::ALL {
             let created = partitions::create_partitions(pool, table)
                 .await
                 .unwrap_or_else(|e| {
@@ -411,7 +414,10 @@ impl Retention {
             };
             report.partitions_kept += removed.kept.len() as u64;
             match table {
-                CleanupTable::Outbox => report.outbox = removed.rows,
+                CleanupTable::Outbox => {
+                    report.outbox = removed.rows;
+                    report.outbox_partitions_dropped = removed.dropped.len() as u64;
+                }
                 CleanupTable::Inbox => {
                     report.inbox = removed.rows;
                     report.inbox_partitions_dropped = removed.dropped.len() as u64;

@@ -600,7 +600,8 @@ impl fmt::Display for Warning {
                 covered_secs,
             } => write!(
                 f,
-                "the partitions of {table} reach only {} past now: inserts fail once they end                  (is a relay with retention or a dedup consumer running? outbox partitions                  create makes them now)",
+                "the partitions of {table} reach only {} past now: inserts fail once they end \
+                 (is a relay or a consumer running? `outbox partitions create` makes them now)",
                 human(*covered_secs)
             ),
             Warning::PartitionNotDropped {
@@ -609,7 +610,8 @@ impl fmt::Display for Warning {
                 reason,
             } => write!(
                 f,
-                "partition {partition} of {table} was not dropped: {reason} (retention tries                  again at its next run)"
+                "partition {partition} of {table} was not dropped: {reason} \
+                 (retention tries again at its next run)"
             ),
         }
     }
@@ -916,8 +918,8 @@ async fn check(pool: &PgPool, thresholds: &HealthThresholds, count: Count) -> Re
 }
 
 /// The partitioned tables' warnings: partitions not created far enough ahead, partitions
-/// whose drop was interrupted, partitions retention kept past its window (an unprocessed or
-/// dead inbox row in them, as its last run found).
+/// whose drop was interrupted, partitions retention kept past its window (an unpublished or
+/// parked outbox row, an unprocessed or dead inbox row in them, as its last run found).
 async fn partition_warnings(
     pool: &PgPool,
     thresholds: &HealthThresholds,
@@ -925,10 +927,7 @@ async fn partition_warnings(
 ) -> Result<()> {
     let now: chrono::DateTime<chrono::Utc> =
         sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
-    for table in [
-        super::CleanupTable::Inbox,
-        super::CleanupTable::ProcessedEvent,
-    ] {
+    for table in super::CleanupTable::ALL {
         let Some(layout) = super::partitions::partitions(pool, table).await? else {
             continue;
         };

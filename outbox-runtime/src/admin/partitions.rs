@@ -1,9 +1,10 @@
 //! Time partitions: what a partitioned table holds, creating partitions ahead of time, dropping
 //! those past their retention, and converting an unpartitioned table in place.
 //!
-//! Today `processed_event` (by `processed_at`) and `inbox_event` (by `received_at`) can be
-//! partitioned: a new installation gets a partitioned `processed_event`, and an existing one
-//! keeps its plain table until [`convert_to_partitions`]; `inbox_event` is partitioned only by
+//! `processed_event` (by `processed_at`), `inbox_event` (by `received_at`) and `outbox_event`
+//! (by `created_at`) can be partitioned: a new installation gets a partitioned
+//! `processed_event`, and an existing one keeps its plain table until
+//! [`convert_to_partitions`]; `inbox_event` and `outbox_event` are partitioned only by
 //! [`convert_to_partitions`] (opt-in in this version). A table's layout (partition width, how
 //! far ahead partitions exist, the new partitions' storage options) is a row of
 //! `outbox_partitioning`, which [`set_partitioning`] changes. The SQL functions
@@ -246,49 +247,66 @@ pub(crate) struct DroppedPartitions {
 /// Why a partition past the cut-off stays.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub(crate) enum Kept {
-    /// It holds a row not processed yet (its processors have not come to it, or it waits for
-    /// a retry) or dead (an operator retries or discards it: `outbox inbox dead`): reported.
+    /// It holds a row still to be dealt with, reported: an outbox row not published yet (the
+    /// relay has not come to it, it waits for a retry or its key is held) or parked (`outbox
+    /// parked`); an inbox row not processed yet (its processors have not come to it, or it
+    /// waits for a retry) or dead (an operator retries or discards it: `outbox inbox dead`).
     Unsettled(String),
-    /// Some of its rows were processed within the window (received long before: a retry, a
-    /// revived dead row): their records keep the dedup window's promise.
+    /// Some of its rows were settled within the window (long after they were written: a
+    /// retry, a revived parked or dead row): they keep the window's promise.
     RecentlyProcessed,
 }
 
+/// The SQL that counts a partition's rows to deal with (the two kinds) and says whether one was
+/// settled after `$1`, with the kinds' names; `None` for a table whose partitions go whatever
+/// they hold.
+fn unsettled_sql(table: CleanupTable) -> Option<(&'static str, [&'static str; 2])> {
+    match table {
+        CleanupTable::Inbox => Some((
+            "SELECT count(*) FILTER (WHERE NOT processed AND dead_at IS NULL), \
+                    count(*) FILTER (WHERE NOT processed AND dead_at IS NOT NULL), \
+                    coalesce(bool_or(processed AND processed_at >= $1), false) \
+             FROM {} WHERE NOT processed OR processed_at >= $1",
+            ["unprocessed", "dead"],
+        )),
+        CleanupTable::Outbox => Some((
+            "SELECT count(*) FILTER (WHERE published_at IS NULL AND parked_at IS NULL), \
+                    count(*) FILTER (WHERE published_at IS NULL AND parked_at IS NOT NULL), \
+                    coalesce(bool_or(published_at >= $1), false) \
+             FROM {} WHERE published_at IS NULL OR published_at >= $1",
+            ["unpublished", "parked"],
+        )),
+        CleanupTable::ProcessedEvent => None,
+    }
+}
+
 /// Why a partition of `table` must stay although it ended before `cutoff`, if it must (see
-/// [`Kept`]): only an `inbox_event` partition can. A `processed_event` partition holds dedup
-/// records only, and its partition column is when they were recorded.
+/// [`Kept`]). A `processed_event` partition never must: it holds dedup records only, and its
+/// partition column is when they were recorded.
 pub(crate) async fn kept_because(
     pool: &PgPool,
     table: CleanupTable,
     partition: &str,
     cutoff: DateTime<Utc>,
 ) -> Result<Option<Kept>> {
-    if table != CleanupTable::Inbox {
+    let Some((sql, [first, second])) = unsettled_sql(table) else {
         return Ok(None);
-    }
-    let (unprocessed, dead, recent): (i64, i64, bool) = sqlx::query_as(&format!(
-        "SELECT count(*) FILTER (WHERE NOT processed AND dead_at IS NULL), \
-                count(*) FILTER (WHERE NOT processed AND dead_at IS NOT NULL), \
-                coalesce(bool_or(processed AND processed_at >= $1), false) \
-         FROM {} WHERE NOT processed OR processed_at >= $1",
-        quote(partition)
-    ))
-    .bind(cutoff)
-    .fetch_one(pool)
-    .await?;
+    };
+    let (pending, stuck, recent): (i64, i64, bool) =
+        sqlx::query_as(&sql.replace("{}", &quote(partition)))
+            .bind(cutoff)
+            .fetch_one(pool)
+            .await?;
     let plural = |n: i64, what: &str| format!("{n} {what} row{}", if n == 1 { "" } else { "s" });
-    Ok(match (unprocessed, dead) {
+    Ok(match (pending, stuck) {
         (0, 0) if recent => Some(Kept::RecentlyProcessed),
         (0, 0) => None,
-        (u, 0) => Some(Kept::Unsettled(format!(
-            "it holds {}",
-            plural(u, "unprocessed")
-        ))),
-        (0, d) => Some(Kept::Unsettled(format!("it holds {}", plural(d, "dead")))),
-        (u, d) => Some(Kept::Unsettled(format!(
+        (p, 0) => Some(Kept::Unsettled(format!("it holds {}", plural(p, first)))),
+        (0, d) => Some(Kept::Unsettled(format!("it holds {}", plural(d, second)))),
+        (p, d) => Some(Kept::Unsettled(format!(
             "it holds {} and {}",
-            plural(u, "unprocessed"),
-            plural(d, "dead")
+            plural(p, first),
+            plural(d, second)
         ))),
     })
 }
@@ -321,7 +339,7 @@ pub(crate) async fn drop_partitions(
             // then its rows are out of every reader's sight.
             if !p.detach_pending {
                 if let Some(kept) = kept_because(pool, table, &p.name, cutoff).await? {
-                    report.rows += trim(pool, &p.name, cutoff, batch_size).await?;
+                    report.rows += trim(pool, table, &p.name, cutoff, batch_size).await?;
                     // A partition with late records goes at a later run, unreported.
                     if let Kept::Unsettled(reason) = kept {
                         report.kept.push((p.name, reason));
@@ -350,7 +368,7 @@ pub(crate) async fn drop_partitions(
             if let Some(kept) = kept_because(pool, table, &p.name, cutoff).await? {
                 let reason = match kept {
                     Kept::Unsettled(reason) => reason,
-                    Kept::RecentlyProcessed => "it holds rows processed within the window".into(),
+                    Kept::RecentlyProcessed => "it holds rows settled within the window".into(),
                 };
                 // Recorded first: if the attach fails, `outbox status` names the table.
                 record_one(
@@ -390,17 +408,18 @@ pub(crate) async fn drop_partitions(
         tracing::warn!(table = parent, %partition, %reason, "a partition past retention is kept");
     }
     // Only once every partition was seen: an early error leaves the last run's record.
-    if result.is_ok() && table == CleanupTable::Inbox {
+    if result.is_ok() && unsettled_sql(table).is_some() {
         record_kept(pool, parent, &report.kept).await?;
     }
     result.map(|()| report)
 }
 
-/// Deletes a kept partition's rows processed before `cutoff`, in batches (each its own short
-/// transaction, skipping rows another transaction holds), as retention does on a plain table.
-/// Returns how many it deleted.
+/// Deletes a kept partition's rows settled (published, processed) before `cutoff`, in batches
+/// (each its own short transaction, skipping rows another transaction holds), as retention
+/// does on a plain table. Returns how many it deleted.
 async fn trim(
     pool: &PgPool,
+    table: CleanupTable,
     partition: &str,
     cutoff: DateTime<Utc>,
     batch_size: i64,
@@ -408,8 +427,8 @@ async fn trim(
     super::delete::delete_in_batches(
         pool,
         &quote(partition),
-        "processed AND processed_at < $1",
-        "processed_at",
+        table.condition(),
+        table.age_column(),
         cutoff,
         batch_size,
         |_| {},
@@ -511,9 +530,16 @@ struct Shape {
     key: &'static str,
     /// The partition column.
     column: &'static str,
+    /// The partitioned table's other unique constraints: name, and columns (the partition
+    /// column last). The old table has one of each name on the columns without the partition
+    /// column, which goes; a unique index on the new columns is built for its partition.
+    uniques: &'static [(&'static str, &'static str)],
     /// The partitioned table's other indexes: name, and what follows `ON <table>`. The old
     /// table has the same ones (the migrations made them), which become its partition's.
     indexes: &'static [(&'static str, &'static str)],
+    /// Whether `id` is an identity column: the partitioned table gets a sequence of its own,
+    /// which goes on from the old one's last value.
+    identity: bool,
 }
 
 impl Shape {
@@ -523,12 +549,16 @@ impl Shape {
                 name: "processed_event",
                 key: "event_id, handler, processed_at",
                 column: "processed_at",
+                uniques: &[],
                 indexes: &[],
+                identity: false,
             }),
             CleanupTable::Inbox => Ok(Shape {
                 name: "inbox_event",
                 key: "event_id, received_at",
                 column: "received_at",
+                uniques: &[],
+                identity: false,
                 indexes: &[
                     (
                         "ix_inbox_event_unprocessed",
@@ -540,30 +570,50 @@ impl Shape {
                     ),
                 ],
             }),
-            CleanupTable::Outbox => Err(Error::Config(
-                "outbox_event cannot be partitioned in this version (processed_event and \
-                 inbox_event can)"
-                    .into(),
-            )),
+            CleanupTable::Outbox => Ok(Shape {
+                name: "outbox_event",
+                key: "id, created_at",
+                column: "created_at",
+                uniques: &[("outbox_event_event_id_key", "event_id, created_at")],
+                identity: true,
+                indexes: &[
+                    (
+                        "ix_outbox_event_unpublished",
+                        "(id) WHERE published_at IS NULL",
+                    ),
+                    (
+                        "ix_outbox_event_retrying",
+                        "(partition_key) WHERE published_at IS NULL AND next_attempt_at IS NOT NULL",
+                    ),
+                    ("ix_outbox_event_parked", "(id) WHERE parked_at IS NOT NULL"),
+                    (
+                        "ix_outbox_event_published_at",
+                        "(published_at) WHERE published_at IS NOT NULL",
+                    ),
+                ],
+            }),
         }
     }
 }
 
-/// Converts `table` (`processed_event` or `inbox_event`) to the partitioned layout in place,
-/// while consumers keep running (of this version or later: older ones insert with
-/// `ON CONFLICT` on the old key, which the partitioned key does not catch, or which the
-/// partitioned table refuses). Nothing is copied: the old table becomes the first partition.
-/// The steps, none of which holds a lock that consumers wait on for longer than a moment:
+/// Converts `table` to the partitioned layout in place, while consumers and emitters keep
+/// running (consumers of this version or later: older ones insert with `ON CONFLICT` on the
+/// old key, which the partitioned key does not catch, or which the partitioned table refuses).
+/// `outbox_event` only with every relay stopped (refused otherwise: a relay locks its shards
+/// under the table's oid, which this changes); start them again after. Nothing is copied: the
+/// old table becomes the first partition. The steps, none of which holds a lock that consumers
+/// or emitters wait on for longer than a moment:
 ///
-/// 1. a unique index matching the partitioned key, built concurrently;
+/// 1. unique indexes matching the partitioned keys, built concurrently;
 /// 2. a constraint bounding the old rows below the end of the partition width a day from
 ///    now, added `NOT VALID` and validated by a scan that inserts do not
 ///    wait for (if a later step fails, it is dropped again);
 /// 3. one short transaction (waiting at most 5 s for its lock, tried again up to 5 times):
 ///    rename the old table (and its indexes), make the new index its key (the partitioned
 ///    key; dropping the old key's index is quick), create the partitioned table and its
-///    indexes, attach the old one as its first partition (the validated constraint spares a
-///    scan, its indexes a build), create the partitions after it.
+///    indexes (an outbox's identity sequence going on from the old one's last value), attach
+///    the old one as its first partition (the validated constraint spares a scan, its indexes
+///    a build), create the partitions after it.
 ///
 /// Safe to run again after it failed at any step (each checks what is done).
 pub async fn convert_to_partitions(pool: &PgPool, table: CleanupTable) -> Result<Conversion> {
@@ -583,28 +633,46 @@ pub async fn convert_to_partitions(pool: &PgPool, table: CleanupTable) -> Result
             )))
         }
     }
+    if table == CleanupTable::Outbox {
+        let mut conn = pool.acquire().await?;
+        let relays = crate::relay::store::members(&mut conn).await?;
+        if relays > 0 {
+            return Err(Error::Config(format!(
+                "{relays} relay instance(s) run on this outbox: stop them before converting \
+                 outbox_event, and start them again after (they lock their shards under the \
+                 table's oid, which the conversion changes; emitters may go on)"
+            )));
+        }
+    }
     let history = format!("{parent}_history");
-    let key_index = format!("{parent}_partition_key");
     let bound = format!("{parent}_before_partitions");
-    // 1. The partitioned key's index, the longest step (no lock inserts wait for); an invalid
-    // one (an interrupted build) is built again.
-    sqlx::raw_sql(&format!(
-        "SET LOCAL lock_timeout = '5s'; \
-         DO $$ BEGIN \
-           IF EXISTS (SELECT 1 FROM pg_index WHERE indexrelid = \
-                      to_regclass('{key_index}') AND NOT indisvalid) THEN \
-             DROP INDEX {key_index}; \
-           END IF; \
-         END $$"
-    ))
-    .execute(pool)
-    .await?;
-    sqlx::raw_sql(&format!(
-        "CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS {key_index} ON {parent} ({})",
-        shape.key
-    ))
-    .execute(pool)
-    .await?;
+    // 1. The partitioned keys' indexes, the longest step (no lock inserts wait for); an
+    // invalid one (an interrupted build) is built again.
+    let keys = std::iter::once((format!("{parent}_partition_key"), shape.key)).chain(
+        shape
+            .uniques
+            .iter()
+            .enumerate()
+            .map(|(i, (_, columns))| (format!("{parent}_partition_unique_{i}"), *columns)),
+    );
+    for (index, columns) in keys {
+        sqlx::raw_sql(&format!(
+            "SET LOCAL lock_timeout = '5s'; \
+             DO $$ BEGIN \
+               IF EXISTS (SELECT 1 FROM pg_index WHERE indexrelid = \
+                          to_regclass('{index}') AND NOT indisvalid) THEN \
+                 DROP INDEX {index}; \
+               END IF; \
+             END $$"
+        ))
+        .execute(pool)
+        .await?;
+        sqlx::raw_sql(&format!(
+            "CREATE UNIQUE INDEX CONCURRENTLY IF NOT EXISTS {index} ON {parent} ({columns})"
+        ))
+        .execute(pool)
+        .await?;
+    }
     // 2. The bound: the end of the width a day from now (the old table takes the rows until
     // then: a validation scan or a swap that waits never outruns it, and a run killed here
     // leaves a day to run it again). A bound left by an earlier attempt goes first: it may be
@@ -660,23 +728,53 @@ async fn swap(
         name: parent,
         key,
         column,
+        uniques,
         indexes,
+        identity,
     } = shape;
     // 3. The swap. The new table takes the old one's columns and defaults (one definition:
     // the migrations'); its indexes are made before the attach, which then takes the old
-    // table's matching ones as their partitions.
+    // table's matching ones as their partitions. (An attach takes a partition's index for a
+    // constraint's only if it backs a constraint too.)
     let mut swap = format!(
         "SET LOCAL lock_timeout = '{CONVERT_LOCK_TIMEOUT}';
          LOCK TABLE {parent} IN ACCESS EXCLUSIVE MODE;
          ALTER TABLE {parent} RENAME TO {history};
          ALTER TABLE {history} DROP CONSTRAINT {parent}_pkey;
          ALTER TABLE {history} ADD CONSTRAINT {history}_pkey
-             PRIMARY KEY USING INDEX {parent}_partition_key;
-         CREATE TABLE {parent} (
-             LIKE {history} INCLUDING DEFAULTS,
-             PRIMARY KEY ({key})
-         ) PARTITION BY RANGE ({column});"
+             PRIMARY KEY USING INDEX {parent}_partition_key;"
     );
+    let mut constraints = String::new();
+    for (i, (name, columns)) in uniques.iter().enumerate() {
+        swap.push_str(&format!(
+            "ALTER TABLE {history} DROP CONSTRAINT {name};
+             ALTER TABLE {history} ADD CONSTRAINT {}
+                 UNIQUE USING INDEX {parent}_partition_unique_{i};",
+            name.replacen(parent, history, 1)
+        ));
+        constraints.push_str(&format!(", CONSTRAINT {name} UNIQUE ({columns})"));
+    }
+    let including = if *identity {
+        "INCLUDING DEFAULTS INCLUDING IDENTITY"
+    } else {
+        "INCLUDING DEFAULTS"
+    };
+    swap.push_str(&format!(
+        "CREATE TABLE {parent} (
+             LIKE {history} {including},
+             PRIMARY KEY ({key}){constraints}
+         ) PARTITION BY RANGE ({column});"
+    ));
+    if *identity {
+        // Ids go on from the old sequence's last (no insert into the old table can draw one
+        // now: it is locked), so `id` order stays emission order.
+        swap.push_str(&format!(
+            "SELECT setval(pg_get_serial_sequence('{parent}', 'id'),
+                 coalesce(pg_sequence_last_value(
+                     pg_get_serial_sequence('{history}', 'id')::regclass), 0) + 1,
+                 false);"
+        ));
+    }
     for (i, (index, definition)) in indexes.iter().enumerate() {
         swap.push_str(&format!(
             "ALTER INDEX {index} RENAME TO {history}_{i};

@@ -308,7 +308,19 @@ impl<'r> Instance<'r> {
             }
         }
         let conn = self.conn.as_mut().expect("connected in step");
-        let finish = store::finish(conn, &published, &failed, relay.max_attempts_i32());
+        let since_ms = claim
+            .rows
+            .iter()
+            .map(|r| r.created_at_ms)
+            .min()
+            .unwrap_or(0);
+        let finish = store::finish(
+            conn,
+            &published,
+            &failed,
+            relay.max_attempts_i32(),
+            since_ms,
+        );
         let finished = bounded!(failover, finish)?;
         let parked = finished.parked;
         tracing::debug!(

@@ -68,7 +68,7 @@ impl RetentionRuns {
     /// reports it: a log line with what it deleted, `outbox_retention_deleted_total{table}`,
     /// `outbox_partitions_dropped_total{table}`, `outbox_partitions_created_total{table}`
     /// (counted where they are created) and `outbox_partitions_kept` (partitions past the
-    /// window kept for an unprocessed or dead inbox row), or a warning with the error.
+    /// window kept for an unpublished or parked outbox row, an unprocessed or dead inbox row), or a warning with the error.
     pub(super) async fn run(&self, pool: &PgPool) {
         match self.retention.run_once(pool).await {
             Ok(Some(report)) => {
@@ -81,6 +81,7 @@ impl RetentionRuns {
                         .increment(n);
                 }
                 for (table, n) in [
+                    ("outbox_event", report.outbox_partitions_dropped),
                     ("inbox_event", report.inbox_partitions_dropped),
                     ("processed_event", report.processed_event_partitions_dropped),
                 ] {
@@ -92,6 +93,7 @@ impl RetentionRuns {
                     outbox = report.outbox,
                     inbox = report.inbox,
                     processed_event = report.processed_event,
+                    outbox_partitions_dropped = report.outbox_partitions_dropped,
                     inbox_partitions_dropped = report.inbox_partitions_dropped,
                     processed_event_partitions_dropped = report.processed_event_partitions_dropped,
                     partitions_created = report.partitions_created,

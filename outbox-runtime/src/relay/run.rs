@@ -103,6 +103,15 @@ impl Relay {
         // What the pool is asked for besides the instance's own connection must not stall the
         // loop while the database is away: a lost gauge costs nothing.
         let aside = settings.poll_interval.max(Duration::from_secs(1));
+        // A partitioned outbox's partitions, kept created ahead also where no relay runs
+        // retention (emits fail once they run out); stopped when this instance returns.
+        let keeping = cancel.child_token();
+        tokio::spawn(crate::admin::partitions::keep_ahead(
+            pool.clone(),
+            crate::admin::CleanupTable::Outbox,
+            keeping.clone(),
+        ));
+        let _keeping = keeping.drop_guard();
         while !cancel.is_cancelled() {
             if gauges_at.is_none_or(|t| t.elapsed() >= GAUGES_EVERY) {
                 gauges_at = Some(Instant::now());

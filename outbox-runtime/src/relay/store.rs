@@ -387,20 +387,28 @@ pub(crate) struct Finished {
 }
 
 /// Records the batch's outcome and commits: `published` rows get `published_at`, `failed`
-/// rows an attempt (and are parked at `max_attempts`) or a hold.
+/// rows an attempt (and are parked at `max_attempts`) or a hold. `since_ms` is the lowest
+/// `created_at` of the batch's rows (ms since the epoch): the updates say it, so that on a
+/// partitioned outbox they look only into the partitions that can hold the rows.
 pub(crate) async fn finish(
     conn: &mut PgConnection,
     published: &[i64],
     failed: &[Failure],
     max_attempts: i32,
+    since_ms: i64,
 ) -> Result<Finished> {
+    // A second early: `created_at_ms` is rounded.
+    let since = format!(
+        "to_timestamp({}::float8 / 1000)",
+        since_ms.saturating_sub(1000)
+    );
     let mut parked = 0;
     if !failed.is_empty() {
         let ids: Vec<i64> = failed.iter().map(|f| f.id).collect();
         let errors: Vec<&str> = failed.iter().map(|f| f.error.as_str()).collect();
         let backoffs: Vec<f64> = failed.iter().map(|f| f.backoff_secs).collect();
         let held: Vec<bool> = failed.iter().map(|f| f.held).collect();
-        let rows = sqlx::query(
+        let rows = sqlx::query(&format!(
             "UPDATE outbox_event o SET \
                  attempts = o.attempts + CASE WHEN f.held THEN 0 ELSE 1 END, \
                  last_error = f.error, \
@@ -409,8 +417,9 @@ pub(crate) async fn finish(
                  parked_at = CASE WHEN NOT f.held AND o.attempts + 1 >= $4 THEN now() END \
              FROM unnest($1::int8[], $2::text[], $3::float8[], $5::bool[]) \
                  AS f(id, error, backoff, held) \
-             WHERE o.id = f.id RETURNING o.parked_at IS NOT NULL AS parked",
-        )
+             WHERE o.id = f.id AND o.created_at >= {since} \
+             RETURNING o.parked_at IS NOT NULL AS parked"
+        ))
         .bind(&ids)
         .bind(&errors)
         .bind(&backoffs)
@@ -438,7 +447,9 @@ pub(crate) async fn finish(
             }
             sql.push_str(&id.to_string());
         }
-        sql.push_str("}'::int8[]); ");
+        sql.push_str("}'::int8[]) AND created_at >= ");
+        sql.push_str(&since);
+        sql.push_str("; ");
     }
     sql.push_str("SELECT pg_current_xact_id_if_assigned()::text::int8; COMMIT");
     let row = conn.fetch_one(sql.as_str()).await?;

@@ -16,7 +16,8 @@
 //! Options: `--minutes N` (60), `--rate EVENTS_PER_S` (1000), `--per-tx N` (5 events per
 //! transaction), `--autovacuum on|off|keep` (`ALTER SYSTEM`, put back at the end), `--dedup
 //! partitioned|plain` (a new installation's `processed_event`, or one from before partitions),
-//! `--width-minutes N` (5: the dedup partitions' width), `--retention-minutes N` (10: the
+//! `--outbox partitioned|plain` (plain: the outbox as installed; partitioned: converted),
+//! `--width-minutes N` (5: the partitions' width), `--retention-minutes N` (10: the
 //! outbox's and the dedup window), `--hold-at S --hold-secs S` (a session idle in a
 //! transaction, holding the cleanup horizon, from S seconds in), `--out FILE`.
 //! It sets server-wide settings: run it alone.
@@ -89,6 +90,7 @@ struct Options {
     per_tx: u64,
     autovacuum: String,
     dedup: String,
+    outbox: String,
     width_minutes: u64,
     retention_minutes: u64,
     hold_at: Option<u64>,
@@ -103,6 +105,7 @@ fn options() -> Options {
         per_tx: 5,
         autovacuum: "on".into(),
         dedup: "partitioned".into(),
+        outbox: "plain".into(),
         width_minutes: 5,
         retention_minutes: 10,
         hold_at: None,
@@ -121,6 +124,7 @@ fn options() -> Options {
                 o.autovacuum = value
             }
             "--dedup" if ["partitioned", "plain"].contains(&value.as_str()) => o.dedup = value,
+            "--outbox" if ["partitioned", "plain"].contains(&value.as_str()) => o.outbox = value,
             "--width-minutes" => o.width_minutes = number().max(1),
             "--retention-minutes" => o.retention_minutes = number().max(1),
             "--hold-at" => o.hold_at = Some(number()),
@@ -135,7 +139,8 @@ fn options() -> Options {
 fn usage(arg: &str) -> ! {
     eprintln!(
         "outbox-longrun: bad option {arg:?}; see the file's docs for --minutes, --rate, --per-tx, \
-         --autovacuum on|off|keep, --dedup partitioned|plain, --width-minutes, \
+         --autovacuum on|off|keep, --dedup partitioned|plain, --outbox partitioned|plain, \
+         --width-minutes, \
          --retention-minutes, --hold-at, --hold-secs, --out"
     );
     std::process::exit(2);
@@ -243,6 +248,24 @@ async fn main() {
             .await
             .unwrap();
     }
+    if o.outbox == "partitioned" {
+        admin::convert_to_partitions(&admin_pool, CleanupTable::Outbox)
+            .await
+            .expect("converting the outbox");
+        admin::set_partitioning(
+            &admin_pool,
+            CleanupTable::Outbox,
+            Duration::from_secs(o.width_minutes * 60),
+            Duration::from_secs(3600),
+        )
+        .await
+        .expect("partitioning");
+        fixtures::drop_partitions_of(&admin_pool, "outbox_event", "true").await;
+        sqlx::query("SELECT outbox_create_partitions('outbox_event', now())")
+            .execute(&admin_pool)
+            .await
+            .unwrap();
+    }
     sqlx::raw_sql("CREATE TABLE longrun_effect (account text NOT NULL, emitted_us int8 NOT NULL)")
         .execute(&admin_pool)
         .await
@@ -340,14 +363,15 @@ async fn main() {
 
     let mut held: Option<HeldTransaction> = None;
     let mut file = std::fs::File::create(&o.out).expect("--out");
-    let header = "t_s,emitted,handled,lat_p50_ms,lat_p99_ms,outbox_bytes,outbox_dead,\
+    let header =
+        "t_s,emitted,handled,lat_p50_ms,lat_p99_ms,outbox_bytes,outbox_dead,outbox_partitions,\
                   processed_bytes,processed_dead,processed_partitions,inbox_bytes,inbox_dead,\
                   unpublished,oldest_unpublished_ms,oldest_snapshot_xids,warnings";
     writeln!(file, "{header}").unwrap();
     eprintln!(
-        "autovacuum={autovacuum}, {} events/s in transactions of {}, {} min, dedup {} \
+        "autovacuum={autovacuum}, {} events/s in transactions of {}, {} min, outbox {}, dedup {} \
          ({} min partitions), retention {} min",
-        o.rate, o.per_tx, o.minutes, o.dedup, o.width_minutes, o.retention_minutes
+        o.rate, o.per_tx, o.minutes, o.outbox, o.dedup, o.width_minutes, o.retention_minutes
     );
     let start = Instant::now();
     let run = Duration::from_secs(o.minutes * 60);
@@ -437,7 +461,7 @@ async fn main() {
         };
         writeln!(
             file,
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
             sample.t,
             sample.emitted,
             sample.handled,
@@ -445,6 +469,7 @@ async fn main() {
             sample.p99,
             sample.tables[0].0,
             sample.tables[0].1,
+            sample.tables[0].2,
             sample.tables[1].0,
             sample.tables[1].1,
             sample.tables[1].2,
@@ -518,8 +543,9 @@ async fn main() {
     let total: u64 = committed.values().sum();
 
     println!(
-        "autovacuum={autovacuum}; dedup {}; {} events committed in {} min ({:.0}/s); lost {lost}; \
-         effects more than once {extra}; commits of unknown outcome {}",
+        "autovacuum={autovacuum}; outbox {}; dedup {}; {} events committed in {} min ({:.0}/s); \
+         lost {lost}; effects more than once {extra}; commits of unknown outcome {}",
+        o.outbox,
         o.dedup,
         total,
         o.minutes,
