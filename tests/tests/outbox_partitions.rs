@@ -292,6 +292,42 @@ async fn an_unpartitioned_outbox_converts_while_emitters_run_and_its_relays_rest
     .await;
     let before: i64 = count(&db.pool, "SELECT max(id) FROM outbox_event").await;
 
+    // A session holding a relay's shard lock and no member slot (as a relay that connected
+    // after the first check would, between its two locks) is caught under the swap's lock:
+    // refused, and the plain table left as it was.
+    let mut shard = db.pool.acquire().await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock('outbox_event'::regclass::oid::int4, 1392508928)")
+        .execute(&mut *shard)
+        .await
+        .unwrap();
+    let refused = admin::convert_to_partitions(&db.pool, CleanupTable::Outbox)
+        .await
+        .unwrap_err();
+    assert!(
+        outbox_runtime::error_chain(&refused)
+            .to_string()
+            .contains("a relay (or a retention run) holds its locks on outbox_event"),
+        "{refused}"
+    );
+    assert!(admin::partitions(&db.pool, CleanupTable::Outbox)
+        .await
+        .unwrap()
+        .is_none());
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT count(*) FROM pg_constraint WHERE conname = 'outbox_event_before_partitions'"
+        )
+        .await,
+        0,
+        "the bound is dropped again"
+    );
+    sqlx::query("SELECT pg_advisory_unlock_all()")
+        .execute(&mut *shard)
+        .await
+        .unwrap();
+    drop(shard);
+
     // The emitter goes on through the conversion, which leaves the rows where they are.
     let conversion = partitioned(&db.pool).await;
     let Conversion::Converted { history, .. } = conversion else {

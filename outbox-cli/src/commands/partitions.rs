@@ -66,8 +66,10 @@ pub async fn run(action: PartitionsAction) -> Result {
             use outbox_runtime::admin::CleanupTable;
             let first = match table {
                 CleanupTable::Outbox => {
-                    "relays must be stopped first, and started again after (the conversion \
-                     refuses while one runs); emitters may go on"
+                    "every relay and cleanup job must run this version or later (older ones \
+                     drop outbox partitions without checking their rows), and every relay must \
+                     be stopped first, and started again after (the conversion refuses while \
+                     one runs); emitters may go on"
                 }
                 CleanupTable::Inbox => {
                     "consumers, relays with retention and cleanup jobs of an older version \

@@ -389,6 +389,18 @@ pub(crate) async fn drop_partitions(
                 ))
                 .execute(pool)
                 .await?;
+                if table == CleanupTable::Outbox {
+                    // Its unpublished rows were out of the relays' sight while it was detached:
+                    // a relay's cursor may have passed them. Due now, they take it back.
+                    sqlx::raw_sql(&format!(
+                        "UPDATE {} SET next_attempt_at = now() \
+                         WHERE published_at IS NULL AND parked_at IS NULL \
+                           AND next_attempt_at IS NULL",
+                        quote(&p.name)
+                    ))
+                    .execute(pool)
+                    .await?;
+                }
                 tracing::warn!(table = parent, partition = %p.name, %reason,
                     "a detached partition past retention holds rows to keep: attached back");
                 report.kept.push((p.name, reason));
@@ -521,6 +533,10 @@ pub enum Conversion {
 
 /// The steps' bounds on waiting for a lock.
 const CONVERT_LOCK_TIMEOUT: &str = "5s";
+
+/// How long a step's transaction may sit idle holding its locks (its client gone quiet)
+/// before the server ends it.
+const CONVERT_IDLE_TIMEOUT: &str = "10s";
 
 /// What converting a table needs to know of it.
 struct Shape {
@@ -704,14 +720,28 @@ pub async fn convert_to_partitions(pool: &PgPool, table: CleanupTable) -> Result
         swap(pool, &shape, &history, until).await
     }
     .await;
-    if swapped.is_err() {
-        // Not left behind to refuse inserts once its bound passes.
-        let mut conn = pool.acquire().await?;
-        let _ = with_lock_timeout(
-            &mut conn,
-            &format!("ALTER TABLE IF EXISTS {parent} DROP CONSTRAINT IF EXISTS {bound}"),
-        )
-        .await;
+    if let Err(e) = swapped {
+        // Not left behind to refuse inserts once its bound passes: dropped, or named.
+        let drop = format!("ALTER TABLE IF EXISTS {parent} DROP CONSTRAINT IF EXISTS {bound}");
+        let mut dropped = Err(Error::Config(String::new()));
+        for attempt in 1..=5u64 {
+            let mut conn = pool.acquire().await?;
+            dropped = with_lock_timeout(&mut conn, &drop).await;
+            if dropped.is_ok() {
+                break;
+            }
+            tokio::time::sleep(Duration::from_secs(attempt)).await;
+        }
+        if let Err(left) = dropped {
+            return Err(Error::Config(format!(
+                "converting {parent} failed ({}), and its constraint {bound} could not be \
+                 dropped ({}): inserts fail from {until} on unless the conversion is run again \
+                 or `{drop}` runs before then",
+                crate::error_chain(&e),
+                crate::error_chain(&left)
+            )));
+        }
+        return Err(e);
     }
     swapped
 }
@@ -736,14 +766,36 @@ async fn swap(
     // the migrations'); its indexes are made before the attach, which then takes the old
     // table's matching ones as their partitions. (An attach takes a partition's index for a
     // constraint's only if it backs a constraint too.)
+    // A session that stalls (its client's network gone) must not keep the lock that every
+    // insert waits for: the server ends it.
     let mut swap = format!(
         "SET LOCAL lock_timeout = '{CONVERT_LOCK_TIMEOUT}';
-         LOCK TABLE {parent} IN ACCESS EXCLUSIVE MODE;
-         ALTER TABLE {parent} RENAME TO {history};
+         SET LOCAL idle_in_transaction_session_timeout = '{CONVERT_IDLE_TIMEOUT}';
+         SET LOCAL statement_timeout = '60s';
+         LOCK TABLE {parent} IN ACCESS EXCLUSIVE MODE;"
+    );
+    if *identity {
+        // Checked again under the lock: a relay that started since the first check would
+        // keep its shards under the old table's oid beside relays under the new one.
+        swap.push_str(&format!(
+            "DO $$ BEGIN
+               IF EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'advisory' AND granted
+                          AND classid = '{parent}'::regclass::oid AND objsubid = 2
+                          AND pid <> pg_backend_pid()
+                          AND database = (SELECT oid FROM pg_database
+                                          WHERE datname = current_database())) THEN
+                 RAISE EXCEPTION 'a relay (or a retention run) holds its locks on {parent}: \
+stop every relay before converting it, and start them again after';
+               END IF;
+             END $$;"
+        ));
+    }
+    swap.push_str(&format!(
+        "ALTER TABLE {parent} RENAME TO {history};
          ALTER TABLE {history} DROP CONSTRAINT {parent}_pkey;
          ALTER TABLE {history} ADD CONSTRAINT {history}_pkey
              PRIMARY KEY USING INDEX {parent}_partition_key;"
-    );
+    ));
     let mut constraints = String::new();
     for (i, (name, columns)) in uniques.iter().enumerate() {
         swap.push_str(&format!(
@@ -768,11 +820,14 @@ async fn swap(
     if *identity {
         // Ids go on from the old sequence's last (no insert into the old table can draw one
         // now: it is locked), so `id` order stays emission order.
+        // The old table's identity goes (its sequence with it): a partition may not have one
+        // of its own (PostgreSQL 17 refuses the attach), and one source of ids is the point.
         swap.push_str(&format!(
             "SELECT setval(pg_get_serial_sequence('{parent}', 'id'),
                  coalesce(pg_sequence_last_value(
                      pg_get_serial_sequence('{history}', 'id')::regclass), 0) + 1,
-                 false);"
+                 false);
+             ALTER TABLE {history} ALTER COLUMN id DROP IDENTITY;"
         ));
     }
     for (i, (index, definition)) in indexes.iter().enumerate() {
@@ -824,7 +879,8 @@ async fn swap(
 async fn with_lock_timeout(conn: &mut sqlx::PgConnection, statement: &str) -> Result<()> {
     let mut tx = sqlx::Connection::begin(&mut *conn).await?;
     sqlx::raw_sql(&format!(
-        "SET LOCAL lock_timeout = '{CONVERT_LOCK_TIMEOUT}'; {statement}"
+        "SET LOCAL lock_timeout = '{CONVERT_LOCK_TIMEOUT}'; \
+         SET LOCAL idle_in_transaction_session_timeout = '{CONVERT_IDLE_TIMEOUT}'; {statement}"
     ))
     .execute(&mut *tx)
     .await?;

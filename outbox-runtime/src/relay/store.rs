@@ -420,6 +420,8 @@ pub(crate) async fn finish(
              WHERE o.id = f.id AND o.created_at >= {since} \
              RETURNING o.parked_at IS NOT NULL AS parked"
         ))
+        // Its text changes with every batch: not worth a prepared statement.
+        .persistent(false)
         .bind(&ids)
         .bind(&errors)
         .bind(&backoffs)

@@ -182,6 +182,20 @@ async fn set_autovacuum(pool: &PgPool, value: &str) {
         .execute(pool)
         .await
         .unwrap();
+    // A session reads the reloaded file when it next goes idle: wait until a new one reports
+    // the setting, so that the run's header says what the server runs with.
+    for _ in 0..100 {
+        let mut conn = pool.acquire().await.unwrap().detach();
+        let now: String = sqlx::query_scalar("SHOW autovacuum")
+            .fetch_one(&mut conn)
+            .await
+            .unwrap();
+        if now == value {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    panic!("autovacuum is not {value} 10 s after the reload");
 }
 
 /// How many effects each account got.
