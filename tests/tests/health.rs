@@ -7,8 +7,8 @@ use std::str::FromStr;
 use std::time::Duration;
 
 use outbox_runtime::admin::{
-    health, EnsureTopics, EnsuredTopic, Health, HealthThresholds, TopicAction, TopicRole, Warning,
-    WarningKind,
+    self, health, EnsureTopics, EnsuredTopic, Health, HealthThresholds, TopicAction, TopicRole,
+    Warning, WarningKind,
 };
 use outbox_runtime::relay::Relay;
 use outbox_runtime::Uow;
@@ -105,10 +105,12 @@ async fn autovacuum_off_dead_rows_and_an_overdue_vacuum_are_named_until_vacuumed
          never removed"
     ));
 
-    // 12,000 dead rows in processed_event: past the threshold, and never vacuumed.
+    // 12,000 dead rows in processed_event: past the threshold, and never vacuumed (in its
+    // first partition, which holds everything from before: a young partition never vacuumed
+    // is not overdue, see below).
     sqlx::query(
-        "INSERT INTO processed_event (event_id, handler) \
-         SELECT gen_random_uuid(), 'h' FROM generate_series(1, 12000)",
+        "INSERT INTO processed_event (event_id, handler, processed_at) \
+         SELECT gen_random_uuid(), 'h', now() - interval '2 days' FROM generate_series(1, 12000)",
     )
     .execute(pool)
     .await
@@ -504,4 +506,85 @@ async fn a_consumer_records_its_missing_dead_letter_topic_at_start_and_topics_en
         "{err}"
     );
     running.stop().await;
+}
+
+/// A partition opened minutes ago with dead rows and no vacuum yet (autovacuum comes at its
+/// next round) is not overdue: its age counts from its lower bound. One that opened longer ago
+/// than the threshold is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_young_partition_not_vacuumed_yet_is_not_overdue() {
+    let db = TestDb::new().await;
+    let pool = &db.pool;
+    admin::convert_to_partitions(pool, admin::CleanupTable::Outbox)
+        .await
+        .unwrap();
+    admin::set_partitioning(
+        pool,
+        admin::CleanupTable::Outbox,
+        Duration::from_secs(300),
+        Duration::from_secs(3600),
+    )
+    .await
+    .unwrap();
+    fixtures::drop_partitions_of(pool, "outbox_event", "true").await;
+    sqlx::query("SELECT outbox_create_partitions('outbox_event', now() - interval '2 hours')")
+        .execute(pool)
+        .await
+        .unwrap();
+    // Whatever the server's setting, no vacuum comes in between.
+    sqlx::raw_sql(
+        "DO $$ DECLARE p regclass; BEGIN \
+           FOR p IN SELECT partition FROM outbox_partitions('outbox_event') LOOP \
+             EXECUTE format('ALTER TABLE %s SET (autovacuum_enabled = off)', p); \
+           END LOOP; \
+         END $$",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+    // 12,000 rows published in this 5-minute partition: 12,000 dead row versions.
+    let emit_and_publish = |age: &'static str| async move {
+        sqlx::query(&format!(
+            "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type, \
+                                       payload, topic, partition_key, created_at) \
+             SELECT gen_random_uuid(), 'A', 'a', 'E', '{{}}', 't', 'k', now() - interval '{age}' \
+             FROM generate_series(1, 12000)"
+        ))
+        .execute(pool)
+        .await
+        .unwrap();
+        sqlx::query("UPDATE outbox_event SET published_at = now() WHERE published_at IS NULL")
+            .execute(pool)
+            .await
+            .unwrap();
+    };
+    emit_and_publish("0 minutes").await;
+    let thresholds = HealthThresholds::default().dead_rows(1_000_000);
+    let young = until(pool, &thresholds, "the dead rows counted", |h| {
+        h.tables
+            .iter()
+            .any(|t| t.table == "outbox_event" && t.dead_rows >= 12_000)
+    })
+    .await;
+    assert!(
+        of_kind(&young, WarningKind::VacuumOverdue).is_empty(),
+        "{young:#?}"
+    );
+    // The same in a partition that opened 90 minutes ago (past the 1 h threshold).
+    emit_and_publish("90 minutes").await;
+    let old = until(pool, &thresholds, "the older partition overdue", |h| {
+        !of_kind(h, WarningKind::VacuumOverdue).is_empty()
+    })
+    .await;
+    match of_kind(&old, WarningKind::VacuumOverdue)[..] {
+        [Warning::VacuumOverdue {
+            table,
+            last_vacuum_age_secs: Some(age),
+            ..
+        }] => {
+            assert_eq!(table, "outbox_event");
+            assert!(*age >= 90.0 * 60.0, "{age}");
+        }
+        ref other => panic!("{other:?}"),
+    }
 }

@@ -3,7 +3,7 @@
 
 use outbox_tests::TestDb;
 
-use crate::support::{assert_error, assert_ok, run, stdout};
+use crate::support::{assert_error, assert_ok, run, stderr, stdout};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn partitions_lists_converts_and_changes_the_width() {
@@ -77,4 +77,43 @@ async fn partitions_lists_converts_and_changes_the_width() {
     )
     .await;
     assert_error(&close, "at least an hour ahead");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_outbox_converts_from_the_command_line_and_lists_its_partitions() {
+    let db = TestDb::new().await;
+    let url = &db.url;
+    let listed = run(url, &["partitions", "list", "--table", "outbox"]).await;
+    assert_ok(&listed);
+    assert!(
+        stdout(&listed).contains("outbox_event is not partitioned"),
+        "{}",
+        stdout(&listed)
+    );
+    let converted = run(
+        url,
+        &["partitions", "convert", "--table", "outbox", "--yes"],
+    )
+    .await;
+    assert_ok(&converted);
+    assert!(
+        stdout(&converted)
+            .contains("outbox_event is partitioned: its rows stay in outbox_event_history"),
+        "{}",
+        stdout(&converted)
+    );
+    let table = run(url, &["partitions", "list", "--table", "outbox"]).await;
+    assert_ok(&table);
+    let text = stdout(&table);
+    assert!(text.contains("outbox_event_history"), "{text}");
+    assert!(text.contains("outbox_event: "), "{text}");
+    assert!(text.contains("1d00h wide, kept 3d00h ahead"), "{text}");
+    // A usage error: clap's message and exit code 2.
+    let unknown = run(url, &["partitions", "list", "--table", "outboxes"]).await;
+    assert_eq!(unknown.status.code(), Some(2));
+    assert!(
+        stderr(&unknown).contains("unknown table `outboxes` (expected outbox, inbox or processed)"),
+        "{}",
+        stderr(&unknown)
+    );
 }

@@ -655,16 +655,20 @@ pub struct Health {
     pub warnings: Vec<Warning>,
 }
 
-/// The framework's tables; a partitioned one (`processed_event`) as the sum of its partitions:
-/// their rows, and the vacuum of the one that needs it most (the oldest vacuum among those with
-/// dead rows, `NULL` if one of them never had one; the latest when none has dead rows).
+/// The framework's tables; a partitioned one as the sum of its partitions: their rows, and the
+/// vacuum of the one that needs it most (the oldest vacuum among those with dead rows, `NULL` if
+/// one of them never had one; the latest when none has dead rows). A partition never vacuumed
+/// counts from its lower bound (it took no rows before; a young one is not overdue), except the
+/// first, which takes everything before its upper bound.
 const TABLES_SQL: &str = "\
 WITH t AS ( \
     SELECT coalesce(i.inhparent, c.oid) AS parent, s.n_live_tup, s.n_dead_tup, \
            coalesce((SELECT option_value FROM pg_options_to_table(c.reloptions) \
                      WHERE option_name = 'autovacuum_enabled'), 'on')::bool AS autovacuum, \
-           extract(epoch FROM now() - greatest(s.last_vacuum, s.last_autovacuum))::float8 \
-               AS vacuum_age, \
+           extract(epoch FROM now() - coalesce(greatest(s.last_vacuum, s.last_autovacuum), \
+               CASE WHEN i.inhparent IS NOT NULL THEN substring( \
+                   pg_get_expr(c.relpartbound, c.oid) FROM 'FROM \\(''([^'']*)''\\)')::timestamptz \
+               END))::float8 AS vacuum_age, \
            extract(epoch FROM now() - greatest(s.last_analyze, s.last_autoanalyze))::float8 \
                AS analyze_age \
     FROM pg_class c JOIN pg_stat_all_tables s ON s.relid = c.oid \
@@ -939,6 +943,19 @@ async fn partition_warnings(
             });
         }
         for p in layout.partitions.iter().filter(|p| p.detach_pending) {
+            // A detach still running shows as pending too (its first transaction committed
+            // the mark): only one that no session runs is interrupted.
+            let running: bool = sqlx::query_scalar(
+                r#"SELECT EXISTS (SELECT 1 FROM pg_stat_activity WHERE state = 'active'
+                     AND pid <> pg_backend_pid() AND datname = current_database()
+                     AND query ~* ('detach\s+partition\s+"?' || $1 || '"?(\s|$)'))"#,
+            )
+            .bind(regex_escape(&p.name))
+            .fetch_one(pool)
+            .await?;
+            if running {
+                continue;
+            }
             warnings.push(Warning::PartitionNotDropped {
                 table: table.table_name().to_owned(),
                 partition: p.name.clone(),
@@ -965,6 +982,17 @@ async fn partition_warnings(
         });
     }
     Ok(())
+}
+
+/// `name` as a literal in a PostgreSQL regular expression.
+fn regex_escape(name: &str) -> String {
+    name.chars().fold(String::new(), |mut out, c| {
+        if !c.is_ascii_alphanumeric() && c != '_' {
+            out.push('\\');
+        }
+        out.push(c);
+        out
+    })
 }
 
 async fn tables(conn: &mut PgConnection) -> Result<Vec<TableHealth>> {

@@ -106,7 +106,8 @@ pub async fn partitions(pool: &PgPool, table: CleanupTable) -> Result<Option<Par
         "SELECT c.relname::text, p.lower_bound, p.upper_bound, p.detach_pending, \
                     c.reltuples, pg_total_relation_size(c.oid) \
              FROM outbox_partitions(to_regclass($1)) p \
-             JOIN pg_class c ON c.oid = p.partition",
+             JOIN pg_class c ON c.oid = p.partition \
+             ORDER BY p.upper_bound NULLS LAST, p.lower_bound NULLS FIRST",
     )
     .bind(name)
     .fetch_all(pool)
