@@ -287,13 +287,7 @@ async fn main() {
             .await
             .unwrap();
     }
-    outbox_runtime::admin::convert_to_partitions(
-        &partitioned.pool,
-        outbox_runtime::admin::CleanupTable::Outbox,
-    )
-    .await
-    .unwrap();
-    outbox_tests::fixtures::partitions_since(&partitioned.pool, "outbox_event", 7).await;
+    outbox_tests::fixtures::partitioned_outbox(&partitioned.pool, 7).await;
     let pool = db.pool(8).await;
     let kafka = Kafka::mock();
     kafka.create_topic("order.events", 6).await;

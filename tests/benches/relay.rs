@@ -325,13 +325,7 @@ async fn main() {
     // The same on a partitioned outbox: converted, a week of daily partitions behind (as a
     // week's retention leaves them) and three days ahead; the events go to today's.
     let partitioned = TestDb::new().await;
-    outbox_runtime::admin::convert_to_partitions(
-        &partitioned.pool,
-        outbox_runtime::admin::CleanupTable::Outbox,
-    )
-    .await
-    .unwrap();
-    outbox_tests::fixtures::partitions_since(&partitioned.pool, "outbox_event", 7).await;
+    outbox_tests::fixtures::partitioned_outbox(&partitioned.pool, 7).await;
     let partitioned_relay = Relay::builder(partitioned.pool.clone())
         .brokers(&bootstrap)
         .batch_size(500)

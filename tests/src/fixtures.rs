@@ -337,6 +337,41 @@ pub async fn dedup_partitions_since(pool: &PgPool, days: u32) {
     partitions_since(pool, "processed_event", days).await;
 }
 
+/// Converts a new installation's (still empty) outbox to partitions, daily ones from `days`
+/// back (as a retention of that many days leaves them) to three days ahead.
+pub async fn partitioned_outbox(pool: &PgPool, days: u32) {
+    outbox_runtime::admin::convert_to_partitions(pool, outbox_runtime::admin::CleanupTable::Outbox)
+        .await
+        .expect("converting the outbox");
+    partitions_since(pool, "outbox_event", days).await;
+}
+
+/// Gives `table` (partitioned, still empty) partitions `width` wide and an hour ahead, from
+/// `since` (an SQL timestamp expression) on: its partitions are dropped and made again.
+pub async fn narrow_partitions(
+    pool: &PgPool,
+    table: outbox_runtime::admin::CleanupTable,
+    width: std::time::Duration,
+    since: &str,
+) {
+    outbox_runtime::admin::set_partitioning(
+        pool,
+        table,
+        width,
+        std::time::Duration::from_secs(3600),
+    )
+    .await
+    .expect("partitioning");
+    drop_partitions_of(pool, table.table_name(), "true").await;
+    sqlx::query(&format!(
+        "SELECT outbox_create_partitions(to_regclass($1), {since})"
+    ))
+    .bind(table.table_name())
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
 /// [`dedup_partitions_since`] for any partitioned table (`inbox_event`, say).
 pub async fn partitions_since(pool: &PgPool, table: &str, days: u32) {
     drop_partitions_of(pool, table, "true").await;

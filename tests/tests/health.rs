@@ -518,19 +518,13 @@ async fn a_young_partition_not_vacuumed_yet_is_not_overdue() {
     admin::convert_to_partitions(pool, admin::CleanupTable::Outbox)
         .await
         .unwrap();
-    admin::set_partitioning(
+    fixtures::narrow_partitions(
         pool,
         admin::CleanupTable::Outbox,
         Duration::from_secs(300),
-        Duration::from_secs(3600),
+        "now() - interval '2 hours'",
     )
-    .await
-    .unwrap();
-    fixtures::drop_partitions_of(pool, "outbox_event", "true").await;
-    sqlx::query("SELECT outbox_create_partitions('outbox_event', now() - interval '2 hours')")
-        .execute(pool)
-        .await
-        .unwrap();
+    .await;
     // Whatever the server's setting, no vacuum comes in between.
     sqlx::raw_sql(
         "DO $$ DECLARE p regclass; BEGIN \

@@ -771,19 +771,13 @@ async fn health_warns_of_partitions_not_ahead_and_of_one_not_dropped() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn minute_wide_partitions_an_hour_ahead_are_not_reported_missing() {
     let db = TestDb::new().await;
-    admin::set_partitioning(
+    fixtures::narrow_partitions(
         &db.pool,
         CleanupTable::ProcessedEvent,
         Duration::from_secs(60),
-        Duration::from_secs(3600),
+        "now()",
     )
-    .await
-    .unwrap();
-    fixtures::drop_dedup_partitions(&db.pool, "true").await;
-    sqlx::query("SELECT outbox_create_partitions('processed_event', now())")
-        .execute(&db.pool)
-        .await
-        .unwrap();
+    .await;
     // The catalogs' statistics as autovacuum keeps them on a server with it on: the planner
     // then joins them by hash, in no particular order.
     sqlx::raw_sql("ANALYZE pg_class; ANALYZE pg_inherits")

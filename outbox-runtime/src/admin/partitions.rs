@@ -557,6 +557,9 @@ struct Shape {
     /// Whether `id` is an identity column: the partitioned table gets a sequence of its own,
     /// which goes on from the old one's last value.
     identity: bool,
+    /// Whether relays lock their shards under the table's oid: it converts only while none
+    /// runs.
+    relays_lock_it: bool,
 }
 
 impl Shape {
@@ -569,6 +572,7 @@ impl Shape {
                 uniques: &[],
                 indexes: &[],
                 identity: false,
+                relays_lock_it: false,
             }),
             CleanupTable::Inbox => Ok(Shape {
                 name: "inbox_event",
@@ -576,6 +580,7 @@ impl Shape {
                 column: "received_at",
                 uniques: &[],
                 identity: false,
+                relays_lock_it: false,
                 indexes: &[
                     (
                         "ix_inbox_event_unprocessed",
@@ -593,6 +598,7 @@ impl Shape {
                 column: "created_at",
                 uniques: &[("outbox_event_event_id_key", "event_id, created_at")],
                 identity: true,
+                relays_lock_it: true,
                 indexes: &[
                     (
                         "ix_outbox_event_unpublished",
@@ -650,7 +656,7 @@ pub async fn convert_to_partitions(pool: &PgPool, table: CleanupTable) -> Result
             )))
         }
     }
-    if table == CleanupTable::Outbox {
+    if shape.relays_lock_it {
         let mut conn = pool.acquire().await?;
         let relays = crate::relay::store::members(&mut conn).await?;
         if relays > 0 {
@@ -724,15 +730,16 @@ pub async fn convert_to_partitions(pool: &PgPool, table: CleanupTable) -> Result
     if let Err(e) = swapped {
         // Not left behind to refuse inserts once its bound passes: dropped, or named.
         let drop = format!("ALTER TABLE IF EXISTS {parent} DROP CONSTRAINT IF EXISTS {bound}");
-        let mut dropped = Err(Error::Config(String::new()));
-        for attempt in 1..=5u64 {
+        let mut attempt = 0;
+        let dropped = loop {
+            attempt += 1;
             let mut conn = pool.acquire().await?;
-            dropped = with_lock_timeout(&mut conn, &drop).await;
-            if dropped.is_ok() {
-                break;
+            let dropped = with_lock_timeout(&mut conn, &drop).await;
+            if dropped.is_ok() || attempt == 5 {
+                break dropped;
             }
             tokio::time::sleep(Duration::from_secs(attempt)).await;
-        }
+        };
         if let Err(left) = dropped {
             return Err(Error::Config(format!(
                 "converting {parent} failed ({}), and its constraint {bound} could not be \
@@ -762,6 +769,7 @@ async fn swap(
         uniques,
         indexes,
         identity,
+        relays_lock_it,
     } = shape;
     // 3. The swap. The new table takes the old one's columns and defaults (one definition:
     // the migrations'); its indexes are made before the attach, which then takes the old
@@ -775,7 +783,7 @@ async fn swap(
          SET LOCAL statement_timeout = '60s';
          LOCK TABLE {parent} IN ACCESS EXCLUSIVE MODE;"
     );
-    if *identity {
+    if *relays_lock_it {
         // Checked again under the lock: a relay that started since the first check would
         // keep its shards under the old table's oid beside relays under the new one.
         swap.push_str(&format!(

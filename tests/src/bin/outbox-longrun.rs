@@ -246,39 +246,17 @@ async fn main() {
         _ => TestDb::new().await,
     };
     let admin_pool = db.pool(4).await;
+    // Narrow partitions from now on (a new installation's are a day wide).
+    let width = Duration::from_secs(o.width_minutes * 60);
     if o.dedup == "partitioned" {
-        // Narrow partitions from now on (a new installation's are a day wide).
-        admin::set_partitioning(
-            &admin_pool,
-            CleanupTable::ProcessedEvent,
-            Duration::from_secs(o.width_minutes * 60),
-            Duration::from_secs(3600),
-        )
-        .await
-        .expect("partitioning");
-        fixtures::drop_dedup_partitions(&admin_pool, "true").await;
-        sqlx::query("SELECT outbox_create_partitions('processed_event', now())")
-            .execute(&admin_pool)
-            .await
-            .unwrap();
+        fixtures::narrow_partitions(&admin_pool, CleanupTable::ProcessedEvent, width, "now()")
+            .await;
     }
     if o.outbox == "partitioned" {
         admin::convert_to_partitions(&admin_pool, CleanupTable::Outbox)
             .await
             .expect("converting the outbox");
-        admin::set_partitioning(
-            &admin_pool,
-            CleanupTable::Outbox,
-            Duration::from_secs(o.width_minutes * 60),
-            Duration::from_secs(3600),
-        )
-        .await
-        .expect("partitioning");
-        fixtures::drop_partitions_of(&admin_pool, "outbox_event", "true").await;
-        sqlx::query("SELECT outbox_create_partitions('outbox_event', now())")
-            .execute(&admin_pool)
-            .await
-            .unwrap();
+        fixtures::narrow_partitions(&admin_pool, CleanupTable::Outbox, width, "now()").await;
     }
     sqlx::raw_sql("CREATE TABLE longrun_effect (account text NOT NULL, emitted_us int8 NOT NULL)")
         .execute(&admin_pool)
