@@ -54,6 +54,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(20261202000014, "create_partitions_beside_another"),
     migration!(20261202000015, "inbox_event_partitions"),
     migration!(20261203000016, "outbox_event_partitions"),
+    migration!(20261203000017, "partitioned_by_default"),
 ];
 
 /// Key of the transaction-scoped advisory lock that serializes concurrent `migrate` calls.

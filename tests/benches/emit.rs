@@ -279,7 +279,8 @@ async fn round(
 async fn main() {
     let rounds: usize = env("ROUNDS", 7);
     let txs: usize = env("TXS", 300);
-    let db = TestDb::new().await;
+    // An installation from before partitions (its outbox a plain table), and a new one.
+    let db = TestDb::before_partitions().await;
     let partitioned = TestDb::new().await;
     for pool in [&db.pool, &partitioned.pool] {
         sqlx::query("CREATE TABLE orders (id uuid PRIMARY KEY, customer_id uuid NOT NULL, amount bigint NOT NULL)")

@@ -316,13 +316,14 @@ async fn main() {
     };
     let bootstrap = kafka.bootstrap();
     kafka.create_topic(TOPIC, PARTITIONS).await;
-    let db = TestDb::new().await;
+    // An installation from before partitions: its outbox a plain table.
+    let db = TestDb::before_partitions().await;
     let relay = Relay::builder(db.pool.clone())
         .brokers(&bootstrap)
         .batch_size(500)
         .build()
         .unwrap();
-    // The same on a partitioned outbox: converted, a week of daily partitions behind (as a
+    // The same on a partitioned outbox (a new installation's), a week of daily partitions behind (as a
     // week's retention leaves them) and three days ahead; the events go to today's.
     let partitioned = TestDb::new().await;
     outbox_tests::fixtures::partitioned_outbox(&partitioned.pool, 7).await;

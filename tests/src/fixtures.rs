@@ -337,12 +337,9 @@ pub async fn dedup_partitions_since(pool: &PgPool, days: u32) {
     partitions_since(pool, "processed_event", days).await;
 }
 
-/// Converts a new installation's (still empty) outbox to partitions, daily ones from `days`
+/// Gives a new installation's (still empty, partitioned) outbox daily partitions from `days`
 /// back (as a retention of that many days leaves them) to three days ahead.
 pub async fn partitioned_outbox(pool: &PgPool, days: u32) {
-    outbox_runtime::admin::convert_to_partitions(pool, outbox_runtime::admin::CleanupTable::Outbox)
-        .await
-        .expect("converting the outbox");
     partitions_since(pool, "outbox_event", days).await;
 }
 

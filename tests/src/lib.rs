@@ -82,36 +82,11 @@ impl TestDb {
 
     /// A fresh database migrated as an installation from before partitioned storage is:
     /// the migrations up to it applied, then a dedup record written (as consumers had), then
-    /// the rest, which keep an installation with rows as it is: `processed_event` stays a
-    /// plain table. The record is deleted again.
+    /// the rest, which keep an installation with rows as it is: `processed_event`,
+    /// `inbox_event` and `outbox_event` stay plain tables. The record is deleted again.
     pub async fn before_partitions() -> Self {
-        let db = Self::empty().await;
-        let first_partitioned = outbox_runtime::migrate::MIGRATIONS
-            .iter()
-            .position(|m| m.description == "processed_event_partitions")
-            .expect("the migration that partitions processed_event");
+        let db = Self::migrated_until("processed_event_partitions").await;
         let mut conn = db.pool.acquire().await.unwrap();
-        sqlx::raw_sql(
-            "CREATE TABLE outbox_schema_migrations (version bigint PRIMARY KEY, \
-             description text NOT NULL, checksum bigint NOT NULL, \
-             applied_at timestamptz NOT NULL DEFAULT now())",
-        )
-        .execute(&mut *conn)
-        .await
-        .unwrap();
-        for m in &outbox_runtime::migrate::MIGRATIONS[..first_partitioned] {
-            sqlx::raw_sql(m.sql).execute(&mut *conn).await.unwrap();
-            sqlx::query(
-                "INSERT INTO outbox_schema_migrations (version, description, checksum) \
-                 VALUES ($1, $2, $3)",
-            )
-            .bind(m.version)
-            .bind(m.description)
-            .bind(m.checksum())
-            .execute(&mut *conn)
-            .await
-            .unwrap();
-        }
         let record = uuid::Uuid::new_v4();
         sqlx::query("INSERT INTO processed_event (event_id, handler) VALUES ($1, 'before')")
             .bind(record)
@@ -126,6 +101,41 @@ impl TestDb {
             .execute(&mut *conn)
             .await
             .unwrap();
+        drop(conn);
+        db
+    }
+
+    /// A fresh database with the migrations before the one named `description` applied (and
+    /// recorded, as `outbox_runtime::migrate` records them): an installation of an earlier
+    /// version, which `outbox_runtime::migrate` then upgrades.
+    pub async fn migrated_until(description: &str) -> Self {
+        let db = Self::empty().await;
+        let until = outbox_runtime::migrate::MIGRATIONS
+            .iter()
+            .position(|m| m.description == description)
+            .unwrap_or_else(|| panic!("no migration {description}"));
+        let mut conn = db.pool.acquire().await.unwrap();
+        sqlx::raw_sql(
+            "CREATE TABLE outbox_schema_migrations (version bigint PRIMARY KEY, \
+             description text NOT NULL, checksum bigint NOT NULL, \
+             applied_at timestamptz NOT NULL DEFAULT now())",
+        )
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+        for m in &outbox_runtime::migrate::MIGRATIONS[..until] {
+            sqlx::raw_sql(m.sql).execute(&mut *conn).await.unwrap();
+            sqlx::query(
+                "INSERT INTO outbox_schema_migrations (version, description, checksum) \
+                 VALUES ($1, $2, $3)",
+            )
+            .bind(m.version)
+            .bind(m.description)
+            .bind(m.checksum())
+            .execute(&mut *conn)
+            .await
+            .unwrap();
+        }
         drop(conn);
         db
     }

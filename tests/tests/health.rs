@@ -82,11 +82,21 @@ async fn autovacuum_off_dead_rows_and_an_overdue_vacuum_are_named_until_vacuumed
         ]
     );
 
-    // Autovacuum off for one table.
-    sqlx::query("ALTER TABLE inbox_event SET (autovacuum_enabled = off)")
-        .execute(pool)
-        .await
-        .unwrap();
+    // Autovacuum off for one table: a partition of the inbox (a partitioned table has no
+    // setting of its own), named where it is set.
+    let partition: String = sqlx::query_scalar(
+        "SELECT partition::text FROM outbox_partitions('inbox_event') \
+         WHERE lower_bound <= now() AND now() < upper_bound",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap();
+    sqlx::query(&format!(
+        "ALTER TABLE {partition} SET (autovacuum_enabled = off)"
+    ))
+    .execute(pool)
+    .await
+    .unwrap();
     let off = health(pool, &thresholds).await.unwrap();
     let table_off: Vec<_> = off
         .warnings
@@ -96,14 +106,22 @@ async fn autovacuum_off_dead_rows_and_an_overdue_vacuum_are_named_until_vacuumed
     assert_eq!(
         table_off,
         [&Warning::AutovacuumOff {
-            table: Some("inbox_event".into()),
+            table: Some(partition.clone()),
             setting: "autovacuum_enabled = false".into()
         }]
     );
-    assert!(table_off[0].to_string().contains(
-        "autovacuum is off for table inbox_event (autovacuum_enabled = false): its dead rows are \
-         never removed"
-    ));
+    assert!(table_off[0].to_string().contains(&format!(
+        "autovacuum is off for table {partition} (autovacuum_enabled = false): its dead rows \
+         are never removed unless something runs VACUUM (ALTER TABLE {partition} RESET \
+         (autovacuum_enabled))"
+    )));
+    let inbox = off
+        .tables
+        .iter()
+        .find(|t| t.table == "inbox_event")
+        .unwrap();
+    assert!(!inbox.autovacuum_enabled);
+    assert_eq!(inbox.autovacuum_off_in, std::slice::from_ref(&partition));
 
     // 12,000 dead rows in processed_event: past the threshold, and never vacuumed (in its
     // first partition, which holds everything from before: a young partition never vacuumed
@@ -155,10 +173,12 @@ async fn autovacuum_off_dead_rows_and_an_overdue_vacuum_are_named_until_vacuumed
         .execute(pool)
         .await
         .unwrap();
-    sqlx::query("ALTER TABLE inbox_event RESET (autovacuum_enabled)")
-        .execute(pool)
-        .await
-        .unwrap();
+    sqlx::query(&format!(
+        "ALTER TABLE {partition} RESET (autovacuum_enabled)"
+    ))
+    .execute(pool)
+    .await
+    .unwrap();
     let clean = until(pool, &thresholds, "the vacuum seen", |h| {
         of_kind(h, WarningKind::DeadRows).is_empty()
             && of_kind(h, WarningKind::VacuumOverdue).is_empty()
@@ -515,9 +535,6 @@ async fn a_consumer_records_its_missing_dead_letter_topic_at_start_and_topics_en
 async fn a_young_partition_not_vacuumed_yet_is_not_overdue() {
     let db = TestDb::new().await;
     let pool = &db.pool;
-    admin::convert_to_partitions(pool, admin::CleanupTable::Outbox)
-        .await
-        .unwrap();
     fixtures::narrow_partitions(
         pool,
         admin::CleanupTable::Outbox,

@@ -173,42 +173,216 @@ async fn outbox_schema_is_the_reference_schema() {
     assert_eq!(
         indexes,
         [
-            "CREATE INDEX ix_inbox_event_unprocessed ON public.inbox_event USING btree (received_at) WHERE (NOT processed)",
-            "CREATE INDEX ix_outbox_event_unpublished ON public.outbox_event USING btree (id) WHERE (published_at IS NULL)",
+            "CREATE INDEX ix_inbox_event_unprocessed ON ONLY public.inbox_event USING btree (received_at) WHERE (NOT processed)",
+            "CREATE INDEX ix_outbox_event_unpublished ON ONLY public.outbox_event USING btree (id) WHERE (published_at IS NULL)",
         ]
     );
 
-    // A new installation's dedup records are partitioned by time; a partitioned table's key
-    // holds the partition key (uniqueness per event and handler is the consumers' insert's).
-    let dedup_key: String = sqlx::query_scalar(
-        "SELECT pg_get_constraintdef(oid) FROM pg_constraint \
-         WHERE conrelid = 'processed_event'::regclass AND contype = 'p'",
+    // A new installation's tables are partitioned by time; a partitioned table's keys hold
+    // the partition key (uniqueness per event, and per event and handler, is the inserts').
+    let layout = |pool: PgPool| async move {
+        sqlx::query_as::<_, (String, String, Option<String>, Vec<String>)>(
+            "SELECT c.relname::text, c.relkind::text, \
+                    CASE WHEN c.relkind = 'p' THEN pg_get_partkeydef(c.oid) END, \
+                    array_agg(pg_get_constraintdef(k.oid) ORDER BY k.conname) \
+             FROM pg_class c JOIN pg_constraint k ON k.conrelid = c.oid AND k.contype IN ('p', 'u') \
+             WHERE c.oid IN ('outbox_event'::regclass, 'inbox_event'::regclass, \
+                             'processed_event'::regclass) \
+             GROUP BY c.oid, c.relname, c.relkind ORDER BY c.relname",
+        )
+        .fetch_all(&pool)
+        .await
+        .unwrap()
+    };
+    let strings = |rows: &[(&str, &str, Option<&str>, &[&str])]| {
+        rows.iter()
+            .map(|(name, kind, key, constraints)| {
+                (
+                    name.to_string(),
+                    kind.to_string(),
+                    key.map(str::to_owned),
+                    constraints
+                        .iter()
+                        .map(|c| c.to_string())
+                        .collect::<Vec<_>>(),
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        layout(db.pool.clone()).await,
+        strings(&[
+            (
+                "inbox_event",
+                "p",
+                Some("RANGE (received_at)"),
+                &["PRIMARY KEY (event_id, received_at)"]
+            ),
+            (
+                "outbox_event",
+                "p",
+                Some("RANGE (created_at)"),
+                &[
+                    "UNIQUE (event_id, created_at)",
+                    "PRIMARY KEY (id, created_at)"
+                ]
+            ),
+            (
+                "processed_event",
+                "p",
+                Some("RANGE (processed_at)"),
+                &["PRIMARY KEY (event_id, handler, processed_at)"]
+            ),
+        ])
+    );
+
+    // An installation from before keeps its tables, and keys, as they were.
+    let before = TestDb::before_partitions().await;
+    assert_eq!(
+        layout(before.pool.clone()).await,
+        strings(&[
+            ("inbox_event", "r", None, &["PRIMARY KEY (event_id)"]),
+            (
+                "outbox_event",
+                "r",
+                None,
+                &["UNIQUE (event_id)", "PRIMARY KEY (id)"]
+            ),
+            (
+                "processed_event",
+                "r",
+                None,
+                &["PRIMARY KEY (event_id, handler)"]
+            ),
+        ])
+    );
+}
+
+/// The kinds (`r` plain, `p` partitioned) of the outbox's and the inbox's tables.
+async fn kinds(pool: &PgPool) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT relkind::text FROM pg_class \
+         WHERE oid IN ('outbox_event'::regclass, 'inbox_event'::regclass) ORDER BY relname",
     )
-    .fetch_one(&db.pool)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// An installation of the version before, upgraded: partitioned only when it is new (nothing
+/// ever written, no relay running); one whose outbox was used, though it is empty now, and one
+/// with a relay holding its locks keep their plain tables.
+#[tokio::test]
+async fn only_a_new_installation_gets_partitioned_tables_on_upgrade() {
+    const NEXT: &str = "partitioned_by_default";
+    let fresh = TestDb::migrated_until(NEXT).await;
+    assert_eq!(kinds(&fresh.pool).await, ["r", "r"]);
+    outbox_runtime::migrate(&fresh.pool).await.unwrap();
+    assert_eq!(kinds(&fresh.pool).await, ["p", "p"]);
+
+    // Emptied: an emit that rolled back (its id drawn), as retention leaves an idle service.
+    let emptied = TestDb::migrated_until(NEXT).await;
+    let mut tx = emptied.pool.begin().await.unwrap();
+    sqlx::query(
+        "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type, \
+             payload, topic, partition_key) \
+         VALUES (gen_random_uuid(), 'A', 'a', 'E', '{}', 't.events', 'k')",
+    )
+    .execute(&mut *tx)
     .await
     .unwrap();
-    assert_eq!(dedup_key, "PRIMARY KEY (event_id, handler, processed_at)");
-    let partitioning: String =
-        sqlx::query_scalar("SELECT pg_get_partkeydef('processed_event'::regclass)")
-            .fetch_one(&db.pool)
+    tx.rollback().await.unwrap();
+    outbox_runtime::migrate(&emptied.pool).await.unwrap();
+    assert_eq!(kinds(&emptied.pool).await, ["r", "r"]);
+
+    // A relay of the version before runs (its member lock, keyed by the outbox's oid).
+    let running = TestDb::migrated_until(NEXT).await;
+    let mut relay = running.pool.acquire().await.unwrap();
+    sqlx::query("SELECT pg_advisory_lock('outbox_event'::regclass::oid::int4, 1291845632)")
+        .execute(&mut *relay)
+        .await
+        .unwrap();
+    outbox_runtime::migrate(&running.pool).await.unwrap();
+    assert_eq!(kinds(&running.pool).await, ["r", "r"]);
+    drop(relay);
+}
+
+/// What a table is made of, in words that do not depend on how it was made: its columns
+/// (type, nullability, default, identity), constraints and indexes, partition key, and those
+/// of a partition it would get now (reloptions, indexes).
+async fn shape(pool: &PgPool, table: &str) -> Vec<String> {
+    sqlx::query_scalar(
+        "SELECT format('column %s %s %s default %s identity %s', column_name, data_type, \
+                       is_nullable, column_default, is_identity) \
+         FROM information_schema.columns WHERE table_name = $1 AND table_schema = 'public' \
+         UNION ALL \
+         SELECT format('constraint %s %s', conname, pg_get_constraintdef(oid)) \
+         FROM pg_constraint WHERE conrelid = $1::regclass \
+         UNION ALL \
+         SELECT format('index %s', indexdef) FROM pg_indexes \
+         WHERE tablename = $1 AND schemaname = 'public' \
+         UNION ALL \
+         SELECT format('partitioned %s', pg_get_partkeydef($1::regclass)) \
+         UNION ALL \
+         SELECT format('identity from %s', \
+                       nextval(pg_get_serial_sequence($1, 'id')) - \
+                       (SELECT max(id) FROM outbox_event)) \
+         WHERE $1 = 'outbox_event' \
+         UNION ALL \
+         SELECT format('partition options %s indexes %s', c.reloptions, \
+                       (SELECT array_agg(d ORDER BY d) \
+                        FROM (SELECT regexp_replace(indexdef, 'INDEX \\S+ ON \\S+', '') AS d \
+                              FROM pg_indexes WHERE tablename = c.relname) i)) \
+         FROM pg_class c WHERE c.oid = (SELECT partition FROM outbox_partitions($1::regclass) \
+                                        ORDER BY upper_bound DESC NULLS LAST LIMIT 1) \
+         ORDER BY 1",
+    )
+    .bind(table)
+    .fetch_all(pool)
+    .await
+    .unwrap()
+}
+
+/// A new installation's partitioned tables are those an installation from before gets from
+/// `convert_to_partitions`: the migration that makes them and the conversion cannot drift.
+#[tokio::test]
+async fn a_new_installation_is_partitioned_as_a_converted_one() {
+    let new = TestDb::new().await;
+    let before = TestDb::before_partitions().await;
+    for db in [&new, &before] {
+        // One event each, so that the identity's next value can be compared.
+        sqlx::query(
+            "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type, \
+                 payload, topic, partition_key) \
+             VALUES (gen_random_uuid(), 'A', 'a', 'E', '{}', 't.events', 'k')",
+        )
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    }
+    for table in [
+        CleanupTable::Outbox,
+        CleanupTable::Inbox,
+        CleanupTable::ProcessedEvent,
+    ] {
+        let converted = outbox_runtime::admin::convert_to_partitions(&before.pool, table)
             .await
             .unwrap();
-    assert_eq!(partitioning, "RANGE (processed_at)");
-
-    // An installation from before keeps its table, and key, as they were.
-    let before = TestDb::before_partitions().await;
-    let (kind, dedup_key): (String, String) = sqlx::query_as(
-        "SELECT c.relkind::text, pg_get_constraintdef(k.oid) \
-         FROM pg_class c JOIN pg_constraint k ON k.conrelid = c.oid AND k.contype = 'p' \
-         WHERE c.oid = 'processed_event'::regclass",
-    )
-    .fetch_one(&before.pool)
-    .await
-    .unwrap();
-    assert_eq!(
-        (kind.as_str(), dedup_key.as_str()),
-        ("r", "PRIMARY KEY (event_id, handler)")
-    );
+        assert!(
+            matches!(
+                converted,
+                outbox_runtime::admin::Conversion::Converted { .. }
+            ),
+            "{converted:?}"
+        );
+        let name = table.table_name();
+        let made = shape(&new.pool, name).await;
+        assert_eq!(made, shape(&before.pool, name).await, "{name}");
+        assert!(
+            made.iter().any(|l| l.starts_with("partitioned RANGE")),
+            "{made:#?}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -256,9 +430,13 @@ async fn a_new_installation_has_dedup_partitions_from_now_to_three_days_ahead() 
 #[tokio::test]
 async fn the_churning_tables_get_autovacuum_settings_that_suit_a_queue() {
     let db = TestDb::new().await;
+    // A new installation's outbox and inbox are partitioned: each partition has them (a
+    // partitioned table has no storage options of its own).
     let options: Vec<(String, Vec<String>)> = sqlx::query_as(
-        "SELECT relname::text, reloptions::text[] FROM pg_class \
-         WHERE oid IN ('outbox_event'::regclass, 'inbox_event'::regclass) ORDER BY relname",
+        "SELECT p.partition::text, c.reloptions::text[] \
+         FROM unnest(ARRAY['outbox_event', 'inbox_event']) AS t(name) \
+         CROSS JOIN LATERAL outbox_partitions(t.name::regclass) p \
+         JOIN pg_class c ON c.oid = p.partition ORDER BY 1",
     )
     .fetch_all(&db.pool)
     .await
@@ -273,17 +451,24 @@ async fn the_churning_tables_get_autovacuum_settings_that_suit_a_queue() {
     for (table, reloptions) in &options {
         assert_eq!(reloptions, &queue, "{table}");
     }
-    assert_eq!(options.len(), 2);
-    // An unpartitioned processed_event (an installation from before partitions) has them too;
-    // a partitioned one's partitions have none: they are only inserted into, and dropped whole.
+    // The first partition and today's to three days ahead, of each.
+    assert!(options.len() >= 2 * 5, "{options:?}");
+    // The unpartitioned tables of an installation from before partitions have them too; a
+    // partitioned processed_event's partitions have none: they are only inserted into, and
+    // dropped whole.
     let before = TestDb::before_partitions().await;
-    let plain: Vec<String> = sqlx::query_scalar(
-        "SELECT unnest(reloptions) FROM pg_class WHERE oid = 'processed_event'::regclass",
+    let plain: Vec<(String, Vec<String>)> = sqlx::query_as(
+        "SELECT relname::text, reloptions::text[] FROM pg_class \
+         WHERE oid IN ('outbox_event'::regclass, 'inbox_event'::regclass, \
+                       'processed_event'::regclass) ORDER BY relname",
     )
     .fetch_all(&before.pool)
     .await
     .unwrap();
-    assert_eq!(plain, queue);
+    assert_eq!(plain.len(), 3);
+    for (table, reloptions) in &plain {
+        assert_eq!(reloptions, &queue, "{table}");
+    }
     let partitions_with_options = count(
         &db.pool,
         "SELECT count(*) FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid \

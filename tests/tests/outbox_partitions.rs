@@ -1,4 +1,4 @@
-//! `outbox_event` in time partitions (opt-in: `convert_to_partitions`): relays publish every
+//! `outbox_event` in time partitions (a new installation's; `convert_to_partitions` for one from before): relays publish every
 //! event once and in per-key order while partitions are created and dropped under them,
 //! retention never drops a partition that holds an unpublished or parked row (it keeps and
 //! reports it), and an installation from before converts while emitters run (with its relays
@@ -20,7 +20,16 @@ use outbox_tests::{count, fixtures, Running, TestDb};
 use sqlx::PgPool;
 use uuid::Uuid;
 
-/// Converts the outbox to partitions; asserts that it was converted now.
+/// A new installation's outbox is partitioned already: converting it does nothing.
+async fn already_partitioned(pool: &PgPool) {
+    let conversion = admin::convert_to_partitions(pool, CleanupTable::Outbox)
+        .await
+        .unwrap();
+    assert_eq!(conversion, Conversion::AlreadyPartitioned);
+}
+
+/// Converts the outbox of an installation from before partitions; asserts that it was
+/// converted now.
 async fn partitioned(pool: &PgPool) -> Conversion {
     let conversion = admin::convert_to_partitions(pool, CleanupTable::Outbox)
         .await
@@ -119,7 +128,7 @@ async fn relays_publish_everything_once_in_order_while_partitions_are_created_an
     let kafka = Kafka::mock();
     kafka.create_topic(TOPIC, PARTITIONS).await;
     kafka.create_topic("old.events", 1).await;
-    partitioned(&db.pool).await;
+    already_partitioned(&db.pool).await;
     // An installation 6 days old: partitions a day wide from then.
     fixtures::partitions_since(&db.pool, "outbox_event", 6).await;
     // Published rows in each past day, and three that must stay: an unpublished row 5 days
@@ -256,7 +265,7 @@ async fn relays_publish_everything_once_in_order_while_partitions_are_created_an
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_unpartitioned_outbox_converts_while_emitters_run_and_its_relays_restart_after() {
-    let db = TestDb::new().await;
+    let db = TestDb::before_partitions().await;
     let kafka = Kafka::mock();
     kafka.create_topic(TOPIC, PARTITIONS).await;
     let relay = relay_on(&db.pool, &kafka).batch_size(200).build().unwrap();

@@ -81,7 +81,7 @@ async fn partitions_lists_converts_and_changes_the_width() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_outbox_converts_from_the_command_line_and_lists_its_partitions() {
-    let db = TestDb::new().await;
+    let db = TestDb::before_partitions().await;
     let url = &db.url;
     let listed = run(url, &["partitions", "list", "--table", "outbox"]).await;
     assert_ok(&listed);

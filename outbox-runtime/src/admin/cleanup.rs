@@ -127,20 +127,22 @@ impl Cleanup {
 
     /// How many rows of `table` [`run`](Self::run) would remove at `cutoff` (what a dry run
     /// reports): the rows past it, or, of a partitioned table, the rows of its partitions that
-    /// end at or before it.
+    /// end at or before it (and those of its first partition past it).
     pub async fn count(&self, table: CleanupTable, cutoff: DateTime<Utc>) -> Result<u64> {
         if let Some(layout) = partitions::partitions(&self.pool, table).await? {
             let mut rows = 0;
-            for p in layout
-                .partitions
-                .iter()
-                .filter(|p| p.to.is_some_and(|to| to <= cutoff))
-            {
-                // A partition kept loses only its rows settled before the cut-off.
-                let kept = partitions::kept_because(&self.pool, table, &p.name, cutoff)
+            for p in &layout.partitions {
+                let past = p.to.is_some_and(|to| to <= cutoff);
+                // The first partition, not past yet, and a partition kept lose only their rows
+                // settled before the cut-off; the others go whole.
+                let which = if !past && p.from.is_none() {
+                    table.condition()
+                } else if !past {
+                    continue;
+                } else if partitions::kept_because(&self.pool, table, &p.name, cutoff)
                     .await?
-                    .is_some();
-                let which = if kept {
+                    .is_some()
+                {
                     table.condition()
                 } else {
                     "$1 IS NOT NULL"
@@ -171,12 +173,14 @@ impl Cleanup {
     /// Deletes the rows of `table` past `cutoff`, a batch per transaction, calling `progress`
     /// with the total so far after each batch. Returns how many rows it deleted.
     ///
-    /// A partitioned table (`processed_event` of a new or converted installation, a converted
-    /// `inbox_event`) loses whole partitions instead: those that end at or before `cutoff`,
-    /// detached concurrently and dropped, which leaves nothing for vacuum. Its rows are so kept
-    /// up to one partition width longer than `cutoff` says. An `inbox_event` partition that
-    /// still holds an unprocessed or dead row (reported by `outbox status`), or a row
-    /// processed after `cutoff`, is kept, and loses only its rows processed before `cutoff`.
+    /// A partitioned table (each of a new installation's, a converted one's) loses whole
+    /// partitions instead: those that end at or before `cutoff`, detached concurrently and
+    /// dropped, which leaves nothing for vacuum. Its rows are so kept up to one partition width
+    /// longer than `cutoff` says. An `outbox_event` or `inbox_event` partition that still holds
+    /// an unpublished, parked, unprocessed or dead row (reported by `outbox status`), or a row
+    /// settled after `cutoff`, is kept, and loses only its rows settled before `cutoff`. So
+    /// does the first partition until it is past `cutoff` (it takes everything from before the
+    /// partitions began: a converted table's rows).
     pub async fn run(
         &self,
         table: CleanupTable,

@@ -251,7 +251,8 @@ pub enum Warning {
     /// (`table` is `None`; `autovacuum` or `track_counts` is off) or for this table
     /// (`autovacuum_enabled = false`). Dead rows pile up unless something else runs `VACUUM`.
     AutovacuumOff {
-        /// The table, or `None` for the whole server.
+        /// The table (a partition of a partitioned one: where the setting is), or `None` for
+        /// the whole server.
         table: Option<String>,
         /// The setting that turns it off, as `name = value`.
         setting: String,
@@ -627,8 +628,11 @@ pub struct TableHealth {
     pub live_rows: i64,
     /// Dead rows (PostgreSQL's estimate).
     pub dead_rows: i64,
-    /// Whether autovacuum may vacuum it (the table's own `autovacuum_enabled`).
+    /// Whether autovacuum may vacuum it (the table's own `autovacuum_enabled`; a partitioned
+    /// table's: every partition's).
     pub autovacuum_enabled: bool,
+    /// Where autovacuum is off: the table itself, or those of its partitions.
+    pub autovacuum_off_in: Vec<String>,
     /// Seconds since its last vacuum, by hand or automatic; `None`: never.
     pub last_vacuum_age_secs: Option<f64>,
     /// Seconds since its last analyze, by hand or automatic; `None`: never.
@@ -662,7 +666,8 @@ pub struct Health {
 /// first, which takes everything before its upper bound.
 const TABLES_SQL: &str = "\
 WITH t AS ( \
-    SELECT coalesce(i.inhparent, c.oid) AS parent, s.n_live_tup, s.n_dead_tup, \
+    SELECT coalesce(i.inhparent, c.oid) AS parent, c.relname::text AS rel, \
+           s.n_live_tup, s.n_dead_tup, \
            coalesce((SELECT option_value FROM pg_options_to_table(c.reloptions) \
                      WHERE option_name = 'autovacuum_enabled'), 'on')::bool AS autovacuum, \
            extract(epoch FROM now() - coalesce(greatest(s.last_vacuum, s.last_autovacuum), \
@@ -680,6 +685,8 @@ WITH t AS ( \
 ) \
 SELECT p.relname::text AS name, sum(n_live_tup)::int8 AS live, sum(n_dead_tup)::int8 AS dead, \
        bool_and(autovacuum) AS autovacuum, \
+       coalesce(array_agg(rel ORDER BY rel) FILTER (WHERE NOT autovacuum), '{}') \
+           AS autovacuum_off_in, \
        CASE WHEN bool_or(n_dead_tup > 0 AND vacuum_age IS NULL) THEN NULL \
             WHEN bool_or(n_dead_tup > 0) THEN max(vacuum_age) FILTER (WHERE n_dead_tup > 0) \
             ELSE min(vacuum_age) END AS vacuum_age, \
@@ -769,9 +776,11 @@ async fn check(pool: &PgPool, thresholds: &HealthThresholds, count: Count) -> Re
 
     let tables = tables(conn).await?;
     for t in &tables {
-        if !t.autovacuum_enabled {
+        // Named where it is set (a partition: a partitioned table has no setting of its own),
+        // so that the warning's remedy is the statement to run.
+        for relation in &t.autovacuum_off_in {
             warnings.push(Warning::AutovacuumOff {
-                table: Some(t.table.clone()),
+                table: Some(relation.clone()),
                 setting: "autovacuum_enabled = false".to_owned(),
             });
         }
@@ -1006,6 +1015,7 @@ async fn tables(conn: &mut PgConnection) -> Result<Vec<TableHealth>> {
                 live_rows: r.try_get("live")?,
                 dead_rows: r.try_get("dead")?,
                 autovacuum_enabled: r.try_get("autovacuum")?,
+                autovacuum_off_in: r.try_get("autovacuum_off_in")?,
                 last_vacuum_age_secs: r.try_get("vacuum_age")?,
                 last_analyze_age_secs: r.try_get("analyze_age")?,
             })

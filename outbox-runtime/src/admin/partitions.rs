@@ -315,7 +315,8 @@ pub(crate) async fn kept_because(
 /// Drops the partitions of `layout`'s table that end at or before `cutoff`: each is detached
 /// concurrently (inserts and reads go on) and then dropped; an interrupted detach is finished
 /// first. A `processed_event` partition holds dedup records only, so it goes once it is past
-/// the window whatever it holds. An `inbox_event` partition goes only once every row in it is
+/// the window whatever it holds. The first partition (the one without a lower bound) loses its
+/// rows past the window meanwhile, as a plain table does. An `inbox_event` partition goes only once every row in it is
 /// processed, and none within the window; one kept for an unprocessed or dead row is recorded
 /// with the reason in `outbox_partition_kept` for `outbox status`, and its rows processed
 /// before the cut-off are deleted meanwhile (as from a plain table), so that one dead row does
@@ -334,6 +335,12 @@ pub(crate) async fn drop_partitions(
     let result = async {
         for p in layout.partitions {
             if p.to.is_none_or(|to| to > cutoff) {
+                // The first partition takes everything from before the partitions began (a
+                // converted table's rows, or rows written with an earlier time): until it is
+                // past the window as a whole, its rows past it go as from a plain table.
+                if p.from.is_none() && !p.detach_pending {
+                    report.rows += trim(pool, table, &p.name, cutoff, batch_size).await?;
+                }
                 continue;
             }
             // An interrupted detach is finished first, whatever the partition holds: until

@@ -16,7 +16,7 @@
 //! Options: `--minutes N` (60), `--rate EVENTS_PER_S` (1000), `--per-tx N` (5 events per
 //! transaction), `--autovacuum on|off|keep` (`ALTER SYSTEM`, put back at the end), `--dedup
 //! partitioned|plain` (a new installation's `processed_event`, or one from before partitions),
-//! `--outbox partitioned|plain` (plain: the outbox as installed; partitioned: converted),
+//! `--outbox partitioned|plain` (a new installation's outbox, or one from before partitions),
 //! `--width-minutes N` (5: the partitions' width), `--retention-minutes N` (10: the
 //! outbox's and the dedup window), `--hold-at S --hold-secs S` (a session idle in a
 //! transaction, holding the cleanup horizon, from S seconds in), `--out FILE`.
@@ -105,7 +105,7 @@ fn options() -> Options {
         per_tx: 5,
         autovacuum: "on".into(),
         dedup: "partitioned".into(),
-        outbox: "plain".into(),
+        outbox: "partitioned".into(),
         width_minutes: 5,
         retention_minutes: 10,
         hold_at: None,
@@ -241,22 +241,26 @@ fn percentile(sorted: &[u32], p: f64) -> u32 {
 #[tokio::main]
 async fn main() {
     let o = options();
-    let db = match o.dedup.as_str() {
-        "plain" => TestDb::before_partitions().await,
-        _ => TestDb::new().await,
+    // A new installation's tables are partitioned; one from before has plain tables, which
+    // are converted where partitions are asked for.
+    let db = if o.dedup == "plain" || o.outbox == "plain" {
+        TestDb::before_partitions().await
+    } else {
+        TestDb::new().await
     };
     let admin_pool = db.pool(4).await;
     // Narrow partitions from now on (a new installation's are a day wide).
     let width = Duration::from_secs(o.width_minutes * 60);
-    if o.dedup == "partitioned" {
-        fixtures::narrow_partitions(&admin_pool, CleanupTable::ProcessedEvent, width, "now()")
-            .await;
-    }
-    if o.outbox == "partitioned" {
-        admin::convert_to_partitions(&admin_pool, CleanupTable::Outbox)
-            .await
-            .expect("converting the outbox");
-        fixtures::narrow_partitions(&admin_pool, CleanupTable::Outbox, width, "now()").await;
+    for (asked, table) in [
+        (&o.dedup, CleanupTable::ProcessedEvent),
+        (&o.outbox, CleanupTable::Outbox),
+    ] {
+        if asked == "partitioned" {
+            admin::convert_to_partitions(&admin_pool, table)
+                .await
+                .expect("converting to partitions");
+            fixtures::narrow_partitions(&admin_pool, table, width, "now()").await;
+        }
     }
     sqlx::raw_sql("CREATE TABLE longrun_effect (account text NOT NULL, emitted_us int8 NOT NULL)")
         .execute(&admin_pool)
