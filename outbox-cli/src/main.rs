@@ -133,14 +133,18 @@ struct Thresholds {
     /// the cleanup horizon while it waits) [default: 30s]
     #[arg(long, value_parser = parse::duration, value_name = "DURATION")]
     warn_idle_transaction_age: Option<Duration>,
-    /// Warn when processed_event's partitions reach less than this past now [default: 1d, or
-    /// half the layout's ahead if less]
+    /// Warn when a partitioned table's partitions reach less than this past now [default: 1d,
+    /// or half the layout's ahead if less]
     #[arg(long, value_parser = parse::duration, value_name = "DURATION")]
     warn_partitions_ahead: Option<Duration>,
+    /// Warn when the outbox or the inbox has more partitions than this (every claim reads
+    /// each of them) [default: 60]
+    #[arg(long, value_name = "PARTITIONS")]
+    warn_partitions: Option<usize>,
     /// Leave out warnings of this kind; repeatable. Kinds: autovacuum_off, dead_rows,
     /// vacuum_overdue, long_transaction, replication_slot, standby_feedback, prepared_transaction,
     /// old_unpublished, old_unprocessed, held_keys, parked, dead_inbox, missing_topic,
-    /// partitions_not_ahead, partition_not_dropped
+    /// partitions_not_ahead, partition_not_dropped, many_partitions
     #[arg(long, value_name = "KIND")]
     ignore: Vec<outbox_runtime::admin::WarningKind>,
 }
@@ -168,6 +172,9 @@ impl Thresholds {
         }
         if let Some(ahead) = self.warn_partitions_ahead {
             t = t.partitions_ahead(ahead);
+        }
+        if let Some(partitions) = self.warn_partitions {
+            t = t.max_partitions(partitions);
         }
         self.ignore.iter().fold(t, |t, kind| t.ignore(*kind))
     }

@@ -11,7 +11,7 @@
 //!
 //! `cargo bench -p outbox-tests --bench relay` (env: `N`, default 50000; `ROUNDS`, default 3;
 //! `BROKER=tansu` for the tansu process instead of the embedded mock cluster; `LATENCY_SECS`,
-//! default 5).
+//! default 5; `PARTITION_DAYS`, default 7: the partitioned outbox's days of partitions behind).
 
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
@@ -326,7 +326,7 @@ async fn main() {
     // The same on a partitioned outbox (a new installation's), a week of daily partitions behind (as a
     // week's retention leaves them) and three days ahead; the events go to today's.
     let partitioned = TestDb::new().await;
-    outbox_tests::fixtures::partitioned_outbox(&partitioned.pool, 7).await;
+    outbox_tests::fixtures::partitioned_outbox(&partitioned.pool, env("PARTITION_DAYS", 7)).await;
     let partitioned_relay = Relay::builder(partitioned.pool.clone())
         .brokers(&bootstrap)
         .batch_size(500)

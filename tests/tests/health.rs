@@ -599,3 +599,49 @@ async fn a_young_partition_not_vacuumed_yet_is_not_overdue() {
         ref other => panic!("{other:?}"),
     }
 }
+
+/// An outbox whose partitions pile up (no retention, or narrow partitions) is named: every
+/// claim reads each partition. Retention drops them, and the warning goes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_with_many_partitions_is_named_until_retention_drops_them() {
+    let db = TestDb::new().await;
+    let pool = &db.pool;
+    // Ten-minute partitions from four hours ago to an hour ahead: about thirty.
+    fixtures::narrow_partitions(
+        pool,
+        admin::CleanupTable::Outbox,
+        Duration::from_secs(600),
+        "now() - interval '4 hours'",
+    )
+    .await;
+    let thresholds = HealthThresholds::default().max_partitions(20);
+    let before = health(pool, &thresholds).await.unwrap();
+    match of_kind(&before, WarningKind::ManyPartitions)[..] {
+        [w @ Warning::ManyPartitions { table, partitions }] => {
+            assert_eq!(table, "outbox_event");
+            assert!((25..=40).contains(partitions), "{partitions}");
+            assert!(
+                w.to_string().starts_with(&format!(
+                    "outbox_event has {partitions} partitions, and every claim reads each of them"
+                )),
+                "{w}"
+            );
+        }
+        ref other => panic!("{other:?}"),
+    }
+    // The default threshold (60) is not reached.
+    let default = health(pool, &HealthThresholds::default()).await.unwrap();
+    assert!(of_kind(&default, WarningKind::ManyPartitions).is_empty());
+
+    // Retention with an hour's window drops those that ended before it.
+    admin::Retention::new(Duration::from_secs(3600))
+        .run_once(pool)
+        .await
+        .unwrap()
+        .expect("no other retention run");
+    let after = health(pool, &thresholds).await.unwrap();
+    assert_eq!(
+        of_kind(&after, WarningKind::ManyPartitions),
+        Vec::<&Warning>::new()
+    );
+}

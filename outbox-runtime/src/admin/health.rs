@@ -41,6 +41,7 @@ pub struct HealthThresholds {
     idle_transaction_age: Duration,
     slot_xmin_age: i64,
     partitions_ahead: Duration,
+    max_partitions: usize,
     ignored: Vec<WarningKind>,
 }
 
@@ -55,6 +56,7 @@ impl Default for HealthThresholds {
             idle_transaction_age: Duration::from_secs(30),
             slot_xmin_age: 1_000_000,
             partitions_ahead: Duration::from_secs(24 * 60 * 60),
+            max_partitions: 60,
             ignored: Vec::new(),
         }
     }
@@ -122,6 +124,15 @@ impl HealthThresholds {
         self
     }
 
+    /// Warns when the outbox or the inbox has more partitions than this (default 60): every
+    /// claim of a relay (of an inbox processor) reads each of them, so its rate falls with
+    /// their number (BENCHMARKS.md: a relay at 0.56x with 90 daily partitions, 0.19x with
+    /// 365). Retention keeps their number bounded.
+    pub fn max_partitions(mut self, partitions: usize) -> Self {
+        self.max_partitions = partitions;
+        self
+    }
+
     /// Leaves out warnings of this kind: for example [`WarningKind::AutovacuumOff`] on a server
     /// whose operators vacuum on a schedule of their own.
     pub fn ignore(mut self, kind: WarningKind) -> Self {
@@ -173,11 +184,13 @@ pub enum WarningKind {
     PartitionsNotAhead,
     /// See [`Warning::PartitionNotDropped`].
     PartitionNotDropped,
+    /// See [`Warning::ManyPartitions`].
+    ManyPartitions,
 }
 
 impl WarningKind {
     /// Every kind, in the order `outbox status` lists them.
-    pub const ALL: [WarningKind; 15] = [
+    pub const ALL: [WarningKind; 16] = [
         WarningKind::AutovacuumOff,
         WarningKind::DeadRows,
         WarningKind::VacuumOverdue,
@@ -193,6 +206,7 @@ impl WarningKind {
         WarningKind::MissingTopic,
         WarningKind::PartitionsNotAhead,
         WarningKind::PartitionNotDropped,
+        WarningKind::ManyPartitions,
     ];
 
     /// The kind's name, as JSON and the gauge's label spell it.
@@ -213,6 +227,7 @@ impl WarningKind {
             WarningKind::MissingTopic => "missing_topic",
             WarningKind::PartitionsNotAhead => "partitions_not_ahead",
             WarningKind::PartitionNotDropped => "partition_not_dropped",
+            WarningKind::ManyPartitions => "many_partitions",
         }
     }
 }
@@ -402,6 +417,17 @@ pub enum Warning {
         /// Why it is still there.
         reason: String,
     },
+    /// The outbox or the inbox has more partitions than [`HealthThresholds::max_partitions`]:
+    /// a relay's claim (an inbox processor's) reads every partition, so its rate falls with
+    /// their number. Nothing drops them: no retention runs (`outbox relay --retention`,
+    /// `outbox cleanup`), or its window is long for the partitions' width (`outbox partitions
+    /// set --width` widens the partitions created from now on).
+    ManyPartitions {
+        /// The table.
+        table: String,
+        /// Its partitions.
+        partitions: usize,
+    },
 }
 
 impl Warning {
@@ -423,6 +449,7 @@ impl Warning {
             Warning::MissingTopic { .. } => WarningKind::MissingTopic,
             Warning::PartitionsNotAhead { .. } => WarningKind::PartitionsNotAhead,
             Warning::PartitionNotDropped { .. } => WarningKind::PartitionNotDropped,
+            Warning::ManyPartitions { .. } => WarningKind::ManyPartitions,
         }
     }
 
@@ -437,7 +464,9 @@ impl Warning {
                 application_name, ..
             } => application_name.clone(),
             Warning::MissingTopic { group, topic, .. } => format!("{group}/{topic}"),
-            Warning::PartitionsNotAhead { table, .. } => table.clone(),
+            Warning::PartitionsNotAhead { table, .. } | Warning::ManyPartitions { table, .. } => {
+                table.clone()
+            }
             Warning::PartitionNotDropped {
                 table, partition, ..
             } => format!("{table}/{partition}"),
@@ -613,6 +642,13 @@ impl fmt::Display for Warning {
                 f,
                 "partition {partition} of {table} was not dropped: {reason} \
                  (retention tries again at its next run)"
+            ),
+            Warning::ManyPartitions { table, partitions } => write!(
+                f,
+                "{table} has {partitions} partitions, and every claim reads each of them (the \
+                 more there are, the slower it publishes or processes): is retention running? \
+                 (`outbox relay --retention`, `outbox cleanup`; `outbox partitions set --width` \
+                 widens the partitions created from now on)"
             ),
         }
     }
@@ -949,6 +985,14 @@ async fn partition_warnings(
             warnings.push(Warning::PartitionsNotAhead {
                 table: table.table_name().to_owned(),
                 covered_secs: covered.as_secs_f64(),
+            });
+        }
+        if table != super::CleanupTable::ProcessedEvent
+            && layout.partitions.len() > thresholds.max_partitions
+        {
+            warnings.push(Warning::ManyPartitions {
+                table: table.table_name().to_owned(),
+                partitions: layout.partitions.len(),
             });
         }
         for p in layout.partitions.iter().filter(|p| p.detach_pending) {
