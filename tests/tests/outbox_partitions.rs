@@ -410,3 +410,204 @@ async fn an_unpartitioned_outbox_converts_while_emitters_run_and_its_relays_rest
         "{err}"
     );
 }
+
+/// An unpublished row created `ago` (an SQL interval) on topic `TOPIC` with key `key`, written
+/// directly (as a backlog from before, or a write that bypasses `outbox_emit`).
+async fn backdated(pool: &PgPool, ago: &str, key: &str, seq: u64) -> Uuid {
+    let event = deposit(0, seq);
+    let id = Uuid::now_v7();
+    sqlx::query(&format!(
+        "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type, payload, \
+                                   topic, partition_key, created_at) \
+         VALUES ($1, 'Account', $2, 'Deposited', $3, '{TOPIC}', $2, now() - interval '{ago}')"
+    ))
+    .bind(id)
+    .bind(key)
+    .bind(serde_json::to_value(&event).unwrap())
+    .execute(pool)
+    .await
+    .unwrap();
+    id
+}
+
+/// The claim's floor on a partitioned outbox: the oldest claimable row's `created_at`, or now
+/// (less the margin) when none is older; a parked row does not hold it; none while a
+/// transaction that was running goes on running; none on a plain outbox.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_claim_floor_stays_below_every_row_that_can_still_be_claimed() {
+    let db = TestDb::new().await;
+    let pool = &db.pool;
+    fixtures::narrow_partitions(
+        pool,
+        CleanupTable::Outbox,
+        Duration::from_secs(600),
+        "now() - interval '3 hours'",
+    )
+    .await;
+    let wait = Duration::from_secs(10);
+    let floor = |margin: u64, wait: Duration| async move {
+        outbox_runtime::relay::claim_floor(pool, Duration::from_secs(margin), wait)
+            .await
+            .unwrap()
+    };
+    let now = || async {
+        sqlx::query_scalar::<_, chrono::DateTime<chrono::Utc>>("SELECT clock_timestamp()")
+            .fetch_one(pool)
+            .await
+            .unwrap()
+    };
+    let created = |id: Uuid| async move {
+        sqlx::query_scalar::<_, chrono::DateTime<chrono::Utc>>(
+            "SELECT created_at FROM outbox_event WHERE event_id = $1",
+        )
+        .bind(id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+    };
+
+    // Nothing to claim: about now, less the margin.
+    let before = now().await;
+    let f = floor(60, wait).await.expect("a floor");
+    let after = now().await;
+    assert!(
+        f >= before - chrono::Duration::seconds(61) && f <= after - chrono::Duration::seconds(59),
+        "{f} {before} {after}"
+    );
+
+    // A row two hours old waiting: the floor stays at it, also when it waits for a retry.
+    let old = backdated(pool, "2 hours", "k-old", 1).await;
+    assert_eq!(floor(0, wait).await, Some(created(old).await));
+    sqlx::query(
+        "UPDATE outbox_event SET next_attempt_at = now() + interval '1 hour' WHERE event_id = $1",
+    )
+    .bind(old)
+    .execute(pool)
+    .await
+    .unwrap();
+    assert_eq!(floor(0, wait).await, Some(created(old).await));
+    // Parked or published, it does not hold the floor.
+    sqlx::query("UPDATE outbox_event SET parked_at = now() WHERE event_id = $1")
+        .bind(old)
+        .execute(pool)
+        .await
+        .unwrap();
+    assert!(floor(0, wait).await.unwrap() > created(old).await + chrono::Duration::minutes(100));
+
+    // A transaction that was running when the floor was asked for: none while it runs, since
+    // it could still write a row as old as its start.
+    let mut running = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1")
+        .execute(&mut *running)
+        .await
+        .unwrap();
+    assert_eq!(floor(0, Duration::from_millis(300)).await, None);
+    running.commit().await.unwrap();
+    assert!(floor(0, wait).await.is_some());
+
+    // A plain outbox has none: its claim reads one index.
+    let plain = TestDb::before_partitions().await;
+    let none =
+        outbox_runtime::relay::claim_floor(&plain.pool, Duration::ZERO, Duration::from_millis(200))
+            .await
+            .unwrap();
+    assert_eq!(none, None);
+}
+
+/// Relays whose claims skip the partitions below their floor (recomputed every 100 ms, no
+/// clock margin) publish every event once and in per-key order, also the rows that become
+/// claimable below the floor: a unit of work that began before the floor moved and commits
+/// late, a parked row retried, a row written directly with an old `created_at`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relays_skipping_settled_partitions_lose_nothing_below_their_floor() {
+    let db = TestDb::new().await;
+    let pool = &db.pool;
+    let kafka = Kafka::mock();
+    kafka.create_topic(TOPIC, PARTITIONS).await;
+    fixtures::narrow_partitions(
+        pool,
+        CleanupTable::Outbox,
+        Duration::from_secs(600),
+        "now() - interval '3 hours'",
+    )
+    .await;
+    // A row that will be parked, and a unit of work that begins now and commits at the end.
+    let parked = backdated(pool, "150 minutes", "k-parked", 1).await;
+    sqlx::query("UPDATE outbox_event SET parked_at = now() WHERE event_id = $1")
+        .bind(parked)
+        .execute(pool)
+        .await
+        .unwrap();
+    let mut late = Uow::begin(pool).await.unwrap();
+    late.emit(&deposit(999, 0)).await.unwrap();
+    let late_started: chrono::DateTime<chrono::Utc> = sqlx::query_scalar("SELECT now()")
+        .fetch_one(late.tx())
+        .await
+        .unwrap();
+
+    let relays: Vec<_> = (0..2)
+        .map(|_| {
+            relay_on(pool, &kafka)
+                .claim_floor_interval(Duration::from_millis(100))
+                .claim_floor_margin(Duration::ZERO)
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let running: Vec<_> = relays.iter().map(Running::relay).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let emitter = emitter(db.pool.clone(), 50, 25, Arc::clone(&stop));
+    emitter.more(1_000).await;
+    // The floor cannot pass the unit of work still open.
+    let f = outbox_runtime::relay::claim_floor(pool, Duration::ZERO, Duration::from_millis(300))
+        .await
+        .unwrap();
+    assert!(f.is_none_or(|f| f <= late_started), "{f:?} {late_started}");
+    late.commit().await.unwrap();
+    emitter.more(1_000).await;
+    // Once it committed, the floor moves past the old partitions.
+    wait_for(
+        "the floor past the old partitions",
+        Duration::from_secs(30),
+        || async {
+            outbox_runtime::relay::claim_floor(pool, Duration::ZERO, Duration::from_secs(1))
+                .await
+                .unwrap()
+                .is_some_and(|f| f > late_started)
+        },
+    )
+    .await;
+    // Below it: a parked row retried, and a row written with an old `created_at`.
+    let retried = admin::retry_parked(pool, &admin::PoisonFilter::all())
+        .await
+        .unwrap();
+    assert_eq!(retried, 1);
+    let direct = backdated(pool, "100 minutes", "k-direct", 1).await;
+    emitter.more(1_000).await;
+    stop.store(true, Ordering::Relaxed);
+    let emitted = emitter.finish().await;
+    // Every emitted event, the late unit of work's, the retried and the direct one.
+    let expected = emitted + 3;
+    wait_for("every row published", Duration::from_secs(60), || async {
+        count(
+            pool,
+            "SELECT count(*) FROM outbox_event WHERE published_at IS NULL",
+        )
+        .await
+            == 0
+    })
+    .await;
+    let received = consume_all(&kafka, expected, Duration::from_secs(60)).await;
+    check_delivery(pool, &received, expected).await;
+    for id in [parked, direct] {
+        assert!(
+            received
+                .iter()
+                .any(|r| r.header("event_id") == id.to_string()),
+            "{id} published"
+        );
+    }
+    for r in running {
+        r.stop().await;
+    }
+}

@@ -69,6 +69,24 @@ impl RelayBuilder {
         self
     }
 
+    /// On a partitioned outbox, how often each instance works out the claim's floor: the
+    /// `created_at` below which no row can be claimed any more, so that its claims read only
+    /// the partitions from there on (default 10 s; zero: never, claims read every partition).
+    /// A parked row retried, or a partition attached back, below the floor waits for the next
+    /// computation.
+    pub fn claim_floor_interval(mut self, interval: Duration) -> Self {
+        self.settings.claim_floor_interval = interval;
+        self
+    }
+
+    /// How far below the time at which no older transaction ran the claim's floor stays
+    /// (default 5 minutes): a margin for the server's clock being set back, under which a new
+    /// row could get an older `created_at`.
+    pub fn claim_floor_margin(mut self, margin: Duration) -> Self {
+        self.settings.claim_floor_margin = margin;
+        self
+    }
+
     /// How often an idle relay looks for work without a notification (default 500 ms).
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.settings.poll_interval = interval;

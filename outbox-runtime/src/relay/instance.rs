@@ -1,11 +1,13 @@
 //! One relay instance: its connection, member slot, shards, cursor; one batch at a time.
 
 use std::collections::{BTreeSet, VecDeque};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use sqlx::{Executor, PgConnection, PgPool};
 use tracing::Instrument;
 
+use super::floor::Floor;
 use super::producer::ProducerSlot;
 use super::publish::{self, Outcome};
 use super::settings::Settings;
@@ -120,6 +122,8 @@ pub(super) struct Instance<'r> {
     /// Whether this instance's waiting mark is set.
     waiting: bool,
     cursor: Cursor,
+    /// The claims' floor on a partitioned outbox, kept by a task of the relay (`floor.rs`).
+    floor: Option<Arc<Floor>>,
 }
 
 impl<'r> Instance<'r> {
@@ -140,7 +144,13 @@ impl<'r> Instance<'r> {
             published: 0,
             waiting: false,
             cursor: Cursor::default(),
+            floor: None,
         }
+    }
+
+    /// Claims from now on use `floor`.
+    pub(super) fn use_floor(&mut self, floor: Arc<Floor>) {
+        self.floor = Some(floor);
     }
 
     pub(super) fn published(&self) -> u64 {
@@ -233,9 +243,10 @@ impl<'r> Instance<'r> {
         let table = self.table.expect("connected in step");
         let (after, failover) = (self.cursor.after, relay.failover_timeout);
         let conn = self.conn.as_mut().expect("connected in step");
+        let floor = self.floor.as_ref().and_then(|f| f.get());
         let claim = bounded!(
             failover,
-            store::claim(conn, table, &self.shards, after, limit)
+            store::claim(conn, table, &self.shards, after, limit, floor)
         )?;
         tracing::Span::current().record("claimed", claim.rows.len());
         if claim.rows.is_empty() {

@@ -147,6 +147,8 @@ mod builder;
 #[cfg(feature = "kafka")]
 mod cloudevents;
 #[cfg(feature = "kafka")]
+mod floor;
+#[cfg(feature = "kafka")]
 mod health;
 #[cfg(feature = "kafka")]
 mod instance;
@@ -177,6 +179,8 @@ pub use builder::RelayBuilder;
 #[cfg(feature = "kafka")]
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub use cloudevents::CloudEvents;
+#[cfg(feature = "kafka")]
+pub use floor::claim_floor;
 #[cfg(feature = "kafka")]
 pub(crate) use producer::create_producer;
 #[cfg(feature = "kafka")]

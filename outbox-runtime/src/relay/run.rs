@@ -111,6 +111,17 @@ impl Relay {
             crate::admin::CleanupTable::Outbox,
             keeping.clone(),
         ));
+        if !settings.claim_floor_interval.is_zero() {
+            let floor = Arc::new(super::floor::Floor::default());
+            instance.use_floor(Arc::clone(&floor));
+            tokio::spawn(super::floor::keep(
+                pool.clone(),
+                floor,
+                settings.claim_floor_interval,
+                settings.claim_floor_margin,
+                keeping.clone(),
+            ));
+        }
         let _keeping = keeping.drop_guard();
         while !cancel.is_cancelled() {
             if gauges_at.is_none_or(|t| t.elapsed() >= GAUGES_EVERY) {
@@ -213,6 +224,20 @@ impl Relay {
     /// rows it published. For tests, scripts and benchmarks; a failed batch is an error.
     pub async fn publish_pending(&self) -> Result<u64> {
         let mut instance = self.instance();
+        let settings = &self.shared.settings;
+        if !settings.claim_floor_interval.is_zero() {
+            // The floor of the start (waiting at most a second for the transactions running
+            // then): a row that becomes claimable below it meanwhile waits for the next run.
+            let floor = super::floor::claim_floor(
+                &self.shared.pool,
+                settings.claim_floor_margin,
+                Duration::from_secs(1),
+            )
+            .await?;
+            if let Some(floor) = floor {
+                instance.use_floor(Arc::new(super::floor::Floor::at(floor)));
+            }
+        }
         while let Step::Full = instance.step().await? {}
         Ok(instance.published())
     }

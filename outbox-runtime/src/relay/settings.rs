@@ -24,6 +24,8 @@ pub(crate) struct Settings {
     pub(crate) health: HealthThresholds,
     pub(crate) health_interval: Duration,
     pub(crate) retention: Option<Retention>,
+    pub(crate) claim_floor_interval: Duration,
+    pub(crate) claim_floor_margin: Duration,
 }
 
 impl Default for Settings {
@@ -44,6 +46,8 @@ impl Default for Settings {
             health: HealthThresholds::default(),
             health_interval: Duration::from_secs(30),
             retention: None,
+            claim_floor_interval: Duration::from_secs(10),
+            claim_floor_margin: Duration::from_secs(5 * 60),
         }
     }
 }

@@ -3,6 +3,8 @@
 
 use std::collections::BTreeSet;
 
+use chrono::{DateTime, Utc};
+
 use sqlx::postgres::PgRow;
 use sqlx::{Executor, PgConnection, Row};
 
@@ -243,7 +245,7 @@ impl Claimed {
 /// that is due again, and whether any key of the shards is held back. An aggregate over
 /// the failed rows with no order to exploit, so that the only sensible plan reads the small
 /// index of failed rows, whatever the statistics say.
-fn begin_sql(mask: i64, sequence: i64) -> String {
+fn begin_sql(mask: i64, sequence: i64, floor: Option<DateTime<Utc>>) -> String {
     format!(
         "BEGIN; SELECT pg_sequence_last_value({sequence}::oid::regclass), \
            pg_snapshot_xmin(pg_current_snapshot())::text::int8, \
@@ -251,12 +253,25 @@ fn begin_sql(mask: i64, sequence: i64) -> String {
            coalesce(bool_or(r.next_attempt_at > now()), false) \
          FROM outbox_event r \
          WHERE r.published_at IS NULL AND r.next_attempt_at IS NOT NULL AND r.parked_at IS NULL \
-           AND ({mask}::int8 >> (hashtext(r.partition_key) & 63)) & 1 = 1"
+           AND ({mask}::int8 >> (hashtext(r.partition_key) & 63)) & 1 = 1{}",
+        floor_sql("r", floor)
     )
 }
 
+/// `AND <alias>.created_at >= '<floor>'` (nothing without a floor): a literal, so that the
+/// planner leaves out the partitions below it (see `floor.rs`).
+fn floor_sql(alias: &str, floor: Option<DateTime<Utc>>) -> String {
+    floor.map_or_else(String::new, |f| {
+        format!(
+            " AND {alias}.created_at >= '{}'::timestamptz",
+            f.to_rfc3339_opts(chrono::SecondsFormat::Micros, true)
+        )
+    })
+}
+
 /// The claim: the shards' rows after the cursor `$3`, in `id` order, skipping rows waiting for
-/// a retry and, when `$4` says some key is held back, the later rows of such keys.
+/// a retry and, when `$4` says some key is held back, the later rows of such keys. With a
+/// floor, [`claim_sql`] adds it.
 const CLAIM_SQL: &str = concat!(
     "SELECT ",
     claimed_columns!(),
@@ -272,6 +287,24 @@ const CLAIM_SQL: &str = concat!(
      ORDER BY o.id LIMIT $2 \
      FOR UPDATE OF o SKIP LOCKED"
 );
+
+/// [`CLAIM_SQL`] with the floor's condition on both of its scans.
+fn claim_sql(floor: DateTime<Utc>) -> String {
+    CLAIM_SQL
+        .replacen(
+            "WHERE o.id > $3",
+            &format!("WHERE o.id > $3{}", floor_sql("o", Some(floor))),
+            1,
+        )
+        .replacen(
+            "AND b.partition_key = o.partition_key",
+            &format!(
+                "AND b.partition_key = o.partition_key{}",
+                floor_sql("b", Some(floor))
+            ),
+            1,
+        )
+}
 
 /// What [`claim`] found.
 #[derive(Debug)]
@@ -293,10 +326,18 @@ pub(crate) async fn claim(
     shards: &BTreeSet<i32>,
     cursor: i64,
     limit: i64,
+    floor: Option<DateTime<Utc>>,
 ) -> Result<Claim> {
     let mask = shard_mask(shards);
-    let begun = begin_claim(conn, table, mask, cursor).await?;
-    let rows = sqlx::query(CLAIM_SQL)
+    let begun = begin_claim(conn, table, mask, cursor, floor).await?;
+    let with_floor = floor.map(claim_sql);
+    // With a floor, its text changes with it: not prepared (and planned with the floor, so
+    // that the partitions below it are left out).
+    let query = match &with_floor {
+        Some(sql) => sqlx::query(sql).persistent(false),
+        None => sqlx::query(CLAIM_SQL),
+    };
+    let rows = query
         .bind(mask)
         .bind(limit)
         .bind(begun.from)
@@ -330,8 +371,9 @@ async fn begin_claim(
     table: Table,
     mask: i64,
     cursor: i64,
+    floor: Option<DateTime<Utc>>,
 ) -> Result<Begun> {
-    let sql = begin_sql(mask, table.id_sequence);
+    let sql = begin_sql(mask, table.id_sequence, floor);
     let row = conn.fetch_one(sql.as_str()).await?;
     let sequence: Option<i64> = row.try_get(0)?;
     let due: Option<i64> = row.try_get(2)?;
@@ -352,7 +394,7 @@ pub(crate) async fn explain_claim(
     limit: i64,
 ) -> Result<serde_json::Value> {
     let mask = shard_mask(shards);
-    let begun = begin_claim(conn, table, mask, cursor).await?;
+    let begun = begin_claim(conn, table, mask, cursor, None).await?;
     let plan: serde_json::Value = sqlx::query_scalar(&format!(
         "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {CLAIM_SQL}"
     ))
@@ -465,4 +507,35 @@ pub(crate) async fn finish(
 pub(crate) async fn abandon(conn: &mut PgConnection) -> Result<()> {
     conn.execute("ROLLBACK").await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_floor_bounds_both_scans_of_the_claim_and_the_due_rows() {
+        let floor = DateTime::parse_from_rfc3339("2026-12-03T07:34:09.278039Z")
+            .unwrap()
+            .with_timezone(&Utc);
+        let literal = "created_at >= '2026-12-03T07:34:09.278039Z'::timestamptz";
+        let claim = claim_sql(floor);
+        assert!(
+            claim.contains(&format!("WHERE o.id > $3 AND o.{literal}")),
+            "{claim}"
+        );
+        assert!(claim.contains(&format!("AND b.{literal}")), "{claim}");
+        assert_eq!(
+            claim
+                .replace(&format!(" AND o.{literal}"), "")
+                .replace(&format!(" AND b.{literal}"), ""),
+            CLAIM_SQL
+        );
+        let begin = begin_sql(0, 1, Some(floor));
+        assert!(
+            begin.ends_with(&format!("& 1 = 1 AND r.{literal}")),
+            "{begin}"
+        );
+        assert!(!begin_sql(0, 1, None).contains("created_at"));
+    }
 }
