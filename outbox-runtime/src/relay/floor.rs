@@ -143,16 +143,20 @@ async fn compute(
     }
     // The latest sighting whose transactions have all ended (if one has, so have those of
     // every earlier one: a transaction running at an earlier sighting and still running now
-    // was running at the later one too).
+    // was running at the later one too). A transaction prepared since a sighting (its virtual id
+    // gone, the transaction not) holds it too: it may have begun before.
     let mut safe = None;
     for (i, s) in sightings.iter().enumerate().rev() {
         let ended: bool = sqlx::query_scalar(
             "SELECT NOT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'virtualxid' \
                                 AND granted AND virtualxid = ANY($1)) \
-                AND NOT EXISTS (SELECT 1 FROM pg_prepared_xacts WHERE gid = ANY($2))",
+                AND NOT EXISTS (SELECT 1 FROM pg_prepared_xacts \
+                                WHERE database = current_database() \
+                                  AND (gid = ANY($2) OR prepared >= $3))",
         )
         .bind(&s.virtual_xids)
         .bind(&s.prepared)
+        .bind(s.at)
         .fetch_one(&mut *conn)
         .await?;
         if ended {
