@@ -517,7 +517,8 @@ async fn the_claim_floor_stays_below_every_row_that_can_still_be_claimed() {
 /// Relays whose claims skip the partitions below their floor (recomputed every 100 ms, a
 /// second's clock margin) publish every event once and in per-key order, also the rows that become
 /// claimable below the floor: a unit of work that began before the floor moved and commits
-/// late, a parked row retried, a row written directly with an old `created_at`.
+/// late, a parked row retried and a row written directly with an old `created_at` (both
+/// while a transaction holds back the floor's rise).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relays_skipping_settled_partitions_lose_nothing_below_their_floor() {
     let db = TestDb::new().await;
@@ -577,12 +578,35 @@ async fn relays_skipping_settled_partitions_lose_nothing_below_their_floor() {
         },
     )
     .await;
-    // Below it: a parked row retried, and a row written with an old `created_at`.
+    // Below it: a parked row retried, and a row written with an old `created_at`, while a
+    // transaction holds every new sighting (the floor goes down without one).
+    let mut blocker = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT 1")
+        .execute(&mut *blocker)
+        .await
+        .unwrap();
     let retried = admin::retry_parked(pool, &admin::PoisonFilter::all())
         .await
         .unwrap();
     assert_eq!(retried, 1);
     let direct = backdated(pool, "100 minutes", "k-direct", 1).await;
+    wait_for(
+        "the retried and the direct row published, an older transaction still open",
+        Duration::from_secs(30),
+        || async {
+            sqlx::query_scalar::<_, i64>(
+                "SELECT count(*) FROM outbox_event \
+                 WHERE event_id = ANY($1) AND published_at IS NOT NULL",
+            )
+            .bind([parked, direct])
+            .fetch_one(pool)
+            .await
+            .unwrap()
+                == 2
+        },
+    )
+    .await;
+    blocker.commit().await.unwrap();
     emitter.more(1_000).await;
     stop.store(true, Ordering::Relaxed);
     let emitted = emitter.finish().await;

@@ -80,8 +80,10 @@ impl RelayBuilder {
     }
 
     /// How far below the time at which no older transaction ran the claim's floor stays
-    /// (default 5 minutes): a margin for the server's clock being set back, under which a new
-    /// row could get an older `created_at`.
+    /// (default 5 minutes): a margin for the server's clock being set back, and for the moment
+    /// between a transaction's start time and its virtual id (a `COMMIT AND CHAIN` that waits
+    /// on a synchronous standby stretches it), under which a new row could get an older
+    /// `created_at` and reach consumers after later events of its key. Zero is unsafe.
     pub fn claim_floor_margin(mut self, margin: Duration) -> Self {
         self.settings.claim_floor_margin = margin;
         self

@@ -11,10 +11,17 @@
 //! `min(T - margin, oldest claimable row below it)`, and a claim with `created_at >= floor`
 //! returns what one without it would.
 //!
+//! A transaction's start is its first statement's, a moment before it takes its virtual id (a
+//! chained transaction's, `COMMIT AND CHAIN`, is that statement's, however long the commit
+//! took): `T` is also no later than the oldest start this role can see in `pg_stat_activity`,
+//! and the margin covers the moment. A transaction that prepared since the sighting (its
+//! virtual id released, the transaction not ended) holds the sighting too.
+//!
 //! What can still make a row below the floor claimable is an operator's or retention's doing
 //! (a parked row retried, a partition attached back) or a write that bypasses `outbox_emit`
-//! with an older `created_at`. Each computation finds those, makes them due (the claim takes a
-//! due row below its cursor) and lowers the floor, so they wait at most one interval.
+//! with an older `created_at`. Each computation first looks below the floor, whatever the
+//! sightings say: it makes such rows due (the claim takes a due row below its cursor) and
+//! lowers the floor, so they wait at most one interval.
 
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -70,6 +77,9 @@ struct Sighting {
     at: DateTime<Utc>,
     virtual_xids: Vec<String>,
     prepared: Vec<String>,
+    /// The transaction ids running then (32 bits, as `pg_prepared_xacts` shows them): one
+    /// that was preparing then is not listed among the prepared yet.
+    xids: Vec<i64>,
 }
 
 /// Keeps `floor` computed every `every` until `cancel` fires (while the outbox is partitioned;
@@ -82,9 +92,20 @@ pub(crate) async fn keep(
     cancel: CancellationToken,
 ) {
     let mut sightings = VecDeque::new();
+    let mut failures = 0u32;
     loop {
-        if let Err(e) = compute(&pool, &floor, margin, &mut sightings).await {
-            tracing::debug!(error = %crate::error_chain(&e), "outbox relay could not compute its claim floor");
+        match compute(&pool, &floor, margin, &mut sightings).await {
+            Ok(_) => failures = 0,
+            Err(e) => {
+                failures += 1;
+                // Once is the database going away (the relay says so itself); again and again
+                // is rows below the floor not found.
+                if failures % 30 == 3 {
+                    tracing::warn!(failures, error = %crate::error_chain(&e), "outbox relay cannot compute its claim floor: rows made claimable below it wait");
+                } else {
+                    tracing::debug!(error = %crate::error_chain(&e), "outbox relay could not compute its claim floor");
+                }
+            }
         }
         // Until a first floor stands, soon again: the first sighting's transactions (batches,
         // emits) end within moments.
@@ -119,19 +140,41 @@ async fn compute(
         sightings.clear();
         return Ok(false);
     }
+    // Rows below the floor that became claimable (a parked row retried, a partition attached
+    // back, a row written by hand): the floor goes down at once, whatever the sightings say.
+    if let Some(current) = floor.get() {
+        let below: Option<DateTime<Utc>> = sqlx::query_scalar(
+            "SELECT min(created_at) FROM outbox_event \
+             WHERE published_at IS NULL AND parked_at IS NULL AND created_at < $1",
+        )
+        .bind(current)
+        .fetch_one(&mut *conn)
+        .await?;
+        if let Some(below) = below {
+            lower(&mut conn, floor, current, below).await?;
+        }
+    }
     if sightings.len() < MAX_SIGHTINGS {
-        // The time first: a transaction that began before it runs still, or has ended.
-        let at: DateTime<Utc> = sqlx::query_scalar("SELECT clock_timestamp()")
-            .fetch_one(&mut *conn)
-            .await?;
-        let (virtual_xids, prepared): (Vec<String>, Vec<String>) = sqlx::query_as(
+        // The time first: a transaction that began before it runs still, or has ended. A
+        // transaction's start is its first statement's, which may be a moment older than its
+        // virtual id (a chained transaction's is its COMMIT AND CHAIN's): the oldest start
+        // this role can see goes in too, and the margin covers the rest.
+        let at: DateTime<Utc> = sqlx::query_scalar(
+            "SELECT least(clock_timestamp(), (SELECT min(xact_start) FROM pg_stat_activity \
+                 WHERE datname = current_database() AND pid <> pg_backend_pid()))",
+        )
+        .fetch_one(&mut *conn)
+        .await?;
+        let (virtual_xids, prepared, xids): (Vec<String>, Vec<String>, Vec<i64>) = sqlx::query_as(
             "SELECT ARRAY(SELECT l.virtualxid FROM pg_locks l \
-                          JOIN pg_stat_activity a ON a.pid = l.pid \
-                          WHERE l.locktype = 'virtualxid' AND l.granted \
-                            AND l.mode = 'ExclusiveLock' AND l.pid <> pg_backend_pid() \
-                            AND a.datname = current_database()), \
-                    ARRAY(SELECT gid FROM pg_prepared_xacts \
-                          WHERE database = current_database())",
+                              JOIN pg_stat_activity a ON a.pid = l.pid \
+                              WHERE l.locktype = 'virtualxid' AND l.granted \
+                                AND l.mode = 'ExclusiveLock' AND l.pid <> pg_backend_pid() \
+                                AND a.datname = current_database()), \
+                        ARRAY(SELECT gid FROM pg_prepared_xacts \
+                              WHERE database = current_database()), \
+                        ARRAY(SELECT x::text::int8 % 4294967296 \
+                              FROM pg_snapshot_xip(pg_current_snapshot()) x)",
         )
         .fetch_one(&mut *conn)
         .await?;
@@ -139,6 +182,7 @@ async fn compute(
             at,
             virtual_xids,
             prepared,
+            xids,
         });
     }
     // The latest sighting whose transactions have all ended (if one has, so have those of
@@ -152,11 +196,13 @@ async fn compute(
                                 AND granted AND virtualxid = ANY($1)) \
                 AND NOT EXISTS (SELECT 1 FROM pg_prepared_xacts \
                                 WHERE database = current_database() \
-                                  AND (gid = ANY($2) OR prepared >= $3))",
+                                  AND (gid = ANY($2) OR prepared >= $3 \
+                                       OR transaction::text::int8 = ANY($4)))",
         )
         .bind(&s.virtual_xids)
         .bind(&s.prepared)
         .bind(s.at)
+        .bind(&s.xids)
         .fetch_one(&mut *conn)
         .await?;
         if ended {
@@ -178,22 +224,35 @@ async fn compute(
     .fetch_one(&mut *conn)
     .await?;
     let new = oldest.map_or(before, |o| o.min(before));
-    if let Some(old) = floor.get().filter(|old| new < *old) {
-        // Rows below the floor became claimable since (a parked row retried, a partition
-        // attached back): due now, so that a claim takes them below its cursor too.
-        let due = sqlx::query(
-            "UPDATE outbox_event SET next_attempt_at = now() \
-             WHERE published_at IS NULL AND parked_at IS NULL AND next_attempt_at IS NULL \
-               AND created_at < $1",
-        )
-        .bind(old)
-        .execute(&mut *conn)
-        .await?
-        .rows_affected();
-        tracing::info!(floor = %new, was = %old, due, "outbox relay lowered its claim floor: rows below it became claimable");
+    match floor.get() {
+        // A row below it appeared since the check above.
+        Some(current) if new < current => lower(&mut conn, floor, current, new).await?,
+        _ => floor.set(Some(new)),
     }
-    floor.set(Some(new));
     Ok(true)
+}
+
+/// Lowers the floor from `current` to `new`: the rows below `current` became claimable since
+/// it was set (a parked row retried, a partition attached back, a row written by hand), so
+/// they are made due first, for a claim to take them below its cursor too.
+async fn lower(
+    conn: &mut sqlx::PgConnection,
+    floor: &Floor,
+    current: DateTime<Utc>,
+    new: DateTime<Utc>,
+) -> Result<()> {
+    let due = sqlx::query(
+        "UPDATE outbox_event SET next_attempt_at = now() \
+         WHERE published_at IS NULL AND parked_at IS NULL AND next_attempt_at IS NULL \
+           AND created_at < $1",
+    )
+    .bind(current)
+    .execute(&mut *conn)
+    .await?
+    .rows_affected();
+    floor.set(Some(new));
+    tracing::info!(floor = %new, was = %current, due, "outbox relay lowered its claim floor: rows below it became claimable");
+    Ok(())
 }
 
 /// The claim floor an instance would work out now (see the module's docs), with the clock
