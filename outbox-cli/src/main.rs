@@ -144,7 +144,7 @@ struct Thresholds {
     /// Leave out warnings of this kind; repeatable. Kinds: autovacuum_off, dead_rows,
     /// vacuum_overdue, long_transaction, replication_slot, standby_feedback, prepared_transaction,
     /// old_unpublished, old_unprocessed, held_keys, parked, dead_inbox, missing_topic,
-    /// partitions_not_ahead, partition_not_dropped, many_partitions
+    /// partitions_not_ahead, partition_not_dropped, many_partitions, conversion_interrupted
     #[arg(long, value_name = "KIND")]
     ignore: Vec<outbox_runtime::admin::WarningKind>,
 }

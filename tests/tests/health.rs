@@ -645,3 +645,63 @@ async fn an_outbox_with_many_partitions_is_named_until_retention_drops_them() {
         Vec::<&Warning>::new()
     );
 }
+
+/// A conversion stopped midway leaves its bound on the plain table, which refuses every insert
+/// once it is past: named, with when, until the conversion is run again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_conversion_stopped_midway_is_named_with_when_inserts_start_failing() {
+    let db = TestDb::before_partitions().await;
+    let pool = &db.pool;
+    // What a conversion killed after its second step leaves: the bound, a day ahead.
+    let bound: chrono::DateTime<chrono::Utc> =
+        sqlx::query_scalar("SELECT date_trunc('second', now() + interval '1 day')")
+            .fetch_one(pool)
+            .await
+            .unwrap();
+    sqlx::raw_sql(&format!(
+        "ALTER TABLE outbox_event ADD CONSTRAINT outbox_event_before_partitions \
+         CHECK (created_at < '{}') NOT VALID",
+        bound.to_rfc3339()
+    ))
+    .execute(pool)
+    .await
+    .unwrap();
+    let thresholds = HealthThresholds::default();
+    let stopped = health(pool, &thresholds).await.unwrap();
+    match of_kind(&stopped, WarningKind::ConversionInterrupted)[..] {
+        [w @ Warning::ConversionInterrupted {
+            table,
+            constraint,
+            refuses_from,
+            in_secs,
+        }] => {
+            assert_eq!(
+                (table.as_str(), constraint.as_str()),
+                ("outbox_event", "outbox_event_before_partitions")
+            );
+            assert_eq!(*refuses_from, bound);
+            assert!((86_300.0..=86_400.0).contains(in_secs), "{in_secs}");
+            assert!(
+                w.to_string().starts_with(
+                    "converting outbox_event to partitions stopped midway: its constraint \
+                     outbox_event_before_partitions refuses every insert from "
+                ),
+                "{w}"
+            );
+        }
+        ref other => panic!("{other:?}"),
+    }
+    // Run again, the conversion finishes: the bound is the first partition's now.
+    let converted = admin::convert_to_partitions(pool, admin::CleanupTable::Outbox)
+        .await
+        .unwrap();
+    assert!(
+        matches!(converted, admin::Conversion::Converted { .. }),
+        "{converted:?}"
+    );
+    let done = health(pool, &thresholds).await.unwrap();
+    assert!(
+        of_kind(&done, WarningKind::ConversionInterrupted).is_empty(),
+        "{done:#?}"
+    );
+}

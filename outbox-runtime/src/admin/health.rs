@@ -186,11 +186,13 @@ pub enum WarningKind {
     PartitionNotDropped,
     /// See [`Warning::ManyPartitions`].
     ManyPartitions,
+    /// See [`Warning::ConversionInterrupted`].
+    ConversionInterrupted,
 }
 
 impl WarningKind {
     /// Every kind, in the order `outbox status` lists them.
-    pub const ALL: [WarningKind; 16] = [
+    pub const ALL: [WarningKind; 17] = [
         WarningKind::AutovacuumOff,
         WarningKind::DeadRows,
         WarningKind::VacuumOverdue,
@@ -207,6 +209,7 @@ impl WarningKind {
         WarningKind::PartitionsNotAhead,
         WarningKind::PartitionNotDropped,
         WarningKind::ManyPartitions,
+        WarningKind::ConversionInterrupted,
     ];
 
     /// The kind's name, as JSON and the gauge's label spell it.
@@ -228,6 +231,7 @@ impl WarningKind {
             WarningKind::PartitionsNotAhead => "partitions_not_ahead",
             WarningKind::PartitionNotDropped => "partition_not_dropped",
             WarningKind::ManyPartitions => "many_partitions",
+            WarningKind::ConversionInterrupted => "conversion_interrupted",
         }
     }
 }
@@ -428,6 +432,21 @@ pub enum Warning {
         /// Its partitions.
         partitions: usize,
     },
+    /// A conversion of a plain table to partitions stopped midway (killed, or failed and
+    /// could not drop what it had added): the table still carries its bound,
+    /// `<table>_before_partitions`, which refuses every insert from `refuses_from` on. Running
+    /// the conversion again (`outbox partitions convert`) finishes it; dropping the constraint
+    /// undoes it.
+    ConversionInterrupted {
+        /// The table.
+        table: String,
+        /// The constraint.
+        constraint: String,
+        /// From when it refuses inserts.
+        refuses_from: chrono::DateTime<chrono::Utc>,
+        /// Seconds until then (negative: already).
+        in_secs: f64,
+    },
 }
 
 impl Warning {
@@ -450,6 +469,7 @@ impl Warning {
             Warning::PartitionsNotAhead { .. } => WarningKind::PartitionsNotAhead,
             Warning::PartitionNotDropped { .. } => WarningKind::PartitionNotDropped,
             Warning::ManyPartitions { .. } => WarningKind::ManyPartitions,
+            Warning::ConversionInterrupted { .. } => WarningKind::ConversionInterrupted,
         }
     }
 
@@ -464,9 +484,9 @@ impl Warning {
                 application_name, ..
             } => application_name.clone(),
             Warning::MissingTopic { group, topic, .. } => format!("{group}/{topic}"),
-            Warning::PartitionsNotAhead { table, .. } | Warning::ManyPartitions { table, .. } => {
-                table.clone()
-            }
+            Warning::PartitionsNotAhead { table, .. }
+            | Warning::ManyPartitions { table, .. }
+            | Warning::ConversionInterrupted { table, .. } => table.clone(),
             Warning::PartitionNotDropped {
                 table, partition, ..
             } => format!("{table}/{partition}"),
@@ -649,6 +669,23 @@ impl fmt::Display for Warning {
                  more there are, the slower it publishes or processes): is retention running? \
                  (`outbox relay --retention`, `outbox cleanup`; `outbox partitions set --width` \
                  widens the partitions created from now on)"
+            ),
+            Warning::ConversionInterrupted {
+                table,
+                constraint,
+                refuses_from,
+                in_secs,
+            } => write!(
+                f,
+                "converting {table} to partitions stopped midway: its constraint {constraint} \
+                 refuses every insert from {refuses_from} on ({}): run `outbox partitions \
+                 convert` again to finish it, or `ALTER TABLE {table} DROP CONSTRAINT \
+                 {constraint}` to undo it",
+                if *in_secs > 0.0 {
+                    format!("in {}", human(*in_secs))
+                } else {
+                    "already".to_owned()
+                }
             ),
         }
     }
@@ -978,6 +1015,25 @@ async fn partition_warnings(
         sqlx::query_scalar("SELECT now()").fetch_one(pool).await?;
     for table in super::CleanupTable::ALL {
         let Some(layout) = super::partitions::partitions(pool, table).await? else {
+            // A plain table: a conversion stopped midway leaves its bound behind.
+            let name = table.table_name();
+            let bound: Option<(String, chrono::DateTime<chrono::Utc>)> = sqlx::query_as(
+                r#"SELECT conname::text,
+                          substring(pg_get_constraintdef(oid) FROM $$'([^']*)'$$)::timestamptz
+                   FROM pg_constraint
+                   WHERE conrelid = to_regclass($1) AND conname = $1 || '_before_partitions'"#,
+            )
+            .bind(name)
+            .fetch_optional(pool)
+            .await?;
+            if let Some((constraint, refuses_from)) = bound {
+                warnings.push(Warning::ConversionInterrupted {
+                    table: name.to_owned(),
+                    constraint,
+                    refuses_from,
+                    in_secs: (refuses_from - now).num_milliseconds() as f64 / 1000.0,
+                });
+            }
             continue;
         };
         let covered = layout.covered_past(now);
