@@ -411,6 +411,17 @@ async fn an_unpartitioned_outbox_converts_while_emitters_run_and_its_relays_rest
     );
 }
 
+/// Ten-minute outbox partitions from three hours ago to an hour ahead (about 24).
+async fn three_hours_of_ten_minute_partitions(pool: &PgPool) {
+    fixtures::narrow_partitions(
+        pool,
+        CleanupTable::Outbox,
+        Duration::from_secs(600),
+        "now() - interval '3 hours'",
+    )
+    .await;
+}
+
 /// An unpublished row created `ago` (an SQL interval) on topic `TOPIC` with key `key`, written
 /// directly (as a backlog from before, or a write that bypasses `outbox_emit`).
 async fn backdated(pool: &PgPool, ago: &str, key: &str, seq: u64) -> Uuid {
@@ -437,13 +448,7 @@ async fn backdated(pool: &PgPool, ago: &str, key: &str, seq: u64) -> Uuid {
 async fn the_claim_floor_stays_below_every_row_that_can_still_be_claimed() {
     let db = TestDb::new().await;
     let pool = &db.pool;
-    fixtures::narrow_partitions(
-        pool,
-        CleanupTable::Outbox,
-        Duration::from_secs(600),
-        "now() - interval '3 hours'",
-    )
-    .await;
+    three_hours_of_ten_minute_partitions(pool).await;
     let wait = Duration::from_secs(10);
     let floor = |margin: u64, wait: Duration| async move {
         outbox_runtime::relay::claim_floor(pool, Duration::from_secs(margin), wait)
@@ -525,13 +530,7 @@ async fn relays_skipping_settled_partitions_lose_nothing_below_their_floor() {
     let pool = &db.pool;
     let kafka = Kafka::mock();
     kafka.create_topic(TOPIC, PARTITIONS).await;
-    fixtures::narrow_partitions(
-        pool,
-        CleanupTable::Outbox,
-        Duration::from_secs(600),
-        "now() - interval '3 hours'",
-    )
-    .await;
+    three_hours_of_ten_minute_partitions(pool).await;
     // A row that will be parked, and a unit of work that begins now and commits at the end.
     let parked = backdated(pool, "150 minutes", "k-parked", 1).await;
     sqlx::query("UPDATE outbox_event SET parked_at = now() WHERE event_id = $1")

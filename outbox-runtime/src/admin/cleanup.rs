@@ -133,19 +133,19 @@ impl Cleanup {
             let mut rows = 0;
             for p in &layout.partitions {
                 let past = p.to.is_some_and(|to| to <= cutoff);
-                // The first partition, not past yet, and a partition kept lose only their rows
-                // settled before the cut-off; the others go whole.
-                let which = if !past && p.from.is_none() {
-                    table.condition()
-                } else if !past {
+                if !past && p.from.is_some() {
                     continue;
-                } else if partitions::kept_because(&self.pool, table, &p.name, cutoff)
-                    .await?
-                    .is_some()
-                {
-                    table.condition()
-                } else {
+                }
+                // A partition past the cut-off goes whole unless kept; one kept, and the first
+                // partition not past yet, lose only their rows settled before the cut-off.
+                let whole = past
+                    && partitions::kept_because(&self.pool, table, &p.name, cutoff)
+                        .await?
+                        .is_none();
+                let which = if whole {
                     "$1 IS NOT NULL"
+                } else {
+                    table.condition()
                 };
                 let n: i64 = sqlx::query_scalar(&format!(
                     "SELECT count(*) FROM {} WHERE {which}",

@@ -316,11 +316,11 @@ pub(crate) async fn kept_because(
 /// concurrently (inserts and reads go on) and then dropped; an interrupted detach is finished
 /// first. A `processed_event` partition holds dedup records only, so it goes once it is past
 /// the window whatever it holds. The first partition (the one without a lower bound) loses its
-/// rows past the window meanwhile, as a plain table does. An `inbox_event` partition goes only once every row in it is
-/// processed, and none within the window; one kept for an unprocessed or dead row is recorded
-/// with the reason in `outbox_partition_kept` for `outbox status`, and its rows processed
-/// before the cut-off are deleted meanwhile (as from a plain table), so that one dead row does
-/// not keep a day of records. A detached partition is checked again before it is dropped (a
+/// rows past the window meanwhile, as a plain table does. An `inbox_event` partition goes only
+/// once every row in it is processed, and none within the window; one kept for an unprocessed
+/// or dead row is recorded with the reason in `outbox_partition_kept` for `outbox status`, and
+/// its rows processed before the cut-off are deleted meanwhile (as from a plain table), so that
+/// one dead row does not keep a day of records. A detached partition is checked again before it is dropped (a
 /// receipt whose transaction began before the detach could still have written to it): with
 /// such a row, it is attached back.
 pub(crate) async fn drop_partitions(

@@ -143,14 +143,7 @@ async fn compute(
     // Rows below the floor that became claimable (a parked row retried, a partition attached
     // back, a row written by hand): the floor goes down at once, whatever the sightings say.
     if let Some(current) = floor.get() {
-        let below: Option<DateTime<Utc>> = sqlx::query_scalar(
-            "SELECT min(created_at) FROM outbox_event \
-             WHERE published_at IS NULL AND parked_at IS NULL AND created_at < $1",
-        )
-        .bind(current)
-        .fetch_one(&mut *conn)
-        .await?;
-        if let Some(below) = below {
+        if let Some(below) = oldest_claimable_below(&mut conn, current).await? {
             lower(&mut conn, floor, current, below).await?;
         }
     }
@@ -216,13 +209,7 @@ async fn compute(
     let before = sightings[i].at
         - chrono::Duration::from_std(margin).unwrap_or_else(|_| chrono::Duration::days(1));
     sightings.drain(..i);
-    let oldest: Option<DateTime<Utc>> = sqlx::query_scalar(
-        "SELECT min(created_at) FROM outbox_event \
-         WHERE published_at IS NULL AND parked_at IS NULL AND created_at < $1",
-    )
-    .bind(before)
-    .fetch_one(&mut *conn)
-    .await?;
+    let oldest = oldest_claimable_below(&mut conn, before).await?;
     let new = oldest.map_or(before, |o| o.min(before));
     match floor.get() {
         // A row below it appeared since the check above.
@@ -230,6 +217,21 @@ async fn compute(
         _ => floor.set(Some(new)),
     }
     Ok(true)
+}
+
+/// The `created_at` of the oldest claimable row (unpublished, not parked; a retry waiting
+/// counts) created before `before`, if any.
+async fn oldest_claimable_below(
+    conn: &mut sqlx::PgConnection,
+    before: DateTime<Utc>,
+) -> Result<Option<DateTime<Utc>>> {
+    Ok(sqlx::query_scalar(
+        "SELECT min(created_at) FROM outbox_event \
+         WHERE published_at IS NULL AND parked_at IS NULL AND created_at < $1",
+    )
+    .bind(before)
+    .fetch_one(conn)
+    .await?)
 }
 
 /// Lowers the floor from `current` to `new`: the rows below `current` became claimable since
