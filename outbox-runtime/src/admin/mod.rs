@@ -1,7 +1,8 @@
 //! Operations on the outbox and inbox tables, for operators and their tools (the `outbox` CLI
 //! is a thin layer over this module): backlog figures per topic ([`status`]), retention
 //! ([`Cleanup`]), the broker's topics ([`EnsureTopics`]), poison events (parked outbox rows and dead inbox rows: [`list_parked`],
-//! [`retry_parked`], [`drop_parked`], [`list_dead`], [`retry_dead`], [`discard_dead`]), replay ([`Replay`]).
+//! [`retry_parked`], [`drop_parked`], [`list_dead`], [`retry_dead`], [`discard_dead`]), replay ([`Replay`]),
+//! where things are ([`relay_instances`], [`held_keys`], [`find_event`]).
 //!
 //! Everything here works on the database alone, except [`replay`](crate::admin::Replay), which
 //! publishes (feature `kafka`). Every function is safe to run while relays and consumers run:
@@ -15,6 +16,7 @@
 mod cleanup;
 mod delete;
 mod health;
+mod inspect;
 pub(crate) mod partitions;
 mod poison;
 #[cfg(feature = "kafka")]
@@ -30,13 +32,17 @@ pub use health::{
     health, Health, HealthThresholds, TableHealth, Warning, WarningKind,
     VACUUM_OVERDUE_MIN_DEAD_ROWS,
 };
+pub use inspect::{
+    find_event, held_keys, relay_instances, DedupRecord, EventRef, EventTrace, HeldKey,
+    InboxRecord, OutboxRecord, RelayInstance,
+};
 pub use partitions::{
     convert_to_partitions, create_partitions, partitions, set_partitioning, Conversion, Partition,
     PartitionLayout,
 };
 pub use poison::{
-    discard_dead, drop_parked, list_dead, list_parked, retry_dead, retry_parked, DeadInboxEvent,
-    ParkedEvent, PoisonFilter,
+    count_dead, count_parked, discard_dead, drop_parked, list_dead, list_parked, retry_dead,
+    retry_parked, DeadInboxEvent, ParkedEvent, PoisonFilter,
 };
 #[cfg(feature = "kafka")]
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]

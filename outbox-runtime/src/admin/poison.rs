@@ -20,6 +20,10 @@ pub struct PoisonFilter {
     ids: Vec<i64>,
     event_ids: Vec<Uuid>,
     limit: Option<i64>,
+    since: Option<DateTime<Utc>>,
+    until: Option<DateTime<Utc>>,
+    after_id: Option<i64>,
+    after_received: Option<(DateTime<Utc>, Uuid)>,
 }
 
 impl PoisonFilter {
@@ -59,7 +63,35 @@ impl PoisonFilter {
         self
     }
 
-    /// Binds `$1..$5` of [`OUTBOX_SELECT`] / [`INBOX_SELECT`].
+    /// Rows written (outbox: `created_at`; inbox: `received_at`) at or after this time only.
+    pub fn since(mut self, at: DateTime<Utc>) -> Self {
+        self.since = Some(at);
+        self
+    }
+
+    /// Rows written (outbox: `created_at`; inbox: `received_at`) before this time only.
+    pub fn until(mut self, at: DateTime<Utc>) -> Self {
+        self.until = Some(at);
+        self
+    }
+
+    /// Outbox rows after this `id` only: the next page of a listing that ended at `id` (the
+    /// list is in `id` order). Read through the parked rows' index, so that a page costs the
+    /// same on a table with a million parked rows.
+    pub fn after_id(mut self, id: i64) -> Self {
+        self.after_id = Some(id);
+        self
+    }
+
+    /// Inbox rows after this one in the dead list's order (`received_at`, then `event_id`)
+    /// only: the next page of a listing that ended at that row.
+    pub fn after_received(mut self, received_at: DateTime<Utc>, event_id: Uuid) -> Self {
+        self.after_received = Some((received_at, event_id));
+        self
+    }
+
+    /// Binds `$1..$10` of [`OUTBOX_SELECT`] / [`INBOX_SELECT`] (each uses the cursor of its
+    /// own order and leaves the other's parameters unused).
     fn bind<'q>(
         &'q self,
         query: Query<'q, Postgres, PgArguments>,
@@ -70,27 +102,50 @@ impl PoisonFilter {
             .bind(&self.ids)
             .bind(&self.event_ids)
             .bind(self.limit)
+            .bind(self.since)
+            .bind(self.until)
+            .bind(self.after_id)
+            .bind(self.after_received.map(|(at, _)| at))
+            .bind(self.after_received.map(|(_, id)| id))
     }
 }
 
 /// The parked rows a filter selects, as a subquery of ids. Statements that change rows repeat
 /// its conditions outside it: a row a concurrent transaction changed (an operator retrying it,
 /// say) is checked again only against the outer `WHERE`, once that transaction commits.
-const OUTBOX_SELECT: &str = "\
-SELECT id FROM outbox_event \
-WHERE parked_at IS NOT NULL \
+const OUTBOX_SELECT: &str = concat!("SELECT id FROM outbox_event WHERE ", outbox_where!());
+
+/// The conditions of [`OUTBOX_SELECT`], and its order and limit.
+macro_rules! outbox_where {
+    () => {
+        "parked_at IS NOT NULL \
   AND ($1::text IS NULL OR topic = $1) AND ($2::text IS NULL OR event_type = $2) \
   AND ((cardinality($3::int8[]) = 0 AND cardinality($4::uuid[]) = 0) \
        OR id = ANY($3) OR event_id = ANY($4)) \
-ORDER BY id LIMIT $5";
+  AND ($6::timestamptz IS NULL OR created_at >= $6) \
+  AND ($7::timestamptz IS NULL OR created_at < $7) \
+  AND ($8::int8 IS NULL OR id > $8) \
+ORDER BY id LIMIT $5"
+    };
+}
+use outbox_where;
 
 /// The dead rows a filter selects, as a subquery of event ids.
-const INBOX_SELECT: &str = "\
-SELECT event_id FROM inbox_event \
-WHERE dead_at IS NOT NULL \
+const INBOX_SELECT: &str = concat!("SELECT event_id FROM inbox_event WHERE ", inbox_where!());
+
+/// The conditions of [`INBOX_SELECT`], and its order and limit.
+macro_rules! inbox_where {
+    () => {
+        "dead_at IS NOT NULL \
   AND ($1::text IS NULL OR topic = $1) AND ($2::text IS NULL OR event_type = $2) \
   AND ((cardinality($3::int8[]) = 0 AND cardinality($4::uuid[]) = 0) OR event_id = ANY($4)) \
-ORDER BY received_at, event_id LIMIT $5";
+  AND ($6::timestamptz IS NULL OR received_at >= $6) \
+  AND ($7::timestamptz IS NULL OR received_at < $7) \
+  AND ($9::timestamptz IS NULL OR (received_at, event_id) > ($9, $10::uuid)) \
+ORDER BY received_at, event_id LIMIT $5"
+    };
+}
+use inbox_where;
 
 /// A parked outbox row: refused by the broker `max_attempts` times, skipped by the relay.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -148,12 +203,15 @@ pub struct DeadInboxEvent {
 
 /// The parked outbox rows the filter selects, oldest first.
 pub async fn list_parked(pool: &PgPool, filter: &PoisonFilter) -> Result<Vec<ParkedEvent>> {
-    let sql = format!(
+    // The rows themselves, not their ids looked up again: the lookup by id would probe every
+    // partition of a partitioned outbox.
+    let sql = concat!(
         "SELECT id, event_id, topic, partition_key, aggregate_type, aggregate_id, event_type, \
                 attempts, last_error, created_at, parked_at, payload \
-         FROM outbox_event WHERE id IN ({OUTBOX_SELECT}) ORDER BY id"
+         FROM outbox_event WHERE ",
+        outbox_where!()
     );
-    let rows = filter.bind(sqlx::query(&sql)).fetch_all(pool).await?;
+    let rows = filter.bind(sqlx::query(sql)).fetch_all(pool).await?;
     rows.into_iter()
         .map(|r| {
             Ok(ParkedEvent {
@@ -172,6 +230,27 @@ pub async fn list_parked(pool: &PgPool, filter: &PoisonFilter) -> Result<Vec<Par
             })
         })
         .collect()
+}
+
+/// How many parked outbox rows the filter selects, counting at most its limit (a count capped
+/// so that a listing can say "1,000+" without counting a million rows).
+pub async fn count_parked(pool: &PgPool, filter: &PoisonFilter) -> Result<i64> {
+    let sql = format!("SELECT count(*) FROM ({OUTBOX_SELECT}) AS selected");
+    Ok(filter
+        .bind(sqlx::query(&sql))
+        .fetch_one(pool)
+        .await?
+        .try_get(0)?)
+}
+
+/// How many dead inbox rows the filter selects, counting at most its limit.
+pub async fn count_dead(pool: &PgPool, filter: &PoisonFilter) -> Result<i64> {
+    let sql = format!("SELECT count(*) FROM ({INBOX_SELECT}) AS selected");
+    Ok(filter
+        .bind(sqlx::query(&sql))
+        .fetch_one(pool)
+        .await?
+        .try_get(0)?)
 }
 
 /// Un-parks the rows the filter selects: the relay publishes them again from a clean slate
@@ -212,12 +291,13 @@ pub async fn drop_parked(pool: &PgPool, filter: &PoisonFilter) -> Result<u64> {
 /// The dead inbox rows the filter selects, oldest first (outbox `id`s in the filter match
 /// nothing here).
 pub async fn list_dead(pool: &PgPool, filter: &PoisonFilter) -> Result<Vec<DeadInboxEvent>> {
-    let sql = format!(
+    let sql = concat!(
         "SELECT event_id, topic, event_type, partition_key, attempts, last_error, received_at, \
                 dead_at, payload \
-         FROM inbox_event WHERE event_id IN ({INBOX_SELECT}) ORDER BY received_at, event_id"
+         FROM inbox_event WHERE ",
+        inbox_where!()
     );
-    let rows = filter.bind(sqlx::query(&sql)).fetch_all(pool).await?;
+    let rows = filter.bind(sqlx::query(sql)).fetch_all(pool).await?;
     rows.into_iter()
         .map(|r| {
             Ok(DeadInboxEvent {

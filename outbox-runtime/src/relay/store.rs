@@ -94,6 +94,51 @@ pub(crate) async fn members(conn: &mut PgConnection) -> Result<i64> {
     Ok(n)
 }
 
+/// One live relay instance as the database sees it: its session and the advisory locks it holds.
+pub(crate) struct Member {
+    pub(crate) pid: i32,
+    pub(crate) slot: i32,
+    pub(crate) shards: Vec<i32>,
+    pub(crate) connected_at: Option<DateTime<Utc>>,
+    pub(crate) application_name: Option<String>,
+    pub(crate) client_addr: Option<String>,
+}
+
+/// The live relay instances of the outbox on the `search_path`, by member slot, with the shards
+/// each holds (its shard locks) and its session's start, name and address.
+pub(crate) async fn member_list(conn: &mut PgConnection) -> Result<Vec<Member>> {
+    let rows = sqlx::query(&format!(
+        "SELECT l.pid, (l.objid::int8 - $1)::int4 AS slot, \
+                array(SELECT (s.objid::int8 - $3)::int4 FROM pg_locks s \
+                      WHERE s.pid = l.pid AND s.locktype = 'advisory' AND s.granted \
+                        AND s.objsubid = 2 AND s.classid = l.classid \
+                        AND s.database = l.database \
+                        AND s.objid::int8 BETWEEN $3 AND $3 + $4 - 1 \
+                      ORDER BY 1) AS shards, \
+                a.backend_start, a.application_name, host(a.client_addr) AS client_addr \
+         FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
+         WHERE {MEMBER_LOCKS_SQL} ORDER BY slot"
+    ))
+    .bind(i64::from(MEMBER_KEY))
+    .bind(MEMBER_SLOTS)
+    .bind(i64::from(SHARD_KEY))
+    .bind(SHARDS)
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(Member {
+                pid: r.try_get("pid")?,
+                slot: r.try_get("slot")?,
+                shards: r.try_get("shards")?,
+                connected_at: r.try_get("backend_start")?,
+                application_name: r.try_get("application_name")?,
+                client_addr: r.try_get("client_addr")?,
+            })
+        })
+        .collect()
+}
+
 /// Registers (or unregisters) this instance as waiting for work: while any instance waits,
 /// emitters send NOTIFY.
 pub(crate) async fn set_waiting(conn: &mut PgConnection, slot: i32, waiting: bool) -> Result<()> {
