@@ -12,6 +12,9 @@ pub mod admin;
 mod broker;
 #[cfg(feature = "kafka")]
 mod config;
+#[cfg(feature = "console")]
+#[cfg_attr(docsrs, doc(cfg(feature = "console")))]
+pub mod console;
 mod error;
 mod event;
 pub mod inbox;

@@ -11,6 +11,7 @@ pub struct ReadmeDoctests;
 pub struct RuntimeReadmeDoctests;
 
 pub mod bench;
+pub mod browser;
 pub mod deposits;
 pub mod fixtures;
 pub mod kafka;

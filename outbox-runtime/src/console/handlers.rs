@@ -1,0 +1,644 @@
+//! The routes: read what a page shows, or run an action, then render.
+
+use std::sync::Arc;
+
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Redirect, Response};
+use chrono::{DateTime, NaiveDateTime, Utc};
+use serde::Deserialize;
+use uuid::Uuid;
+
+use super::auth::{self, Refusal};
+use super::pages::{self, Page, Row};
+use super::Console;
+use crate::admin::{self, EventRef, PoisonFilter};
+
+/// Counts of matching rows stop here: "10,000+" needs no scan of a million rows.
+const COUNT_CAP: u32 = 10_000;
+
+type Shared = State<Arc<Console>>;
+
+/// An error page: bad input (400) or a failed query (500).
+pub(super) struct Failure(StatusCode, String);
+
+impl From<crate::Error> for Failure {
+    fn from(e: crate::Error) -> Self {
+        Failure(
+            StatusCode::INTERNAL_SERVER_ERROR,
+            crate::error_chain(&e).to_string(),
+        )
+    }
+}
+
+fn bad_input(message: impl Into<String>) -> Failure {
+    Failure(StatusCode::BAD_REQUEST, message.into())
+}
+
+/// Renders a failure as a page of the console.
+async fn fail(console: Arc<Console>, headers: HeaderMap, failure: Failure) -> Response {
+    let Failure(status, message) = failure;
+    let page = Page::new(&console, &headers, None);
+    (
+        status,
+        pages::message(
+            &page,
+            status.canonical_reason().unwrap_or("Error"),
+            &message,
+        ),
+    )
+        .into_response()
+}
+
+macro_rules! attempt {
+    ($console:expr, $headers:expr, $body:expr) => {
+        match $body {
+            Ok(response) => response,
+            Err(failure) => return fail($console, $headers, failure).await,
+        }
+    };
+}
+
+/// The health warnings for the top of a page; a failed check is one line there, not a
+/// failed page.
+async fn warnings(console: &Console) -> pages::Warnings {
+    match console.latest_health().await {
+        Ok(health) => pages::Warnings::Checked(health),
+        Err(e) => pages::Warnings::Failed(crate::error_chain(&e).to_string()),
+    }
+}
+
+pub(super) async fn overview(State(console): Shared, headers: HeaderMap) -> Response {
+    console.start_sampler();
+    let health = attempt!(
+        console.clone(),
+        headers,
+        console.check_health().await.map_err(Failure::from)
+    );
+    let page = Page::new(
+        &console,
+        &headers,
+        Some(pages::Warnings::Checked(health.clone())),
+    );
+    let samples = console.samples.lock().expect("samples");
+    pages::overview(&page, &health, &samples).into_response()
+}
+
+pub(super) async fn relays(State(console): Shared, headers: HeaderMap) -> Response {
+    console.start_sampler();
+    let read = async {
+        let instances = admin::relay_instances(&console.pool).await?;
+        let held = admin::held_keys(&console.pool, 200).await?;
+        Ok::<_, crate::Error>((instances, held))
+    };
+    let (instances, held) = attempt!(console.clone(), headers, read.await.map_err(Failure::from));
+    // Since when each instance has held its shards, as far as this console has seen.
+    let now = Utc::now();
+    let since: Vec<DateTime<Utc>> = {
+        let mut seen = console.shard_sets.lock().expect("shard sets");
+        seen.retain(|pid, _| instances.iter().any(|i| i.pid == *pid));
+        instances
+            .iter()
+            .map(|i| {
+                let entry = seen.entry(i.pid).or_insert_with(|| {
+                    (
+                        i.shards.clone(),
+                        console.started_at.max(i.connected_at.unwrap_or(now)),
+                    )
+                });
+                if entry.0 != i.shards {
+                    *entry = (i.shards.clone(), now);
+                }
+                entry.1
+            })
+            .collect()
+    };
+    let page = Page::new(&console, &headers, Some(warnings(&console).await));
+    pages::relays(&page, &instances, &since, &held).into_response()
+}
+
+/// A list page's query: the filter, the page's cursor, and what the last action did.
+#[derive(Debug, Default, Deserialize)]
+pub(super) struct ListQuery {
+    pub(super) topic: Option<String>,
+    #[serde(rename = "type")]
+    pub(super) event_type: Option<String>,
+    pub(super) since: Option<String>,
+    pub(super) until: Option<String>,
+    /// Parked: the last id of the previous page. Dead: the last row's `received_at`.
+    pub(super) after: Option<String>,
+    /// Dead: the last row's event id.
+    pub(super) after_id: Option<String>,
+    /// What the last action did (`retried:3`): shown once above the list.
+    pub(super) done: Option<String>,
+}
+
+fn given(value: &Option<String>) -> Option<&str> {
+    value.as_deref().map(str::trim).filter(|v| !v.is_empty())
+}
+
+/// A time from a filter: RFC 3339, or a `datetime-local` field's value, taken as UTC.
+fn parse_time(field: &str, value: &str) -> std::result::Result<DateTime<Utc>, Failure> {
+    if let Ok(t) = DateTime::parse_from_rfc3339(value) {
+        return Ok(t.with_timezone(&Utc));
+    }
+    ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d %H:%M:%S"]
+        .iter()
+        .find_map(|f| NaiveDateTime::parse_from_str(value, f).ok())
+        .map(|t| t.and_utc())
+        .ok_or_else(|| {
+            bad_input(format!(
+                "`{field}`: `{value}` is not a time (write 2026-12-03T14:30, taken as UTC, or RFC 3339)"
+            ))
+        })
+}
+
+impl ListQuery {
+    /// The filter without a cursor or limit.
+    fn filter(&self) -> std::result::Result<PoisonFilter, Failure> {
+        let mut filter = PoisonFilter::all();
+        if let Some(topic) = given(&self.topic) {
+            filter = filter.topic(topic);
+        }
+        if let Some(t) = given(&self.event_type) {
+            filter = filter.event_type(t);
+        }
+        if let Some(since) = given(&self.since) {
+            filter = filter.since(parse_time("since", since)?);
+        }
+        if let Some(until) = given(&self.until) {
+            filter = filter.until(parse_time("until", until)?);
+        }
+        Ok(filter)
+    }
+
+    /// The filter's fields as a query string (without the cursor).
+    pub(super) fn filter_query(&self) -> String {
+        let mut q = form_urlencoded::Serializer::new(String::new());
+        for (name, value) in [
+            ("topic", &self.topic),
+            ("type", &self.event_type),
+            ("since", &self.since),
+            ("until", &self.until),
+        ] {
+            if let Some(v) = given(value) {
+                q.append_pair(name, v);
+            }
+        }
+        q.finish()
+    }
+}
+
+fn with_query(path: String, query: &str) -> String {
+    if query.is_empty() {
+        path
+    } else {
+        format!("{path}?{query}")
+    }
+}
+
+pub(super) async fn parked(
+    State(console): Shared,
+    headers: HeaderMap,
+    Query(query): Query<ListQuery>,
+) -> Response {
+    let read = async {
+        let filter = query.filter()?;
+        let mut page_filter = filter.clone().limit(console.settings.page_size + 1);
+        if let Some(after) = given(&query.after) {
+            let id = after
+                .parse()
+                .map_err(|_| bad_input(format!("`after`: `{after}` is not a row id")))?;
+            page_filter = page_filter.after_id(id);
+        }
+        let mut rows = admin::list_parked(&console.pool, &page_filter).await?;
+        let total = admin::count_parked(&console.pool, &filter.limit(COUNT_CAP + 1)).await?;
+        let next = (rows.len() > console.settings.page_size as usize).then(|| {
+            rows.truncate(console.settings.page_size as usize);
+            let last = rows.last().expect("a full page").id;
+            let mut q = query.filter_query();
+            q.push_str(if q.is_empty() { "" } else { "&" });
+            q.push_str(&format!("after={last}"));
+            with_query(console.link("/parked"), &q)
+        });
+        Ok::<_, Failure>((rows, total, next))
+    };
+    let (rows, total, next) = attempt!(console.clone(), headers, read.await);
+    let rows: Vec<Row> = rows.iter().map(Row::parked).collect();
+    let page = Page::new(&console, &headers, Some(warnings(&console).await));
+    pages::poison_list(
+        &page,
+        pages::List::Parked,
+        &query,
+        &rows,
+        total,
+        COUNT_CAP,
+        next,
+    )
+    .into_response()
+}
+
+pub(super) async fn dead(
+    State(console): Shared,
+    headers: HeaderMap,
+    Query(query): Query<ListQuery>,
+) -> Response {
+    let read = async {
+        let filter = query.filter()?;
+        let mut page_filter = filter.clone().limit(console.settings.page_size + 1);
+        match (given(&query.after), given(&query.after_id)) {
+            (Some(at), Some(id)) => {
+                let at = parse_time("after", at)?;
+                let id = Uuid::parse_str(id)
+                    .map_err(|_| bad_input(format!("`after_id`: `{id}` is not an event id")))?;
+                page_filter = page_filter.after_received(at, id);
+            }
+            (None, None) => {}
+            _ => return Err(bad_input("`after` and `after_id` go together")),
+        }
+        let mut rows = admin::list_dead(&console.pool, &page_filter).await?;
+        let total = admin::count_dead(&console.pool, &filter.limit(COUNT_CAP + 1)).await?;
+        let next = (rows.len() > console.settings.page_size as usize).then(|| {
+            rows.truncate(console.settings.page_size as usize);
+            let last = rows.last().expect("a full page");
+            let mut q = form_urlencoded::Serializer::new(query.filter_query());
+            q.append_pair("after", &last.received_at.to_rfc3339());
+            q.append_pair("after_id", &last.event_id.to_string());
+            with_query(console.link("/dead"), &q.finish())
+        });
+        Ok::<_, Failure>((rows, total, next))
+    };
+    let (rows, total, next) = attempt!(console.clone(), headers, read.await);
+    let rows: Vec<Row> = rows.iter().map(Row::dead).collect();
+    let page = Page::new(&console, &headers, Some(warnings(&console).await));
+    pages::poison_list(
+        &page,
+        pages::List::Dead,
+        &query,
+        &rows,
+        total,
+        COUNT_CAP,
+        next,
+    )
+    .into_response()
+}
+
+/// What an action does; the CLI's `outbox parked retry | drop` and `outbox inbox dead retry |
+/// discard` call the same functions.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Action {
+    RetryParked,
+    SkipParked,
+    RetryDead,
+    DiscardDead,
+}
+
+impl Action {
+    pub(super) fn list(self) -> pages::List {
+        match self {
+            Action::RetryParked | Action::SkipParked => pages::List::Parked,
+            Action::RetryDead | Action::DiscardDead => pages::List::Dead,
+        }
+    }
+
+    /// The action's path, under the console's.
+    pub(super) fn path(self) -> &'static str {
+        match self {
+            Action::RetryParked => "/parked/retry",
+            Action::SkipParked => "/parked/skip",
+            Action::RetryDead => "/dead/retry",
+            Action::DiscardDead => "/dead/discard",
+        }
+    }
+
+    /// The word for it in `done=` and the log.
+    pub(super) fn verb(self) -> &'static str {
+        match self {
+            Action::RetryParked | Action::RetryDead => "retried",
+            Action::SkipParked => "skipped",
+            Action::DiscardDead => "discarded",
+        }
+    }
+
+    /// The word for it on a button.
+    pub(super) fn word(self) -> &'static str {
+        match self {
+            Action::RetryParked | Action::RetryDead => "retry",
+            Action::SkipParked => "skip",
+            Action::DiscardDead => "discard",
+        }
+    }
+
+    /// The question the operator confirms, for `n` rows.
+    pub(super) fn question(self, n: usize) -> String {
+        match self {
+            Action::RetryParked => format!(
+                "Retry {n} parked event(s)? The relay publishes them again, after their keys' later events."
+            ),
+            Action::SkipParked => format!(
+                "Skip {n} parked event(s)? They are deleted and will never be published."
+            ),
+            Action::RetryDead => {
+                format!("Retry {n} dead inbox row(s)? Their handlers run again.")
+            }
+            Action::DiscardDead => format!(
+                "Discard {n} dead inbox row(s)? Their handlers never run; a redelivery is not handled either."
+            ),
+        }
+    }
+}
+
+/// An action form's fields.
+#[derive(Debug, Default)]
+struct ActionForm {
+    ids: Vec<String>,
+    form_key: Option<String>,
+    confirmed: bool,
+    /// The list page's query to return to.
+    back: String,
+}
+
+fn parse_form(body: &[u8]) -> ActionForm {
+    let mut form = ActionForm::default();
+    let mut only = None;
+    for (name, value) in form_urlencoded::parse(body) {
+        match &*name {
+            "id" => form.ids.push(value.into_owned()),
+            "only" => only = Some(value.into_owned()),
+            "form_key" => form.form_key = Some(value.into_owned()),
+            "confirmed" => form.confirmed = value == "1",
+            "back" => form.back = value.into_owned(),
+            _ => {}
+        }
+    }
+    // A row's own button acts on that row alone, whatever else is ticked.
+    if let Some(only) = only {
+        form.ids = vec![only];
+    }
+    form
+}
+
+pub(super) async fn parked_retry(s: Shared, h: HeaderMap, body: Bytes) -> Response {
+    act(s, h, body, Action::RetryParked).await
+}
+
+pub(super) async fn parked_skip(s: Shared, h: HeaderMap, body: Bytes) -> Response {
+    act(s, h, body, Action::SkipParked).await
+}
+
+pub(super) async fn dead_retry(s: Shared, h: HeaderMap, body: Bytes) -> Response {
+    act(s, h, body, Action::RetryDead).await
+}
+
+pub(super) async fn dead_discard(s: Shared, h: HeaderMap, body: Bytes) -> Response {
+    act(s, h, body, Action::DiscardDead).await
+}
+
+/// Checks who asks, lists the selected rows, and either asks to confirm or acts on exactly
+/// those rows, logs it and returns to the list.
+async fn act(State(console): Shared, headers: HeaderMap, body: Bytes, action: Action) -> Response {
+    let form = parse_form(&body);
+    if let Err(refusal) = auth::may_act(&console, &headers, form.form_key.as_deref()) {
+        tracing::warn!(
+            target: "outbox_runtime::console",
+            action = action.verb(),
+            refusal = ?refusal,
+            "console action refused"
+        );
+        let (status, text) = match refusal {
+            Refusal::ReadOnly => (
+                StatusCode::FORBIDDEN,
+                "This console is read-only: it was started without actions allowed.",
+            ),
+            Refusal::NoToken => (
+                StatusCode::UNAUTHORIZED,
+                "Sign in with the console's token to act on rows.",
+            ),
+            Refusal::Forged => (
+                StatusCode::FORBIDDEN,
+                "Refused: the request did not come from this console's own page (another site, or a form without its anti-forgery field).",
+            ),
+        };
+        let page = Page::new(&console, &headers, None);
+        return (status, pages::message(&page, "Refused", text)).into_response();
+    }
+    let selected = attempt!(
+        console.clone(),
+        headers,
+        select(&console, &form, action).await
+    );
+    let back = with_query(console.link(action.list().path()), &form.back);
+    if selected.rows.is_empty() {
+        let page = Page::new(&console, &headers, None);
+        let text = "None of the selected rows is parked or dead any more: nothing to do.";
+        return pages::message_back(&page, "Nothing to do", text, &back).into_response();
+    }
+    if !form.confirmed {
+        let page = Page::new(&console, &headers, Some(warnings(&console).await));
+        return pages::confirm(&page, action, &selected.rows, &form.back).into_response();
+    }
+    let changed = attempt!(
+        console.clone(),
+        headers,
+        run(&console, action, &selected.filter)
+            .await
+            .map_err(Failure::from)
+    );
+    tracing::info!(
+        target: "outbox_runtime::console",
+        action = action.verb(),
+        rows = changed,
+        ids = %selected.rows.iter().map(|r| r.id.as_str()).collect::<Vec<_>>().join(","),
+        "console action: {} {changed} row(s)",
+        action.verb()
+    );
+    let sep = if back.contains('?') { '&' } else { '?' };
+    Redirect::to(&format!("{back}{sep}done={}:{changed}", action.verb())).into_response()
+}
+
+/// The rows an action form selects that are still parked (or dead), and the filter of
+/// exactly those.
+struct Selected {
+    rows: Vec<Row>,
+    filter: PoisonFilter,
+}
+
+async fn select(
+    console: &Console,
+    form: &ActionForm,
+    action: Action,
+) -> std::result::Result<Selected, Failure> {
+    if form.ids.is_empty() {
+        return Err(bad_input("Select at least one row."));
+    }
+    if form.ids.len() > 1000 {
+        return Err(bad_input("At most 1,000 rows at a time."));
+    }
+    let mut filter = PoisonFilter::all();
+    for id in &form.ids {
+        filter = match action.list() {
+            pages::List::Parked => filter.id(id
+                .parse()
+                .map_err(|_| bad_input(format!("`{id}` is not an outbox row id")))?),
+            pages::List::Dead => filter.event_id(
+                Uuid::parse_str(id).map_err(|_| bad_input(format!("`{id}` is not an event id")))?,
+            ),
+        };
+    }
+    // The rows as they are now; the action then takes exactly these.
+    let rows: Vec<Row> = match action.list() {
+        pages::List::Parked => admin::list_parked(&console.pool, &filter)
+            .await?
+            .iter()
+            .map(Row::parked)
+            .collect(),
+        pages::List::Dead => admin::list_dead(&console.pool, &filter)
+            .await?
+            .iter()
+            .map(Row::dead)
+            .collect(),
+    };
+    let exact = rows
+        .iter()
+        .fold(PoisonFilter::all(), |f, r| match action.list() {
+            pages::List::Parked => f.id(r.id.parse().expect("an outbox id")),
+            pages::List::Dead => f.event_id(Uuid::parse_str(&r.id).expect("an event id")),
+        });
+    Ok(Selected {
+        rows,
+        filter: exact,
+    })
+}
+
+async fn run(console: &Console, action: Action, filter: &PoisonFilter) -> crate::Result<u64> {
+    match action {
+        Action::RetryParked => admin::retry_parked(&console.pool, filter).await,
+        Action::SkipParked => admin::drop_parked(&console.pool, filter).await,
+        Action::RetryDead => admin::retry_dead(&console.pool, filter).await,
+        Action::DiscardDead => admin::discard_dead(&console.pool, filter).await,
+    }
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct EventQuery {
+    id: Option<String>,
+}
+
+pub(super) async fn event(
+    State(console): Shared,
+    headers: HeaderMap,
+    Query(query): Query<EventQuery>,
+) -> Response {
+    let id = given(&query.id).map(str::to_owned);
+    let found = match &id {
+        None => None,
+        Some(id) => {
+            let which: EventRef = attempt!(console.clone(), headers, id.parse().map_err(bad_input));
+            Some(attempt!(
+                console.clone(),
+                headers,
+                admin::find_event(&console.pool, which)
+                    .await
+                    .map_err(Failure::from)
+            ))
+        }
+    };
+    let page = Page::new(&console, &headers, Some(warnings(&console).await));
+    pages::event(&page, id.as_deref(), found.as_ref().map(Option::as_ref)).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+pub(super) struct LoginQuery {
+    next: Option<String>,
+}
+
+pub(super) async fn login_page(
+    State(console): Shared,
+    headers: HeaderMap,
+    Query(query): Query<LoginQuery>,
+) -> Response {
+    let page = Page::new(&console, &headers, None);
+    pages::login(&page, query.next.as_deref().unwrap_or(""), false).into_response()
+}
+
+pub(super) async fn login(State(console): Shared, headers: HeaderMap, body: Bytes) -> Response {
+    let mut token = String::new();
+    let mut next = String::new();
+    for (name, value) in form_urlencoded::parse(&body) {
+        match &*name {
+            "token" => token = value.into_owned(),
+            "next" => next = value.into_owned(),
+            _ => {}
+        }
+    }
+    let page = Page::new(&console, &headers, None);
+    let Some(expected) = console.settings.token.as_deref() else {
+        let text = "This console is read-only: it was started without actions allowed.";
+        return (
+            StatusCode::FORBIDDEN,
+            pages::message(&page, "Read-only", text),
+        )
+            .into_response();
+    };
+    if !auth::same_origin(&headers) || !auth::same(token.trim(), expected) {
+        tracing::warn!(target: "outbox_runtime::console", "console sign-in refused");
+        return (StatusCode::UNAUTHORIZED, pages::login(&page, &next, true)).into_response();
+    }
+    // Back to a page of this console only.
+    let home = console.link("/");
+    let base = console.settings.mounted_at.as_str();
+    let target = if next.starts_with(&format!("{base}/")) && !next.starts_with("//") {
+        next
+    } else {
+        home
+    };
+    let mut response = Redirect::to(&target).into_response();
+    if let Ok(cookie) = HeaderValue::from_str(&auth::set_cookie(&console, Some(token.trim()))) {
+        response.headers_mut().insert(header::SET_COOKIE, cookie);
+    }
+    response
+}
+
+pub(super) async fn logout(State(console): Shared) -> Response {
+    let mut response = Redirect::to(&console.link("/")).into_response();
+    if let Ok(cookie) = HeaderValue::from_str(&auth::set_cookie(&console, None)) {
+        response.headers_mut().insert(header::SET_COOKIE, cookie);
+    }
+    response
+}
+
+pub(super) async fn css() -> Response {
+    asset(
+        "text/css; charset=utf-8",
+        include_str!("assets/console.css"),
+    )
+}
+
+pub(super) async fn js() -> Response {
+    asset(
+        "text/javascript; charset=utf-8",
+        include_str!("assets/console.js"),
+    )
+}
+
+fn asset(content_type: &'static str, body: &'static str) -> Response {
+    (
+        [
+            (header::CONTENT_TYPE, content_type),
+            (header::CACHE_CONTROL, "max-age=300"),
+        ],
+        body,
+    )
+        .into_response()
+}
+
+pub(super) async fn not_found(State(console): Shared, headers: HeaderMap) -> Response {
+    let page = Page::new(&console, &headers, None);
+    let text = "No such page of the outbox console.";
+    (
+        StatusCode::NOT_FOUND,
+        pages::message(&page, "Not found", text),
+    )
+        .into_response()
+}
