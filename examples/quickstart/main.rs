@@ -6,6 +6,7 @@
 //! cargo run --example quickstart -- --listen 127.0.0.1:0  # on a free port (printed)
 //! cargo run --example quickstart -- --demo 200            # post 200 orders, wait until paid, exit
 //! cargo run --example quickstart -- --demo 1 --trace      # and print every span: one trace per order
+//! cargo run --example quickstart -- --console 127.0.0.1:3001  # and the operator console
 //! ```
 //!
 //! It prints the address it listens on and `curl` commands to try.
@@ -379,6 +380,17 @@ async fn run(args: Args) -> Result<()> {
     let server = Server::start(args.listen, orders_api(orders_db.clone()), &shutdown).await?;
     let addr = server.addr();
     println!("orders API listening on http://{addr}");
+    // The operator console of both databases, beside the API, if asked for.
+    let console = match args.console {
+        Some(listen) => {
+            let app = support::console::router(&orders_db, &payments_db)?;
+            let console = Server::start(listen, app, &shutdown).await?;
+            let at = console.addr();
+            println!("outbox console on http://{at}/orders and http://{at}/payments");
+            Some(console)
+        }
+        None => None,
+    };
 
     // Serve until Ctrl-C, or run the demo and stop.
     let mut problems = Vec::new();
@@ -404,6 +416,11 @@ async fn run(args: Args) -> Result<()> {
     shutdown.cancel();
     if let Err(e) = server.stop().await {
         problems.push(e);
+    }
+    if let Some(console) = console {
+        if let Err(e) = console.stop().await {
+            problems.push(e);
+        }
     }
     stop.cancel();
     for worker in workers {

@@ -318,6 +318,23 @@ async fn http(addr: &str, method: &str, path: &str, body: Option<&str>) -> (u16,
     (status, json)
 }
 
+/// One GET of a console page: its status and HTML.
+async fn page(addr: &str, path: &str) -> (u16, String) {
+    let mut stream = tokio::net::TcpStream::connect(addr)
+        .await
+        .unwrap_or_else(|e| panic!("connect to {addr}: {e}"));
+    let request = format!("GET {path} HTTP/1.1\r\nhost: {addr}\r\nconnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.expect("send");
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.expect("read");
+    let status = response
+        .split(' ')
+        .nth(1)
+        .and_then(|s| s.parse().ok())
+        .unwrap_or_else(|| panic!("not an HTTP response: {response:?}"));
+    (status, response)
+}
+
 /// Asserts an error answer: `status` and `{"error": "<non-empty>"}`.
 async fn expect_error(addr: &str, method: &str, path: &str, body: Option<&str>, status: u16) {
     let (got, json) = http(addr, method, path, body).await;
@@ -336,8 +353,14 @@ async fn expect_error(addr: &str, method: &str, path: &str, body: Option<&str>, 
 async fn http_api_answers_errors_as_json_and_ctrl_c_stops_it() {
     let db = TestDb::empty().await;
     let _payments = payments_db(&db);
-    let mut quickstart = Running::start("quickstart", Some(&db.url), &["--listen", "127.0.0.1:0"]);
+    let mut quickstart = Running::start(
+        "quickstart",
+        Some(&db.url),
+        &["--listen", "127.0.0.1:0", "--console", "127.0.0.1:0"],
+    );
     let addr = quickstart.wait_for_line("orders API listening on http://", Duration::from_secs(60));
+    let console = quickstart.wait_for_line("outbox console on http://", Duration::from_secs(10));
+    let console = console.split('/').next().unwrap().to_owned();
 
     let order = |amount: &str| {
         format!(r#"{{"customer_id": "c-1", "product_id": "book-42", "amount": {amount}}}"#)
@@ -375,6 +398,19 @@ async fn http_api_answers_errors_as_json_and_ctrl_c_stops_it() {
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+
+    // The console beside it shows both services' outboxes: the order's event, published.
+    for (path, topic) in [("/orders", "order.events"), ("/payments", "payment.events")] {
+        let (status, page) = page(&console, path).await;
+        assert_eq!(status, 200, "GET {path} on the console: {page}");
+        assert!(
+            page.contains(&format!("data-topic=\"{topic}\"")),
+            "the console at {path} shows no `{topic}`: {page}"
+        );
+    }
+    let (status, page) = page(&console, "/payments/parked").await;
+    assert_eq!(status, 200, "{page}");
+    assert!(page.contains("0 row(s) match"), "{page}");
 
     let stopping = Instant::now();
     quickstart.interrupt();

@@ -35,7 +35,7 @@ struct Cli {
     #[command(subcommand)]
     command: Command,
     /// How log lines (on stderr) look; which are shown is RUST_LOG's to say (by default
-    /// `info` for `relay` and `dev-broker`, `warn` for the others)
+    /// `info` for `relay`, `console` and `dev-broker`, `warn` for the others)
     #[arg(long, global = true, value_enum, default_value_t = LogFormat::Text, env = "OUTBOX_LOG_FORMAT")]
     log_format: LogFormat,
 }
@@ -394,6 +394,10 @@ enum Command {
         #[command(subcommand)]
         action: InboxAction,
     },
+    /// Serve the operator console: web pages over the outbox and inbox (backlog and charts,
+    /// relays and held keys, parked and dead rows with retry/skip/discard, find an event), until
+    /// Ctrl-C or SIGTERM
+    Console(ConsoleArgs),
     /// Run an in-memory Kafka (librdkafka's mock cluster) on a local port, for trying things out
     DevBroker {
         /// The local port to listen on
@@ -407,6 +411,33 @@ enum Command {
         #[arg(long = "topic", value_name = "TOPIC")]
         topics: Vec<String>,
     },
+}
+
+/// `outbox console`'s arguments.
+#[derive(Debug, Args)]
+struct ConsoleArgs {
+    #[command(flatten)]
+    db: Db,
+    /// The address to serve on; anything but a loopback address lets other machines read the
+    /// pages (payloads included)
+    #[arg(long, default_value = "127.0.0.1:8080", value_name = "HOST:PORT")]
+    listen: std::net::SocketAddr,
+    /// Allow actions (retry, skip, discard) to whoever signs in with --token
+    #[arg(long)]
+    allow_actions: bool,
+    /// The token that actions need (at least 16 characters); only with --allow-actions
+    #[arg(
+        long,
+        env = "OUTBOX_CONSOLE_TOKEN",
+        hide_env_values = true,
+        value_name = "TOKEN"
+    )]
+    token: Option<String>,
+    /// How often the charts' figures are sampled
+    #[arg(long, default_value = "10s", value_parser = parse::duration, value_name = "DURATION")]
+    sample_interval: Duration,
+    #[command(flatten)]
+    thresholds: Thresholds,
 }
 
 /// Which poison rows: filters, or `--all`.
@@ -522,7 +553,9 @@ fn main() -> ExitCode {
     // The long-running commands log what they do; the others print their results and log
     // only problems. RUST_LOG says otherwise.
     let level = match cli.command {
-        Command::Relay { .. } | Command::DevBroker { .. } => LevelFilter::INFO,
+        Command::Relay { .. } | Command::DevBroker { .. } | Command::Console { .. } => {
+            LevelFilter::INFO
+        }
         _ => LevelFilter::WARN,
     };
     if let Err(message) = init_logging(level, cli.log_format) {

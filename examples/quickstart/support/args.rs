@@ -3,17 +3,20 @@
 use std::net::{Ipv4Addr, SocketAddr};
 
 pub const USAGE: &str = "\
-usage: cargo run --example quickstart -- [--listen ADDR] [--demo N] [--trace]
+usage: cargo run --example quickstart -- [--listen ADDR] [--demo N] [--trace] [--console ADDR]
 
   --listen ADDR   serve the orders API on ADDR (default 127.0.0.1:3000; port 0: a free port)
   --demo N        post N orders to the API, wait until all are paid, print the time, stop
   --trace         print every span as it ends (stderr): each order's spans share a trace id
+  --console ADDR  serve the operator console of both databases on ADDR (e.g. 127.0.0.1:3001):
+                  read-only, or with actions if OUTBOX_CONSOLE_TOKEN is set
   --help          this text
 
 environment:
   DATABASE_URL    orders database (default postgres://postgres@127.0.0.1:5432/outbox_quickstart);
                   the payments service uses the same name + `_payments`; both are created
-  KAFKA_BROKERS   a Kafka to use (default: an embedded mock cluster)";
+  KAFKA_BROKERS   a Kafka to use (default: an embedded mock cluster)
+  OUTBOX_CONSOLE_TOKEN  with --console: allows its actions to whoever signs in with it";
 
 #[derive(Debug)]
 pub struct Args {
@@ -23,6 +26,8 @@ pub struct Args {
     pub demo: Option<usize>,
     /// `--trace`: print every span as it ends.
     pub trace: bool,
+    /// `--console ADDR`: serve the operator console there.
+    pub console: Option<SocketAddr>,
 }
 
 impl Args {
@@ -32,6 +37,7 @@ impl Args {
             listen: SocketAddr::from((Ipv4Addr::LOCALHOST, 3000)),
             demo: None,
             trace: false,
+            console: None,
         };
         while let Some(arg) = args.next() {
             let (flag, inline) = match arg.split_once('=') {
@@ -63,6 +69,12 @@ impl Args {
                     }
                 }
                 "--trace" if inline.is_none() => parsed.trace = true,
+                "--console" => {
+                    let value = value()?;
+                    parsed.console = Some(value.parse().map_err(|_| {
+                        format!("`--console {value}`: not an address such as 127.0.0.1:3001")
+                    })?);
+                }
                 "-h" | "--help" => return Ok(None),
                 _ => return Err(format!("unknown argument `{arg}`")),
             }

@@ -3,6 +3,7 @@
 //! selection and listing of poison rows, printing).
 
 mod cleanup;
+mod console;
 mod dev_broker;
 mod inbox;
 mod migrate;
@@ -43,6 +44,7 @@ pub async fn run(command: Command) -> Result {
         Command::Partitions { action } => partitions::run(action).await,
         Command::Parked { action } => parked::run(action).await,
         Command::Inbox { action } => inbox::run(action).await,
+        Command::Console(args) => console::run(args).await,
         Command::DevBroker {
             port,
             partitions,

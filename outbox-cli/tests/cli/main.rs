@@ -5,6 +5,7 @@
 mod support;
 
 mod cleanup;
+mod console;
 mod dev_broker;
 mod errors;
 mod partitions;
