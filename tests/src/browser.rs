@@ -2,6 +2,7 @@
 //! Chromium (Debian's `chromium` and `chromium-driver`) driven over WebDriver.
 
 use std::net::SocketAddr;
+use std::os::unix::process::CommandExt;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
 use std::time::Duration;
@@ -24,7 +25,11 @@ pub struct Served {
 
 impl Served {
     pub async fn start(pool: &PgPool, settings: ConsoleSettings) -> Served {
-        let app = console::router(pool.clone(), settings).expect("console router");
+        Served::router(console::router(pool.clone(), settings).expect("console router")).await
+    }
+
+    /// Serves `app` (a console nested in an application's router, say).
+    pub async fn router(app: axum::Router) -> Served {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
             .await
             .expect("bind");
@@ -47,9 +52,6 @@ impl Served {
         headers: &[(&str, &str)],
         body: &str,
     ) -> (u16, String) {
-        let mut stream = tokio::net::TcpStream::connect(self.addr)
-            .await
-            .expect("connect");
         let mut request = format!(
             "{method} {path} HTTP/1.1\r\nHost: {}\r\nConnection: close\r\nContent-Length: {}\r\n\
              Content-Type: application/x-www-form-urlencoded\r\n",
@@ -61,6 +63,14 @@ impl Served {
         }
         request.push_str("\r\n");
         request.push_str(body);
+        self.raw(&request).await
+    }
+
+    /// A request written out whole: its status and the whole response.
+    pub async fn raw(&self, request: &str) -> (u16, String) {
+        let mut stream = tokio::net::TcpStream::connect(self.addr)
+            .await
+            .expect("connect");
         stream.write_all(request.as_bytes()).await.expect("send");
         let mut response = Vec::new();
         stream.read_to_end(&mut response).await.expect("receive");
@@ -83,8 +93,27 @@ impl Drop for Served {
 /// Headless Chromium behind its own chromedriver, both gone when this is dropped.
 pub struct Browser {
     pub client: Client,
-    _driver: ChildGuard,
+    _driver: Group,
     profile: PathBuf,
+}
+
+/// chromedriver and the browsers it started: killed together when dropped, their profile
+/// removed.
+struct Group(ChildGuard);
+
+impl Drop for Group {
+    fn drop(&mut self) {
+        let _ = Command::new("kill")
+            .args(["-KILL", "--", &format!("-{}", self.0 .0.id())])
+            .stderr(Stdio::null())
+            .status();
+    }
+}
+
+impl Drop for Browser {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.profile);
+    }
 }
 
 /// Where Debian puts chromedriver.
@@ -99,14 +128,17 @@ impl Browser {
              (apt-get install chromium chromium-driver; .ci/run installs them)"
         );
         let port = free_port();
-        let driver = ChildGuard(
+        // In a process group of its own, so that Chromium goes with it, also when a test
+        // panics.
+        let driver = Group(ChildGuard(
             Command::new(CHROMEDRIVER)
                 .arg(format!("--port={port}"))
+                .process_group(0)
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
                 .expect("start chromedriver"),
-        );
+        ));
         let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
         while tokio::net::TcpStream::connect(("127.0.0.1", port))
             .await
@@ -231,12 +263,9 @@ impl Browser {
         path
     }
 
+    /// Ends the WebDriver session (the processes and the profile go when this is dropped).
     pub async fn close(self) {
-        let Browser {
-            client, profile, ..
-        } = self;
-        let _ = client.close().await;
-        let _ = std::fs::remove_dir_all(profile);
+        let _ = self.client.clone().close().await;
     }
 }
 

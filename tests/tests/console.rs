@@ -588,3 +588,191 @@ async fn an_action_needs_the_token_and_this_consoles_own_page() {
     .to_string();
     assert!(err.contains("at least 16 characters"), "{err}");
 }
+
+/// The header `name` of a raw response, if it has one.
+fn header<'a>(response: &'a str, name: &str) -> Option<&'a str> {
+    let head = response.split("\r\n\r\n").next().unwrap_or("");
+    head.lines().find_map(|line| {
+        let (n, v) = line.split_once(':')?;
+        n.eq_ignore_ascii_case(name).then(|| v.trim())
+    })
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sign_in_returns_only_to_this_console_and_odd_requests_get_clear_pages() {
+    let db = TestDb::new().await;
+    park(&db.pool, TOPIC, 1).await;
+    let id: i64 = sqlx::query_scalar("SELECT id FROM outbox_event")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    // A token given with spaces around it is the token without them.
+    let settings = ConsoleSettings::default().allow_actions(format!("  {TOKEN}\n"));
+    let served = Served::start(&db.pool, settings).await;
+
+    // After signing in, back to a page of this console only: never to another host, however
+    // the address is spelled (a browser reads `\` as `/` and drops tabs).
+    for next in [
+        "/parked",
+        "//evil.example",
+        "/%5Cevil.example",
+        "/%09/evil.example",
+        "https://evil.example/",
+        "/%0d%0aX-Evil:%201",
+    ] {
+        let (code, response) = served
+            .request("POST", "/login", &[], &format!("token={TOKEN}&next={next}"))
+            .await;
+        assert_eq!(code, 303, "{next}: {response}");
+        let location = header(&response, "location").unwrap();
+        let expected = if next == "/parked" { "/parked" } else { "/" };
+        assert_eq!(location, expected, "next={next}");
+        assert!(header(&response, "x-evil").is_none());
+    }
+    // Every page refuses to be framed by another site.
+    let (_, response) = served.request("GET", "/", &[], "").await;
+    assert_eq!(header(&response, "x-frame-options"), Some("DENY"));
+
+    // A request without a Host header (as HTTP/2 carries it: in the URI): the origin is
+    // checked against the request's own authority.
+    let bearer = format!("Bearer {TOKEN}");
+    let addr = served.addr;
+    let body = "token=nope";
+    let (code, page) = served
+        .raw(&format!(
+            "POST http://{addr}/login HTTP/1.1\r\nOrigin: http://{addr}\r\nConnection: close\r\n\
+             Content-Type: application/x-www-form-urlencoded\r\nContent-Length: {}\r\n\r\n{body}",
+            body.len()
+        ))
+        .await;
+    assert_eq!(
+        code, 401,
+        "checked as from this console, then the token refused: {page}"
+    );
+    assert!(page.contains("Wrong token."), "{page}");
+
+    // A query that does not parse: a page that says so.
+    let (code, page) = served
+        .request("GET", "/parked?topic=a&topic=b", &[], "")
+        .await;
+    assert_eq!(code, 400, "{page}");
+    assert!(
+        page.contains("<html"),
+        "a page of the console, not a bare error: {page}"
+    );
+
+    // A list address that is not one: the action is done, and the way back is the list.
+    let (code, response) = served
+        .request(
+            "POST",
+            "/parked/retry",
+            &[("Authorization", &bearer)],
+            &format!("id={id}&confirmed=1&back=topic%3D%01x%0d%0aX-Evil%3A1"),
+        )
+        .await;
+    assert_eq!(code, 303, "{response}");
+    let location = header(&response, "location").unwrap();
+    assert!(location.starts_with("/parked?"), "{location}");
+    assert!(header(&response, "x-evil").is_none());
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT count(*) FROM outbox_event WHERE parked_at IS NOT NULL"
+        )
+        .await,
+        0
+    );
+
+    // Basic credentials from a proxy are not the token: with the token's cookie, the form's
+    // anti-forgery field is still needed.
+    park(&db.pool, TOPIC, 1).await;
+    let id: i64 = sqlx::query_scalar("SELECT id FROM outbox_event WHERE parked_at IS NOT NULL")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let cookie = format!("outbox_console_token={TOKEN}");
+    let (code, _) = served
+        .request(
+            "POST",
+            "/parked/retry",
+            &[
+                ("Cookie", &cookie),
+                ("Authorization", "Basic cHJveHk6cHJveHk="),
+            ],
+            &format!("id={id}&confirmed=1"),
+        )
+        .await;
+    assert_eq!(code, 403);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_console_nested_in_an_application_links_within_its_path() {
+    let db = TestDb::new().await;
+    park(&db.pool, TOPIC, 1).await;
+    let nested = |settings: ConsoleSettings| {
+        axum::Router::new().nest(
+            "/ops/outbox",
+            console::router(db.pool.clone(), settings).unwrap(),
+        )
+    };
+    // Nested where its settings say: every link and the cookie stay under its path.
+    let served = Served::router(nested(
+        ConsoleSettings::default()
+            .mounted_at("/ops/outbox/")
+            .allow_actions(TOKEN),
+    ))
+    .await;
+    let (code, page) = served.request("GET", "/ops/outbox", &[], "").await;
+    assert_eq!(code, 200, "{page}");
+    let links: Vec<&str> = page
+        .split("href=\"")
+        .skip(1)
+        .filter_map(|s| s.split('"').next())
+        .collect();
+    assert!(!links.is_empty());
+    for link in &links {
+        assert!(
+            link.starts_with("/ops/outbox"),
+            "a link out of the console: {link} in {links:?}"
+        );
+    }
+    let (code, response) = served
+        .request(
+            "POST",
+            "/ops/outbox/login",
+            &[],
+            &format!("token={TOKEN}&next=/ops/outbox/parked"),
+        )
+        .await;
+    assert_eq!(code, 303, "{response}");
+    assert_eq!(header(&response, "location"), Some("/ops/outbox/parked"));
+    let cookie = header(&response, "set-cookie").unwrap();
+    assert!(cookie.contains("Path=/ops/outbox;"), "{cookie}");
+    // A page of the application beside it is not a page to return to.
+    let (_, response) = served
+        .request(
+            "POST",
+            "/ops/outbox/login",
+            &[],
+            &format!("token={TOKEN}&next=/ops/other"),
+        )
+        .await;
+    assert_eq!(header(&response, "location"), Some("/ops/outbox"));
+
+    // Nested without saying so: a page that says what to set, not links to the wrong place.
+    let served = Served::router(nested(ConsoleSettings::default())).await;
+    let (code, page) = served.request("GET", "/ops/outbox/parked", &[], "").await;
+    assert_eq!(code, 500);
+    assert!(
+        page.contains("ConsoleSettings::mounted_at(&quot;/ops/outbox&quot;)"),
+        "{page}"
+    );
+    // A path that is not one is refused when the router is built.
+    let err = console::router(
+        db.pool.clone(),
+        ConsoleSettings::default().mounted_at("ops outbox"),
+    )
+    .expect_err("not a path")
+    .to_string();
+    assert!(err.contains("mounted_at must be a path"), "{err}");
+}

@@ -64,31 +64,28 @@ pub async fn relay_instances(pool: &PgPool) -> Result<Vec<RelayInstance>> {
 /// next attempt, so this reads the retrying rows' index, not a backlog of unpublished rows.
 pub async fn held_keys(pool: &PgPool, limit: u32) -> Result<Vec<HeldKey>> {
     let rows = sqlx::query(
-        "SELECT DISTINCT ON (topic, partition_key) topic, partition_key, \
-                count(*) OVER (PARTITION BY topic, partition_key) AS rows, \
-                held_at, last_error \
+        "SELECT topic, partition_key, count(*) AS rows, min(held_at) AS held_since, \
+                (array_agg(last_error ORDER BY id))[1] AS last_error \
          FROM outbox_event \
          WHERE published_at IS NULL AND parked_at IS NULL AND held_at IS NOT NULL \
            AND next_attempt_at IS NOT NULL \
-         ORDER BY topic, partition_key, id",
+         GROUP BY topic, partition_key \
+         ORDER BY held_since, topic, partition_key LIMIT $1",
     )
+    .bind(i64::from(limit))
     .fetch_all(pool)
     .await?;
-    let mut held = rows
-        .iter()
+    rows.iter()
         .map(|r| {
             Ok(HeldKey {
                 topic: r.try_get("topic")?,
                 partition_key: r.try_get("partition_key")?,
                 rows: r.try_get("rows")?,
-                held_since: r.try_get("held_at")?,
+                held_since: r.try_get("held_since")?,
                 last_error: r.try_get("last_error")?,
             })
         })
-        .collect::<Result<Vec<_>>>()?;
-    held.sort_by_key(|h| h.held_since);
-    held.truncate(limit as usize);
-    Ok(held)
+        .collect()
 }
 
 /// An outbox row, as [`find_event`] shows it.

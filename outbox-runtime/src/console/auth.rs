@@ -1,7 +1,7 @@
 //! Who may act: the token (cookie or `Authorization: Bearer`), and the checks against requests
 //! forged by another site.
 
-use axum::http::{header, HeaderMap};
+use axum::http::{header, HeaderMap, Uri};
 
 use super::Console;
 
@@ -19,26 +19,40 @@ pub(super) enum Refusal {
     Forged,
 }
 
-/// Compares without an early exit, so that the time taken says nothing about the token.
-pub(super) fn same(a: &str, b: &str) -> bool {
-    a.len() == b.len()
-        && a.bytes()
-            .zip(b.bytes())
-            .fold(0u8, |diff, (x, y)| diff | (x ^ y))
-            == 0
+/// Whether `given` is `secret`, in a time that depends on `given`'s length alone: no early
+/// exit, not even on a length that differs.
+pub(super) fn same(given: &str, secret: &str) -> bool {
+    let secret = secret.as_bytes();
+    if secret.is_empty() {
+        return given.is_empty();
+    }
+    let differ = given
+        .bytes()
+        .enumerate()
+        .fold(0u8, |diff, (i, x)| diff | (x ^ secret[i % secret.len()]));
+    differ == 0 && given.len() == secret.len()
 }
 
-/// Whether the request carries the token (actions allowed).
+/// Whether the request carries the token (actions allowed): a bearer token or the cookie.
 pub(super) fn signed_in(console: &Console, headers: &HeaderMap) -> bool {
+    let cookie_ok = || {
+        let token = console.settings.token.as_deref();
+        token.is_some_and(|t| cookie(headers).is_some_and(|c| same(&c, t)))
+    };
+    bearer(console, headers) || cookie_ok()
+}
+
+/// Whether the request carries the token as `Authorization: Bearer` (a script's request: no
+/// browser sends it unasked).
+fn bearer(console: &Console, headers: &HeaderMap) -> bool {
     let Some(token) = console.settings.token.as_deref() else {
         return false;
     };
-    let bearer = headers
+    headers
         .get(header::AUTHORIZATION)
         .and_then(|v| v.to_str().ok())
-        .and_then(|v| v.strip_prefix("Bearer "));
-    bearer.is_some_and(|b| same(b.trim(), token))
-        || cookie(headers).is_some_and(|c| same(&c, token))
+        .and_then(|v| v.strip_prefix("Bearer "))
+        .is_some_and(|b| same(b.trim(), token))
 }
 
 /// The token cookie's value, if the request has one.
@@ -60,16 +74,18 @@ fn cookie(headers: &HeaderMap) -> Option<String> {
 }
 
 /// Whether the request comes from a page of this console: `Sec-Fetch-Site` (sent by browsers)
-/// says same-origin or none, and `Origin`, when sent, names the host the request went to.
-/// Requests without either (scripts, curl) pass: they carry no browser's cookies unasked.
-pub(super) fn same_origin(headers: &HeaderMap) -> bool {
+/// says same-origin or none, and `Origin`, when sent, names the host the request went to (its
+/// `Host` header, or under HTTP/2 its URI's authority). Requests without either (scripts, curl)
+/// pass: they carry no browser's cookies unasked.
+pub(super) fn same_origin(headers: &HeaderMap, uri: &Uri) -> bool {
     let get = |name| headers.get(name).and_then(|v| v.to_str().ok());
     if let Some(site) = get("sec-fetch-site") {
         if site != "same-origin" && site != "none" {
             return false;
         }
     }
-    match (get("origin"), get("host")) {
+    let host = get("host").or_else(|| uri.authority().map(|a| a.as_str()));
+    match (get("origin"), host) {
         (Some("null"), _) => false,
         (Some(origin), Some(host)) => origin
             .split_once("://")
@@ -84,6 +100,7 @@ pub(super) fn same_origin(headers: &HeaderMap) -> bool {
 pub(super) fn may_act(
     console: &Console,
     headers: &HeaderMap,
+    uri: &Uri,
     form_key: Option<&str>,
 ) -> Result<(), Refusal> {
     if !console.settings.actions_allowed() {
@@ -92,9 +109,10 @@ pub(super) fn may_act(
     if !signed_in(console, headers) {
         return Err(Refusal::NoToken);
     }
-    let bearer = headers.contains_key(header::AUTHORIZATION);
+    // The cookie comes with any request the browser sends; the form's field only from a page
+    // of this console. A bearer token is never sent unasked.
     let key_ok = form_key.is_some_and(|k| same(k, &console.form_key));
-    if !same_origin(headers) || !(bearer || key_ok) {
+    if !same_origin(headers, uri) || !(bearer(console, headers) || key_ok) {
         return Err(Refusal::Forged);
     }
     Ok(())
@@ -131,11 +149,28 @@ mod tests {
         assert!(!same("abc", "abd"));
         assert!(!same("abc", "abcd"));
         assert!(!same("", "a"));
+        assert!(
+            !same("abcabc", "abc"),
+            "a repeat of the secret is not the secret"
+        );
+        assert!(same("", ""));
     }
 
     #[test]
     fn another_sites_requests_are_not_same_origin() {
+        let uri = Uri::from_static("/parked/retry");
+        let same_origin = |h: &HeaderMap| same_origin(h, &uri);
         assert!(same_origin(&headers(&[("host", "127.0.0.1:8080")])));
+        // HTTP/2: no Host header, the authority in the URI.
+        let h2 = Uri::from_static("https://ops.example:8443/parked/retry");
+        assert!(super::same_origin(
+            &headers(&[("origin", "https://ops.example:8443")]),
+            &h2
+        ));
+        assert!(!super::same_origin(
+            &headers(&[("origin", "https://evil.example")]),
+            &h2
+        ));
         assert!(same_origin(&headers(&[
             ("host", "127.0.0.1:8080"),
             ("origin", "http://127.0.0.1:8080"),

@@ -64,8 +64,9 @@ impl Samples {
     }
 }
 
-/// A series of a chart: its name, its colour and its points.
-pub(super) type Series<'a> = (&'a str, &'a str, Vec<(DateTime<Utc>, f64)>);
+/// A series of a chart: its name, its colour (one of ours: it is written into the SVG as it
+/// is) and its points.
+pub(super) type Series<'a> = (&'a str, &'static str, Vec<(DateTime<Utc>, f64)>);
 
 /// A line chart of one or more series over the last hour, ending now.
 pub(super) fn line_chart(

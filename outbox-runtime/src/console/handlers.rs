@@ -3,8 +3,10 @@
 use std::sync::Arc;
 
 use axum::body::Bytes;
-use axum::extract::{Query, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::extract::rejection::QueryRejection;
+use axum::extract::{NestedPath, Query, Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
+use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
 use chrono::{DateTime, NaiveDateTime, Utc};
 use serde::Deserialize;
@@ -62,7 +64,8 @@ macro_rules! attempt {
 
 /// The health warnings for the top of a page; a failed check is one line there, not a
 /// failed page.
-async fn warnings(console: &Console) -> pages::Warnings {
+async fn warnings(console: &Arc<Console>) -> pages::Warnings {
+    console.start_sampler();
     match console.latest_health().await {
         Ok(health) => pages::Warnings::Checked(health),
         Err(e) => pages::Warnings::Failed(crate::error_chain(&e).to_string()),
@@ -74,7 +77,7 @@ pub(super) async fn overview(State(console): Shared, headers: HeaderMap) -> Resp
     let health = attempt!(
         console.clone(),
         headers,
-        console.check_health().await.map_err(Failure::from)
+        console.latest_health().await.map_err(Failure::from)
     );
     let page = Page::new(
         &console,
@@ -198,11 +201,22 @@ fn with_query(path: String, query: &str) -> String {
     }
 }
 
+/// A query string that does not parse (a field given twice, say) as a page of the console.
+fn query_of<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, Failure> {
+    query.map(|Query(q)| q).map_err(|e| {
+        bad_input(format!(
+            "The address's query does not parse: {}",
+            e.body_text()
+        ))
+    })
+}
+
 pub(super) async fn parked(
     State(console): Shared,
     headers: HeaderMap,
-    Query(query): Query<ListQuery>,
+    query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Response {
+    let query = attempt!(console.clone(), headers, query_of(query));
     let read = async {
         let filter = query.filter()?;
         let mut page_filter = filter.clone().limit(console.settings.page_size + 1);
@@ -242,8 +256,9 @@ pub(super) async fn parked(
 pub(super) async fn dead(
     State(console): Shared,
     headers: HeaderMap,
-    Query(query): Query<ListQuery>,
+    query: Result<Query<ListQuery>, QueryRejection>,
 ) -> Response {
+    let query = attempt!(console.clone(), headers, query_of(query));
     let read = async {
         let filter = query.filter()?;
         let mut page_filter = filter.clone().limit(console.settings.page_size + 1);
@@ -359,6 +374,17 @@ struct ActionForm {
     back: String,
 }
 
+/// A list page's query from a form's `back` field: its filter's fields only, encoded again.
+fn list_query(back: &str) -> String {
+    let mut query = form_urlencoded::Serializer::new(String::new());
+    for (name, value) in form_urlencoded::parse(back.as_bytes()) {
+        if matches!(&*name, "topic" | "type" | "since" | "until") {
+            query.append_pair(&name, &value);
+        }
+    }
+    query.finish()
+}
+
 fn parse_form(body: &[u8]) -> ActionForm {
     let mut form = ActionForm::default();
     let mut only = None;
@@ -368,7 +394,7 @@ fn parse_form(body: &[u8]) -> ActionForm {
             "only" => only = Some(value.into_owned()),
             "form_key" => form.form_key = Some(value.into_owned()),
             "confirmed" => form.confirmed = value == "1",
-            "back" => form.back = value.into_owned(),
+            "back" => form.back = list_query(&value),
             _ => {}
         }
     }
@@ -379,27 +405,33 @@ fn parse_form(body: &[u8]) -> ActionForm {
     form
 }
 
-pub(super) async fn parked_retry(s: Shared, h: HeaderMap, body: Bytes) -> Response {
-    act(s, h, body, Action::RetryParked).await
+pub(super) async fn parked_retry(s: Shared, h: HeaderMap, u: Uri, body: Bytes) -> Response {
+    act(s, h, u, body, Action::RetryParked).await
 }
 
-pub(super) async fn parked_skip(s: Shared, h: HeaderMap, body: Bytes) -> Response {
-    act(s, h, body, Action::SkipParked).await
+pub(super) async fn parked_skip(s: Shared, h: HeaderMap, u: Uri, body: Bytes) -> Response {
+    act(s, h, u, body, Action::SkipParked).await
 }
 
-pub(super) async fn dead_retry(s: Shared, h: HeaderMap, body: Bytes) -> Response {
-    act(s, h, body, Action::RetryDead).await
+pub(super) async fn dead_retry(s: Shared, h: HeaderMap, u: Uri, body: Bytes) -> Response {
+    act(s, h, u, body, Action::RetryDead).await
 }
 
-pub(super) async fn dead_discard(s: Shared, h: HeaderMap, body: Bytes) -> Response {
-    act(s, h, body, Action::DiscardDead).await
+pub(super) async fn dead_discard(s: Shared, h: HeaderMap, u: Uri, body: Bytes) -> Response {
+    act(s, h, u, body, Action::DiscardDead).await
 }
 
 /// Checks who asks, lists the selected rows, and either asks to confirm or acts on exactly
 /// those rows, logs it and returns to the list.
-async fn act(State(console): Shared, headers: HeaderMap, body: Bytes, action: Action) -> Response {
+async fn act(
+    State(console): Shared,
+    headers: HeaderMap,
+    uri: Uri,
+    body: Bytes,
+    action: Action,
+) -> Response {
     let form = parse_form(&body);
-    if let Err(refusal) = auth::may_act(&console, &headers, form.form_key.as_deref()) {
+    if let Err(refusal) = auth::may_act(&console, &headers, &uri, form.form_key.as_deref()) {
         tracing::warn!(
             target: "outbox_runtime::console",
             action = action.verb(),
@@ -528,8 +560,9 @@ pub(super) struct EventQuery {
 pub(super) async fn event(
     State(console): Shared,
     headers: HeaderMap,
-    Query(query): Query<EventQuery>,
+    query: Result<Query<EventQuery>, QueryRejection>,
 ) -> Response {
+    let query = attempt!(console.clone(), headers, query_of(query));
     let id = given(&query.id).map(str::to_owned);
     let found = match &id {
         None => None,
@@ -556,13 +589,19 @@ pub(super) struct LoginQuery {
 pub(super) async fn login_page(
     State(console): Shared,
     headers: HeaderMap,
-    Query(query): Query<LoginQuery>,
+    query: Result<Query<LoginQuery>, QueryRejection>,
 ) -> Response {
+    let query = attempt!(console.clone(), headers, query_of(query));
     let page = Page::new(&console, &headers, None);
-    pages::login(&page, query.next.as_deref().unwrap_or(""), false).into_response()
+    pages::login(&page, query.next.as_deref().unwrap_or(""), None).into_response()
 }
 
-pub(super) async fn login(State(console): Shared, headers: HeaderMap, body: Bytes) -> Response {
+pub(super) async fn login(
+    State(console): Shared,
+    headers: HeaderMap,
+    uri: Uri,
+    body: Bytes,
+) -> Response {
     let mut token = String::new();
     let mut next = String::new();
     for (name, value) in form_urlencoded::parse(&body) {
@@ -581,30 +620,106 @@ pub(super) async fn login(State(console): Shared, headers: HeaderMap, body: Byte
         )
             .into_response();
     };
-    if !auth::same_origin(&headers) || !auth::same(token.trim(), expected) {
-        tracing::warn!(target: "outbox_runtime::console", "console sign-in refused");
-        return (StatusCode::UNAUTHORIZED, pages::login(&page, &next, true)).into_response();
+    if !auth::same_origin(&headers, &uri) {
+        tracing::warn!(target: "outbox_runtime::console", "console sign-in from another site refused");
+        let text = "Refused: the sign-in did not come from this console's own page (behind a proxy, pass the Host header on).";
+        return (
+            StatusCode::FORBIDDEN,
+            pages::login(&page, &next, Some(text)),
+        )
+            .into_response();
     }
-    // Back to a page of this console only.
-    let home = console.link("/");
-    let base = console.settings.mounted_at.as_str();
-    let target = if next.starts_with(&format!("{base}/")) && !next.starts_with("//") {
+    if !auth::same(token.trim(), expected) {
+        tracing::warn!(target: "outbox_runtime::console", "console sign-in with a wrong token refused");
+        return (
+            StatusCode::UNAUTHORIZED,
+            pages::login(&page, &next, Some("Wrong token.")),
+        )
+            .into_response();
+    }
+    let target = if within(&console, &next) {
         next
     } else {
-        home
+        console.link("/")
     };
     let mut response = Redirect::to(&target).into_response();
-    if let Ok(cookie) = HeaderValue::from_str(&auth::set_cookie(&console, Some(token.trim()))) {
+    if let Ok(cookie) = HeaderValue::from_str(&auth::set_cookie(&console, Some(expected))) {
         response.headers_mut().insert(header::SET_COOKIE, cookie);
     }
     response
 }
 
-pub(super) async fn logout(State(console): Shared) -> Response {
+/// Whether `next` is a page of this console, and only that however a browser reads it: the
+/// console's path, then a path of plain characters (no `//`, `\`, tab or line break that a
+/// browser would make another host of).
+fn within(console: &Console, next: &str) -> bool {
+    let base = console.settings.mounted_at.as_str();
+    let Some(rest) = next.strip_prefix(base).and_then(|r| r.strip_prefix('/')) else {
+        return false;
+    };
+    let plain = |c: char| c.is_ascii_alphanumeric() || "/-_.~?=&%+,;:".contains(c);
+    !rest.starts_with('/') && rest.chars().all(plain)
+}
+
+pub(super) async fn logout(State(console): Shared, headers: HeaderMap, uri: Uri) -> Response {
+    if !auth::same_origin(&headers, &uri) {
+        let page = Page::new(&console, &headers, None);
+        let text = "Refused: the sign-out did not come from this console's own page.";
+        return (
+            StatusCode::FORBIDDEN,
+            pages::message(&page, "Refused", text),
+        )
+            .into_response();
+    }
     let mut response = Redirect::to(&console.link("/")).into_response();
     if let Ok(cookie) = HeaderValue::from_str(&auth::set_cookie(&console, None)) {
         response.headers_mut().insert(header::SET_COOKIE, cookie);
     }
+    response
+}
+
+/// Around every route: the console must be nested where its links say (its settings'
+/// `mounted_at`), and no page may be framed by another site, sniffed or cached.
+pub(super) async fn guard(State(console): Shared, request: Request, next: Next) -> Response {
+    let nested = request
+        .extensions()
+        .get::<NestedPath>()
+        .map(|p| p.as_str().trim_end_matches('/').to_owned())
+        .unwrap_or_default();
+    let mut response = if nested != console.settings.mounted_at {
+        let text = format!(
+            "This console is nested at `{}`, but its settings say `{}`: its links and its \
+             sign-in cookie would point elsewhere. Set ConsoleSettings::mounted_at(\"{}\").",
+            if nested.is_empty() { "/" } else { &nested },
+            if console.settings.mounted_at.is_empty() {
+                "/"
+            } else {
+                &console.settings.mounted_at
+            },
+            nested
+        );
+        tracing::error!(target: "outbox_runtime::console", "{text}");
+        let page = Page::new(&console, request.headers(), None);
+        (
+            StatusCode::INTERNAL_SERVER_ERROR,
+            pages::message(&page, "Misconfigured", &text),
+        )
+            .into_response()
+    } else {
+        next.run(request).await
+    };
+    let headers = response.headers_mut();
+    for (name, value) in [
+        (header::X_FRAME_OPTIONS, "DENY"),
+        (header::CONTENT_SECURITY_POLICY, "frame-ancestors 'none'"),
+        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
+        (header::REFERRER_POLICY, "same-origin"),
+    ] {
+        headers.insert(name, HeaderValue::from_static(value));
+    }
+    headers
+        .entry(header::CACHE_CONTROL)
+        .or_insert(HeaderValue::from_static("no-store"));
     response
 }
 

@@ -6,9 +6,10 @@
 //! - **Overview**: per topic, the outbox backlog, retrying, held and parked rows, the oldest
 //!   unpublished row's age and the rows published in the last minute; per topic, the inbox's
 //!   unprocessed and dead rows; charts of the backlog and the publish rate over the last hour.
-//!   The figures are read at each request; the charts are sampled by the console itself, every
-//!   [`sample_interval`](ConsoleSettings::sample_interval), from its first request on (the
-//!   tables keep no history of the backlog).
+//!   The figures are at most one [`sample_interval`](ConsoleSettings::sample_interval) old
+//!   (one health check serves every page and tab meanwhile); the charts are sampled by the
+//!   console itself at that interval, from its first request on (the tables keep no history of
+//!   the backlog).
 //! - **Relays**: the live relay instances (their sessions), the shards each publishes, and the
 //!   keys held back by a missing topic or authorization, with the broker's error.
 //! - **Parked** outbox rows and **dead** inbox rows, a page at a time (keyset pagination: a
@@ -28,8 +29,12 @@
 //! operator signs in with the token (kept in a `SameSite=Strict`, `HttpOnly` cookie), or a
 //! script sends it as `Authorization: Bearer`. An action is refused without the token, from
 //! another site (`Origin`, `Sec-Fetch-Site`), or without the form's anti-forgery field; every
-//! action is logged (target `outbox_runtime::console`) with what it changed. The pages show
-//! payloads: mount the router where only operators reach it.
+//! action is logged (target `outbox_runtime::console`) with what it changed. No page may be
+//! framed by another site. The pages show payloads: mount the router where only operators
+//! reach it, and set [`mounted_at`](ConsoleSettings::mounted_at) to the path it is nested at
+//! (a console nested elsewhere answers with an error page that says so). Behind a reverse proxy,
+//! pass the `Host` header on (nginx: `proxy_set_header Host $host;`): actions and sign-in are
+//! refused when the browser's `Origin` names another host than the request.
 //!
 //! ```no_run
 //! # async fn demo(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
@@ -105,7 +110,8 @@ impl ConsoleSettings {
     /// Allows the actions (retry, skip, discard) to whoever presents this token (at least
     /// [`MIN_TOKEN_LEN`] characters; [`router`] refuses a shorter one).
     pub fn allow_actions(mut self, token: impl Into<String>) -> Self {
-        self.token = Some(token.into());
+        // Spaces or a newline around it (a token read from a file) are not part of it.
+        self.token = Some(token.into().trim().to_owned());
         self
     }
 
@@ -149,15 +155,20 @@ impl ConsoleSettings {
     fn check(&self) -> Result<()> {
         let invalid = |reason: String| Err(Error::Config(format!("console settings: {reason}")));
         if let Some(token) = &self.token {
-            if token.trim().len() < MIN_TOKEN_LEN {
+            if token.chars().count() < MIN_TOKEN_LEN {
                 return invalid(format!(
                     "the actions' token must have at least {MIN_TOKEN_LEN} characters"
                 ));
             }
         }
-        if !self.mounted_at.is_empty() && !self.mounted_at.starts_with('/') {
+        let path_char = |c: char| c.is_ascii_alphanumeric() || "/-_.~".contains(c);
+        if !self.mounted_at.is_empty()
+            && (!self.mounted_at.starts_with('/')
+                || self.mounted_at.starts_with("//")
+                || !self.mounted_at.chars().all(path_char))
+        {
             return invalid(format!(
-                "mounted_at must start with `/`, not `{}`",
+                "mounted_at must be a path such as `/ops/outbox` (letters, digits, `/-_.~`), not `{}`",
                 self.mounted_at
             ));
         }
@@ -189,6 +200,7 @@ pub fn router(pool: PgPool, settings: ConsoleSettings) -> Result<Router> {
         started_at: Utc::now(),
         samples: Mutex::new(chart::Samples::default()),
         health: Mutex::new(None),
+        checking: tokio::sync::Mutex::new(()),
         sampler: std::sync::Once::new(),
         shard_sets: Mutex::new(Default::default()),
     });
@@ -207,6 +219,10 @@ pub fn router(pool: PgPool, settings: ConsoleSettings) -> Result<Router> {
         .route("/assets/console.css", get(handlers::css))
         .route("/assets/console.js", get(handlers::js))
         .fallback(handlers::not_found)
+        .layer(axum::middleware::from_fn_with_state(
+            console.clone(),
+            handlers::guard,
+        ))
         .with_state(console))
 }
 
@@ -224,6 +240,9 @@ struct Console {
     samples: Mutex<chart::Samples>,
     /// The last health check, and when it ran: the warnings every page shows.
     health: Mutex<Option<(tokio::time::Instant, Arc<Health>)>>,
+    /// Held while a health check runs: requests that find the last one stale wait for the
+    /// one under way instead of each running their own.
+    checking: tokio::sync::Mutex<()>,
     sampler: std::sync::Once,
     /// Each relay instance's shards as last seen, and since when the console has seen them
     /// unchanged (by backend pid).
@@ -241,12 +260,16 @@ impl Console {
         }
     }
 
-    /// Starts the sampler on the first request (a router may be built outside a runtime).
+    /// Starts the sampler on the first request (a router may be built outside a runtime, and
+    /// served on one that is not tokio's: then there are no samples, and the charts say so).
     fn start_sampler(self: &Arc<Self>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
         self.sampler.call_once(|| {
             let weak = Arc::downgrade(self);
             let interval = self.settings.sample_interval;
-            tokio::spawn(async move {
+            runtime.spawn(async move {
                 let mut ticks = tokio::time::interval(interval);
                 ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
                 loop {
@@ -279,12 +302,22 @@ impl Console {
         Ok(health)
     }
 
-    /// The latest health check, run again if it is older than the sample interval.
+    /// The latest health check, run again (by one request at a time) if it is older than the
+    /// sample interval.
     async fn latest_health(&self) -> Result<Arc<Health>> {
-        let cached = self.health.lock().expect("health").clone();
-        match cached {
-            Some((at, health)) if at.elapsed() < self.settings.sample_interval => Ok(health),
-            _ => self.check_health().await,
+        let fresh = || {
+            let cached = self.health.lock().expect("health").clone();
+            cached
+                .filter(|(at, _)| at.elapsed() < self.settings.sample_interval)
+                .map(|(_, health)| health)
+        };
+        if let Some(health) = fresh() {
+            return Ok(health);
+        }
+        let _checking = self.checking.lock().await;
+        match fresh() {
+            Some(health) => Ok(health),
+            None => self.check_health().await,
         }
     }
 }

@@ -566,7 +566,13 @@ pub(super) fn poison_list(
                     }
                 }
             } @else if page.console.settings.actions_allowed() {
-                p.note { a href={ (page.link("/login")) "?next=" (urlencode(&page.link(list.path()))) } { "Sign in" } " to retry or skip rows." }
+                p.note {
+                    a href={ (page.link("/login")) "?next=" (urlencode(&page.link(list.path()))) } { "Sign in" }
+                    @match list {
+                        List::Parked => " to retry or skip rows.",
+                        List::Dead => " to retry or discard rows.",
+                    }
+                }
             }
             (table)
         }
@@ -701,10 +707,10 @@ fn event_trace(page: &Page<'_>, trace: &EventTrace) -> Markup {
     }
 }
 
-pub(super) fn login(page: &Page<'_>, next: &str, failed: bool) -> Markup {
+pub(super) fn login(page: &Page<'_>, next: &str, failure: Option<&str>) -> Markup {
     let content = html! {
         h1 { "Sign in" }
-        @if failed { p.error #login-failed { "Wrong token." } }
+        @if let Some(failure) = failure { p.error #login-failed { (failure) } }
         p.note { "Actions (retry, skip, discard) need the token the console was started with." }
         form method="post" action=(page.link("/login")) {
             input type="hidden" name="next" value=(next);
