@@ -8,11 +8,12 @@ use axum::extract::{NestedPath, Query, Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Redirect, Response};
-use chrono::{DateTime, NaiveDateTime, Utc};
+use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use uuid::Uuid;
 
 use super::auth::{self, Refusal};
+use super::lists::{given, parse_time, Action, List, ListQuery};
 use super::pages::{self, Page, Row};
 use super::Console;
 use crate::admin::{self, EventRef, PoisonFilter};
@@ -121,78 +122,6 @@ pub(super) async fn relays(State(console): Shared, headers: HeaderMap) -> Respon
     pages::relays(&page, &instances, &since, &held).into_response()
 }
 
-/// A list page's query: the filter, the page's cursor, and what the last action did.
-#[derive(Debug, Default, Deserialize)]
-pub(super) struct ListQuery {
-    pub(super) topic: Option<String>,
-    #[serde(rename = "type")]
-    pub(super) event_type: Option<String>,
-    pub(super) since: Option<String>,
-    pub(super) until: Option<String>,
-    /// Parked: the last id of the previous page. Dead: the last row's `received_at`.
-    pub(super) after: Option<String>,
-    /// Dead: the last row's event id.
-    pub(super) after_id: Option<String>,
-    /// What the last action did (`retried:3`): shown once above the list.
-    pub(super) done: Option<String>,
-}
-
-fn given(value: &Option<String>) -> Option<&str> {
-    value.as_deref().map(str::trim).filter(|v| !v.is_empty())
-}
-
-/// A time from a filter: RFC 3339, or a `datetime-local` field's value, taken as UTC.
-fn parse_time(field: &str, value: &str) -> std::result::Result<DateTime<Utc>, Failure> {
-    if let Ok(t) = DateTime::parse_from_rfc3339(value) {
-        return Ok(t.with_timezone(&Utc));
-    }
-    ["%Y-%m-%dT%H:%M", "%Y-%m-%dT%H:%M:%S", "%Y-%m-%d %H:%M", "%Y-%m-%d %H:%M:%S"]
-        .iter()
-        .find_map(|f| NaiveDateTime::parse_from_str(value, f).ok())
-        .map(|t| t.and_utc())
-        .ok_or_else(|| {
-            bad_input(format!(
-                "`{field}`: `{value}` is not a time (write 2026-12-03T14:30, taken as UTC, or RFC 3339)"
-            ))
-        })
-}
-
-impl ListQuery {
-    /// The filter without a cursor or limit.
-    fn filter(&self) -> std::result::Result<PoisonFilter, Failure> {
-        let mut filter = PoisonFilter::all();
-        if let Some(topic) = given(&self.topic) {
-            filter = filter.topic(topic);
-        }
-        if let Some(t) = given(&self.event_type) {
-            filter = filter.event_type(t);
-        }
-        if let Some(since) = given(&self.since) {
-            filter = filter.since(parse_time("since", since)?);
-        }
-        if let Some(until) = given(&self.until) {
-            filter = filter.until(parse_time("until", until)?);
-        }
-        Ok(filter)
-    }
-
-    /// The filter's fields as a query string (without the cursor).
-    pub(super) fn filter_query(&self) -> String {
-        let mut q = form_urlencoded::Serializer::new(String::new());
-        for (name, value) in [
-            ("topic", &self.topic),
-            ("type", &self.event_type),
-            ("since", &self.since),
-            ("until", &self.until),
-        ] {
-            if let Some(v) = given(value) {
-                q.append_pair(name, v);
-            }
-        }
-        q.finish()
-    }
-}
-
 fn with_query(path: String, query: &str) -> String {
     if query.is_empty() {
         path
@@ -218,7 +147,7 @@ pub(super) async fn parked(
 ) -> Response {
     let query = attempt!(console.clone(), headers, query_of(query));
     let read = async {
-        let filter = query.filter()?;
+        let filter = query.filter().map_err(bad_input)?;
         let mut page_filter = filter.clone().limit(console.settings.page_size + 1);
         if let Some(after) = given(&query.after) {
             let id = after
@@ -241,16 +170,7 @@ pub(super) async fn parked(
     let (rows, total, next) = attempt!(console.clone(), headers, read.await);
     let rows: Vec<Row> = rows.iter().map(Row::parked).collect();
     let page = Page::new(&console, &headers, Some(warnings(&console).await));
-    pages::poison_list(
-        &page,
-        pages::List::Parked,
-        &query,
-        &rows,
-        total,
-        COUNT_CAP,
-        next,
-    )
-    .into_response()
+    pages::poison_list(&page, List::Parked, &query, &rows, total, COUNT_CAP, next).into_response()
 }
 
 pub(super) async fn dead(
@@ -260,11 +180,11 @@ pub(super) async fn dead(
 ) -> Response {
     let query = attempt!(console.clone(), headers, query_of(query));
     let read = async {
-        let filter = query.filter()?;
+        let filter = query.filter().map_err(bad_input)?;
         let mut page_filter = filter.clone().limit(console.settings.page_size + 1);
         match (given(&query.after), given(&query.after_id)) {
             (Some(at), Some(id)) => {
-                let at = parse_time("after", at)?;
+                let at = parse_time("after", at).map_err(bad_input)?;
                 let id = Uuid::parse_str(id)
                     .map_err(|_| bad_input(format!("`after_id`: `{id}` is not an event id")))?;
                 page_filter = page_filter.after_received(at, id);
@@ -287,81 +207,7 @@ pub(super) async fn dead(
     let (rows, total, next) = attempt!(console.clone(), headers, read.await);
     let rows: Vec<Row> = rows.iter().map(Row::dead).collect();
     let page = Page::new(&console, &headers, Some(warnings(&console).await));
-    pages::poison_list(
-        &page,
-        pages::List::Dead,
-        &query,
-        &rows,
-        total,
-        COUNT_CAP,
-        next,
-    )
-    .into_response()
-}
-
-/// What an action does; the CLI's `outbox parked retry | drop` and `outbox inbox dead retry |
-/// discard` call the same functions.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Action {
-    RetryParked,
-    SkipParked,
-    RetryDead,
-    DiscardDead,
-}
-
-impl Action {
-    pub(super) fn list(self) -> pages::List {
-        match self {
-            Action::RetryParked | Action::SkipParked => pages::List::Parked,
-            Action::RetryDead | Action::DiscardDead => pages::List::Dead,
-        }
-    }
-
-    /// The action's path, under the console's.
-    pub(super) fn path(self) -> &'static str {
-        match self {
-            Action::RetryParked => "/parked/retry",
-            Action::SkipParked => "/parked/skip",
-            Action::RetryDead => "/dead/retry",
-            Action::DiscardDead => "/dead/discard",
-        }
-    }
-
-    /// The word for it in `done=` and the log.
-    pub(super) fn verb(self) -> &'static str {
-        match self {
-            Action::RetryParked | Action::RetryDead => "retried",
-            Action::SkipParked => "skipped",
-            Action::DiscardDead => "discarded",
-        }
-    }
-
-    /// The word for it on a button.
-    pub(super) fn word(self) -> &'static str {
-        match self {
-            Action::RetryParked | Action::RetryDead => "retry",
-            Action::SkipParked => "skip",
-            Action::DiscardDead => "discard",
-        }
-    }
-
-    /// The question the operator confirms, for `n` rows.
-    pub(super) fn question(self, n: usize) -> String {
-        match self {
-            Action::RetryParked => format!(
-                "Retry {n} parked event(s)? The relay publishes them again, after their keys' later events."
-            ),
-            Action::SkipParked => format!(
-                "Skip {n} parked event(s)? They are deleted and will never be published."
-            ),
-            Action::RetryDead => {
-                format!("Retry {n} dead inbox row(s)? Their handlers run again.")
-            }
-            Action::DiscardDead => format!(
-                "Discard {n} dead inbox row(s)? Their handlers never run; a redelivery is not handled either."
-            ),
-        }
-    }
+    pages::poison_list(&page, List::Dead, &query, &rows, total, COUNT_CAP, next).into_response()
 }
 
 /// An action form's fields.
@@ -510,22 +356,22 @@ async fn select(
     let mut filter = PoisonFilter::all();
     for id in &form.ids {
         filter = match action.list() {
-            pages::List::Parked => filter.id(id
+            List::Parked => filter.id(id
                 .parse()
                 .map_err(|_| bad_input(format!("`{id}` is not an outbox row id")))?),
-            pages::List::Dead => filter.event_id(
+            List::Dead => filter.event_id(
                 Uuid::parse_str(id).map_err(|_| bad_input(format!("`{id}` is not an event id")))?,
             ),
         };
     }
     // The rows as they are now; the action then takes exactly these.
     let rows: Vec<Row> = match action.list() {
-        pages::List::Parked => admin::list_parked(&console.pool, &filter)
+        List::Parked => admin::list_parked(&console.pool, &filter)
             .await?
             .iter()
             .map(Row::parked)
             .collect(),
-        pages::List::Dead => admin::list_dead(&console.pool, &filter)
+        List::Dead => admin::list_dead(&console.pool, &filter)
             .await?
             .iter()
             .map(Row::dead)
@@ -534,8 +380,8 @@ async fn select(
     let exact = rows
         .iter()
         .fold(PoisonFilter::all(), |f, r| match action.list() {
-            pages::List::Parked => f.id(r.id.parse().expect("an outbox id")),
-            pages::List::Dead => f.event_id(Uuid::parse_str(&r.id).expect("an event id")),
+            List::Parked => f.id(r.id.parse().expect("an outbox id")),
+            List::Dead => f.event_id(Uuid::parse_str(&r.id).expect("an event id")),
         });
     Ok(Selected {
         rows,

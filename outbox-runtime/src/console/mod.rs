@@ -51,6 +51,7 @@
 mod auth;
 mod chart;
 mod handlers;
+mod lists;
 mod pages;
 
 use std::sync::{Arc, Mutex};

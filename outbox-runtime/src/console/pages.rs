@@ -8,7 +8,7 @@ use chrono::{DateTime, Utc};
 use maud::{html, Markup, DOCTYPE};
 
 use super::chart::{self, Samples};
-use super::handlers::{Action, ListQuery};
+use super::lists::{Action, List, ListQuery};
 use super::{auth, Console};
 use crate::admin::{DeadInboxEvent, EventTrace, Health, HeldKey, ParkedEvent, RelayInstance};
 
@@ -57,22 +57,6 @@ enum Nav {
     Dead,
     Event,
     None,
-}
-
-/// Which list of poison rows.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum List {
-    Parked,
-    Dead,
-}
-
-impl List {
-    pub(super) fn path(self) -> &'static str {
-        match self {
-            List::Parked => "/parked",
-            List::Dead => "/dead",
-        }
-    }
 }
 
 fn layout(page: &Page<'_>, title: &str, nav: Nav, refresh: bool, content: Markup) -> Markup {
