@@ -453,6 +453,15 @@ async fn parked_rows_come_a_page_at_a_time_and_filter_by_topic() {
             .unwrap();
     assert_eq!(seen, expected, "every row once, in order");
 
+    // More rows than the count goes to: it says so instead of counting them all.
+    park(&db.pool, "bulk.events", 10_050).await;
+    let (code, page) = served
+        .request("GET", "/parked?topic=bulk.events", &[], "")
+        .await;
+    assert_eq!(code, 200);
+    assert!(page.contains("10,000+ rows match"), "{page}");
+    assert_eq!(page.matches("<tr data-id=").count(), 50);
+
     // A bad time is a clear error, not a page of something else.
     let (code, body) = served
         .request("GET", "/parked?since=yesterday", &[], "")
