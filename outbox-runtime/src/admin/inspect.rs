@@ -91,7 +91,7 @@ pub async fn held_keys(pool: &PgPool, limit: u32) -> Result<Vec<HeldKey>> {
 /// An outbox row, as [`find_event`] shows it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[non_exhaustive]
-pub struct OutboxRecord {
+pub struct OutboxRow {
     /// `outbox_event.id`.
     pub id: i64,
     /// The event's id.
@@ -129,7 +129,7 @@ pub struct OutboxRecord {
 /// An inbox row, as [`find_event`] shows it.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[non_exhaustive]
-pub struct InboxRecord {
+pub struct InboxRow {
     /// The topic it was first read from.
     pub topic: String,
     /// Its message's `event_type` header.
@@ -159,7 +159,7 @@ pub struct InboxRecord {
 /// A dedup record: a handler that handled the event in dedup mode.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
-pub struct DedupRecord {
+pub struct DedupRow {
     /// The handler's name.
     pub handler: String,
     /// When its transaction committed.
@@ -174,11 +174,11 @@ pub struct EventTrace {
     /// The event id looked up.
     pub event_id: Uuid,
     /// Its outbox row, if this database emitted it.
-    pub outbox: Option<OutboxRecord>,
+    pub outbox: Option<OutboxRow>,
     /// Its inbox row, if an inbox-mode consumer of this database received it.
-    pub inbox: Option<InboxRecord>,
+    pub inbox: Option<InboxRow>,
     /// The dedup-mode handlers that handled it.
-    pub processed: Vec<DedupRecord>,
+    pub processed: Vec<DedupRow>,
 }
 
 impl EventTrace {
@@ -239,7 +239,7 @@ pub async fn find_event(pool: &PgPool, which: EventRef) -> Result<Option<EventTr
     };
     let outbox = row
         .map(|r| {
-            Ok::<_, crate::Error>(OutboxRecord {
+            Ok::<_, crate::Error>(OutboxRow {
                 id: r.try_get("id")?,
                 event_id: r.try_get("event_id")?,
                 topic: r.try_get("topic")?,
@@ -275,7 +275,7 @@ pub async fn find_event(pool: &PgPool, which: EventRef) -> Result<Option<EventTr
     .map(|r| {
         let partition: Option<i32> = r.try_get("source_partition")?;
         let offset: Option<i64> = r.try_get("source_offset")?;
-        Ok::<_, crate::Error>(InboxRecord {
+        Ok::<_, crate::Error>(InboxRow {
             topic: r.try_get("topic")?,
             event_type: r.try_get("event_type")?,
             partition_key: r.try_get("partition_key")?,
@@ -299,7 +299,7 @@ pub async fn find_event(pool: &PgPool, which: EventRef) -> Result<Option<EventTr
     .await?
     .iter()
     .map(|r| {
-        Ok(DedupRecord {
+        Ok(DedupRow {
             handler: r.try_get("handler")?,
             processed_at: r.try_get("processed_at")?,
         })

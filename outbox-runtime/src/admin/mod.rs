@@ -33,8 +33,8 @@ pub use health::{
     VACUUM_OVERDUE_MIN_DEAD_ROWS,
 };
 pub use inspect::{
-    find_event, held_keys, relay_instances, DedupRecord, EventRef, EventTrace, HeldKey,
-    InboxRecord, OutboxRecord, RelayInstance,
+    find_event, held_keys, relay_instances, DedupRow, EventRef, EventTrace, HeldKey, InboxRow,
+    OutboxRow, RelayInstance,
 };
 pub use partitions::{
     convert_to_partitions, create_partitions, partitions, set_partitioning, Conversion, Partition,
