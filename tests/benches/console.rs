@@ -3,7 +3,9 @@
 //! statistics as the rows were written (never analyzed: autovacuum is off on these machines)
 //! and after `ANALYZE`.
 //!
-//! `cargo bench -p outbox-tests --bench console` (ROWS=1000000 REPEAT=15). The large
+//! `cargo bench -p outbox-tests --bench console` (ROWS=1000000 REPEAT=15). The pages share
+//! one health check per sample interval (their warnings, the overview's figures): it is
+//! measured on its own, and the pages with it done. The large
 //! installation has `ROWS` parked outbox rows and `ROWS / 5` dead inbox rows, one topic in a
 //! thousand rare; the small one a thousandth of that. Rows are as the relay and the consumers
 //! leave them: a parked row keeps its `next_attempt_at`; inbox rows come in batches of 500
@@ -92,6 +94,21 @@ async fn paths(pool: &PgPool) -> Vec<(&'static str, String)> {
     ]
 }
 
+/// The health check behind every page's warnings and the overview's figures: run once per
+/// sample interval, whatever the number of pages read meanwhile.
+async fn measure_health(pool: &PgPool, repeat: usize) -> f64 {
+    let thresholds = outbox_runtime::admin::HealthThresholds::default();
+    let mut samples = Vec::new();
+    for _ in 0..repeat {
+        let t = Instant::now();
+        outbox_runtime::admin::health_estimated(pool, &thresholds)
+            .await
+            .unwrap();
+        samples.push(t.elapsed().as_secs_f64() * 1000.0);
+    }
+    median(samples)
+}
+
 async fn measure(served: &Served, path: &str, repeat: usize) -> f64 {
     let mut samples = Vec::new();
     for _ in 0..repeat {
@@ -146,6 +163,16 @@ async fn main() {
         );
         println!("| page | small | poison | ratio | backlog | ratio |");
         println!("|---|---:|---:|---:|---:|---:|");
+        let (h_small, h_large, h_backlog) = (
+            measure_health(&small.pool, repeat).await,
+            measure_health(&large.pool, repeat).await,
+            measure_health(&backlog.pool, repeat).await,
+        );
+        println!(
+            "| health check (once per sample interval) | {h_small:.1} | {h_large:.1} | {:.1}× | {h_backlog:.1} | {:.1}× |",
+            h_large / h_small,
+            h_backlog / h_small
+        );
         for ((name, s), ((_, l), (_, b))) in small_paths
             .iter()
             .zip(large_paths.iter().zip(&backlog_paths))
