@@ -8,8 +8,8 @@
 //! measured on its own, and the pages with it done. The large
 //! installation has `ROWS` parked outbox rows and `ROWS / 5` dead inbox rows, one topic in a
 //! thousand rare; the small one a thousandth of that. Rows are as the relay and the consumers
-//! leave them: a parked row keeps its `next_attempt_at`; inbox rows come in batches of 500
-//! sharing a `received_at` (a consumer's transaction).
+//! leave them: a parked row without a retry time (until migration 18, it kept one); inbox rows
+//! in batches of 500 sharing a `received_at` (a consumer's transaction).
 
 use std::time::Instant;
 
@@ -27,7 +27,7 @@ async fn fill(pool: &PgPool, rows: i64) {
          SELECT gen_random_uuid(), 'Account', 'k-' || i, 'Deposited', \
                 jsonb_build_object('seq', i, 'note', repeat('x', 100)), \
                 CASE WHEN i % 1000 = 0 THEN 'rare.events' ELSE 'bench.events' END, \
-                'k-' || (i % 5000), 3, 'Broker: Policy violation', now(), now() \
+                'k-' || (i % 5000), 3, 'Broker: Policy violation', now(), NULL \
          FROM generate_series(1, $1::int8) AS i",
     )
     .bind(rows)

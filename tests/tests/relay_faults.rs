@@ -494,3 +494,130 @@ async fn a_retried_parked_record_is_published_by_the_running_relay() {
     assert_eq!(received.len(), 2);
     running.stop().await;
 }
+
+/// What every batch's first statement reads: the failed rows of its shards that wait for a
+/// retry (`begin_sql` in `relay/store.rs`), through the index of rows with a retry time.
+async fn retry_scan_buffers(pool: &PgPool) -> i64 {
+    let mut conn = pool.acquire().await.unwrap();
+    // As on a relay's session: indexes only.
+    sqlx::raw_sql("SET enable_seqscan = off; SET enable_bitmapscan = off")
+        .execute(&mut *conn)
+        .await
+        .unwrap();
+    let plan: serde_json::Value = sqlx::query_scalar(
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) \
+         SELECT min(r.id) FILTER (WHERE r.next_attempt_at <= now()), \
+                coalesce(bool_or(r.next_attempt_at > now()), false) \
+         FROM outbox_event r \
+         WHERE r.published_at IS NULL AND r.next_attempt_at IS NOT NULL AND r.parked_at IS NULL",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    buffers(&plan)
+}
+
+/// Parked rows pile up until an operator acts, for months maybe; every batch of the relay
+/// begins by reading the rows waiting for a retry. A parked row is not one: it leaves that
+/// index (its retry time cleared), so the relay's cost does not grow with the parked rows. A
+/// retried parked row is due again, and published.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_rows_do_not_slow_the_relays_batches() {
+    let db = TestDb::new().await;
+    let kafka = Kafka::mock();
+    kafka.create_topic(TOPIC, PARTITIONS).await;
+    let empty = retry_scan_buffers(&db.pool).await;
+    // 3,000 records too large for the producer: refused at once, parked after one attempt.
+    let events: Vec<_> = (0..3_000)
+        .map(|i| {
+            let mut e = deposit(i, 0);
+            e.note = "y".repeat(3_000);
+            e
+        })
+        .collect();
+    let mut uow = Uow::begin(&db.pool).await.unwrap();
+    uow.emit_all(&events).await.unwrap();
+    uow.commit().await.unwrap();
+    let mut config = rdkafka::ClientConfig::new();
+    config.set("message.max.bytes", "2000");
+    let relay = relay_on(&db.pool, &kafka)
+        .producer_config(config)
+        .brokers(kafka.bootstrap())
+        .max_attempts(1)
+        .build()
+        .unwrap();
+    let running = Running::relay(&relay);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while relay.status().await.unwrap().parked < 3_000 {
+        assert!(Instant::now() < deadline, "{:?}", relay.status().await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let parked = retry_scan_buffers(&db.pool).await;
+    println!("the retry scan's shared buffers: {empty} on an empty outbox, {parked} with 3,000 parked rows");
+    assert!(
+        parked <= empty + 10,
+        "the retry scan reads the parked rows: {parked} buffers, {empty} on an empty outbox"
+    );
+
+    // Retried (one, as an operator would after fixing its cause): due again, and published.
+    let small = deposit(9, 0);
+    let mut uow = Uow::begin(&db.pool).await.unwrap();
+    uow.emit(&small).await.unwrap();
+    uow.commit().await.unwrap();
+    sqlx::query("UPDATE outbox_event SET payload = jsonb_set(payload, '{note}', '\"fixed\"') WHERE id = (SELECT min(id) FROM outbox_event)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let first: i64 = sqlx::query_scalar("SELECT min(id) FROM outbox_event")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    let retried = outbox_runtime::admin::retry_parked(
+        &db.pool,
+        &outbox_runtime::admin::PoisonFilter::all().id(first),
+    )
+    .await
+    .unwrap();
+    assert_eq!(retried, 1);
+    let received = consume_all(&kafka, 2, Duration::from_secs(30)).await;
+    assert_eq!(received.len(), 2, "the retried row and the small one");
+    running.stop().await;
+}
+
+/// An installation upgraded with rows parked by an earlier version: the migration takes them
+/// out of the retry index, and they can still be retried.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_upgrade_takes_parked_rows_out_of_the_retry_index() {
+    let db = TestDb::migrated_until("parked_rows_leave_the_retry_index").await;
+    sqlx::query(
+        "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type, payload, \
+                                   topic, partition_key, attempts, last_error, next_attempt_at, \
+                                   parked_at) \
+         SELECT gen_random_uuid(), 'Account', 'a', 'Deposited', '{}', 'account.events', \
+                'acct-' || i, 3, 'refused', now() + interval '1 minute', now() \
+         FROM generate_series(1, 10) AS i",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    outbox_runtime::migrate::migrate(&db.pool).await.unwrap();
+    let in_index: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox_event WHERE published_at IS NULL AND next_attempt_at IS NOT NULL",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(in_index, 0);
+    let retried =
+        outbox_runtime::admin::retry_parked(&db.pool, &outbox_runtime::admin::PoisonFilter::all())
+            .await
+            .unwrap();
+    assert_eq!(retried, 10);
+    let due: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM outbox_event WHERE parked_at IS NULL AND next_attempt_at <= now()",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(due, 10);
+}

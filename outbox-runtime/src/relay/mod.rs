@@ -100,8 +100,9 @@
 //!
 //! A record the broker refuses (too large, invalid, an error nobody classified) gets an attempt,
 //! its error and a retry time on its row (`attempts`, `last_error`, `next_attempt_at`); later
-//! records of its key wait for it; after `max_attempts` it is parked (`parked_at`), kept for
-//! operators and skipped, and the key's later events go on. A record refused for an operator's
+//! records of its key wait for it; after `max_attempts` it is parked (`parked_at`, its retry
+//! time cleared), kept for operators and skipped, and the key's later events go on. However
+//! many rows are parked, a batch does not read them: it reads only the rows waiting for a retry. A record refused for an operator's
 //! reason (its topic does not exist, the relay may not write to it, authentication fails) *holds*
 //! its key instead (`held_at`): retried every `min(max backoff, 10 s)`, not counted as an attempt,
 //! never parked, until that is fixed; `hold_operator_errors(false)` treats such refusals like any

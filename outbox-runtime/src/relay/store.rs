@@ -499,7 +499,8 @@ pub(crate) async fn finish(
             "UPDATE outbox_event o SET \
                  attempts = o.attempts + CASE WHEN f.held THEN 0 ELSE 1 END, \
                  last_error = f.error, \
-                 next_attempt_at = now() + make_interval(secs => f.backoff), \
+                 next_attempt_at = CASE WHEN NOT f.held AND o.attempts + 1 >= $4 THEN NULL \
+                                        ELSE now() + make_interval(secs => f.backoff) END, \
                  held_at = CASE WHEN f.held THEN coalesce(o.held_at, now()) END, \
                  parked_at = CASE WHEN NOT f.held AND o.attempts + 1 >= $4 THEN now() END \
              FROM unnest($1::int8[], $2::text[], $3::float8[], $5::bool[]) \
