@@ -73,8 +73,25 @@ struct Brokers {
 struct RelayArgs {
     #[command(flatten)]
     db: Db,
-    #[command(flatten)]
-    brokers: Brokers,
+    /// Kafka bootstrap servers, e.g. broker1:9092,broker2:9092 (or --nats-url)
+    #[arg(
+        long,
+        env = "KAFKA_BROKERS",
+        value_name = "HOST:PORT,...",
+        required_unless_present = "nats_url"
+    )]
+    brokers: Option<String>,
+    /// A producer setting (librdkafka's names), e.g. -X security.protocol=SASL_SSL; repeatable
+    #[arg(short = 'X', long = "producer-config", value_name = "KEY=VALUE", value_parser = parse::key_value)]
+    producer_config: Vec<(String, String)>,
+    /// Publish to NATS JetStream instead of Kafka, e.g. nats://127.0.0.1:4222 (a topic is a
+    /// subject; a stream must capture it, see --create-streams); KAFKA_BROKERS is then ignored
+    #[arg(long, value_name = "URL", conflicts_with = "producer_config")]
+    nats_url: Option<String>,
+    /// With --nats-url: create a stream for a topic that no stream captures (by default its
+    /// events are held until one exists)
+    #[arg(long, requires = "nats_url")]
+    create_streams: bool,
     /// Relay instances in this process (they share the shards with every other relay);
     /// each holds two database connections
     #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u16).range(1..=64))]

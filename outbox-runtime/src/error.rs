@@ -148,11 +148,11 @@ pub enum Error {
         source: rdkafka::error::KafkaError,
     },
 
-    /// Records were not acknowledged by Kafka for a passing reason (broker down, timeout); they
-    /// stay unpublished and are retried.
-    #[cfg(feature = "kafka")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
-    #[error("publishing to Kafka failed, will retry")]
+    /// Records were not acknowledged by the broker (Kafka, JetStream) for a passing reason
+    /// (broker down, timeout); they stay unpublished and are retried.
+    #[cfg(feature = "_broker")]
+    #[cfg_attr(docsrs, doc(cfg(any(feature = "kafka", feature = "nats"))))]
+    #[error("publishing to the broker failed, will retry")]
     Publish(#[source] PublishError),
 
     /// A replay stopped: a record was not acknowledged. The records before it were sent.
@@ -208,15 +208,23 @@ pub enum Error {
     Database(#[from] sqlx::Error),
 }
 
-/// Why a record was not acknowledged by Kafka.
-#[cfg(feature = "kafka")]
-#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+/// Why a record was not acknowledged by the broker.
+#[cfg(feature = "_broker")]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "kafka", feature = "nats"))))]
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum PublishError {
-    /// The broker or the client refused or failed it.
+    /// The Kafka broker or client refused or failed it.
+    #[cfg(feature = "kafka")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
     #[error(transparent)]
     Kafka(rdkafka::error::KafkaError),
+    /// The JetStream server or the NATS client refused or failed it (the client's error and
+    /// its causes, on one line).
+    #[cfg(feature = "nats")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+    #[error("JetStream: {0}")]
+    JetStream(String),
     /// Sent, not acknowledged within the publish timeout.
     #[error("no acknowledgement within the publish timeout ({0:?})")]
     Timeout(std::time::Duration),
@@ -241,7 +249,7 @@ impl Error {
             Error::Emit { source, .. } | Error::Commit { source, .. } | Error::Database(source) => {
                 crate::sqlstate::DbError::of(source).is_transient()
             }
-            #[cfg(feature = "kafka")]
+            #[cfg(feature = "_broker")]
             Error::Publish(_) => true,
             _ => false,
         }

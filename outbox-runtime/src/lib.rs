@@ -10,7 +10,7 @@
 pub mod admin;
 #[cfg(feature = "kafka")]
 mod broker;
-#[cfg(feature = "kafka")]
+#[cfg(feature = "_broker")]
 mod config;
 #[cfg(feature = "console")]
 #[cfg_attr(docsrs, doc(cfg(feature = "console")))]
@@ -29,8 +29,13 @@ pub mod testing;
 pub mod trace;
 mod uow;
 
-#[cfg(feature = "kafka")]
-#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+/// The NATS client this crate publishes with ([`relay::JetStream`] takes its `Client`): use
+/// this one, or the same version of `async-nats`.
+#[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+pub use async_nats;
+#[cfg(feature = "_broker")]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "kafka", feature = "nats"))))]
 pub use error::PublishError;
 pub use error::{error_chain, Error, Result};
 pub use event::{is_reserved_header, IntoRecord, OutboxEvent, OutboxRecord, SCHEMA_VERSION_HEADER};

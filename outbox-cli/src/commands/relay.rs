@@ -1,7 +1,7 @@
 //! `outbox relay`: relay instances in this process until Ctrl-C or SIGTERM.
 
 use outbox_runtime::admin::Retention;
-use outbox_runtime::relay::Relay;
+use outbox_runtime::relay::{JetStream, Relay};
 use tokio_util::sync::CancellationToken;
 
 use super::{chain, connect_migrated, producer_config, Result};
@@ -12,6 +12,9 @@ pub async fn run(args: RelayArgs) -> Result {
     let RelayArgs {
         db,
         brokers,
+        producer_config: settings,
+        nats_url,
+        create_streams,
         instances,
         batch_size,
         poll_interval,
@@ -23,7 +26,28 @@ pub async fn run(args: RelayArgs) -> Result {
         dedup_retention,
         retention_every,
     } = args;
-    let config = producer_config(&brokers)?;
+    // The broker, checked before anything connects to the database.
+    let target = match (&nats_url, brokers) {
+        (Some(url), brokers) => {
+            if let Some(brokers) = brokers {
+                tracing::info!(%brokers, "publishing to JetStream: the Kafka brokers are ignored");
+            }
+            let client = async_nats::connect(url.as_str())
+                .await
+                .map_err(|e| format!("cannot connect to NATS at {url}: {}", chain(e)))?;
+            Target::JetStream(
+                JetStream::new(client).create_streams(create_streams),
+                url.clone(),
+            )
+        }
+        (None, brokers) => {
+            let brokers = crate::Brokers {
+                brokers: brokers.unwrap_or_default(),
+                producer_config: settings,
+            };
+            Target::Kafka(producer_config(&brokers)?, brokers.brokers)
+        }
+    };
     // Each instance takes a connection of its own off the pool when it connects (and listens
     // for notifications on another, outside the pool); the pool serves the backlog gauges, the
     // health checks and the readiness probe (2), and retention (2 more: its lock and its
@@ -38,8 +62,11 @@ pub async fn run(args: RelayArgs) -> Result {
         }
         builder = builder.retention(retention);
     }
+    let builder = match target.clone() {
+        Target::Kafka(config, _) => builder.producer_config(config),
+        Target::JetStream(jetstream, _) => builder.jetstream(jetstream),
+    };
     let relay = builder
-        .producer_config(config)
         .batch_size(batch_size)
         .poll_interval(poll_interval)
         .max_attempts(max_attempts)
@@ -55,16 +82,14 @@ pub async fn run(args: RelayArgs) -> Result {
     let handles: Vec<_> = (0..instances)
         .map(|_| relay.spawn(cancel.clone()))
         .collect();
+    let to = target.describe();
     tracing::info!(
         instances,
-        brokers = %brokers.brokers,
+        to,
         metrics = ?metrics_addr,
         "outbox relay started"
     );
-    out!(
-        "outbox relay: {instances} instance(s) publishing to {}; stop with Ctrl-C or SIGTERM",
-        brokers.brokers
-    );
+    out!("outbox relay: {instances} instance(s) publishing to {to}; stop with Ctrl-C or SIGTERM");
     shutdown.received().await;
     tracing::info!("outbox relay stopping: finishing the batches in flight");
     cancel.cancel();
@@ -86,4 +111,20 @@ pub async fn run(args: RelayArgs) -> Result {
         status.parked
     );
     Ok(())
+}
+
+/// Where the relay publishes, and how to say so.
+#[derive(Clone)]
+enum Target {
+    Kafka(rdkafka::config::ClientConfig, String),
+    JetStream(JetStream, String),
+}
+
+impl Target {
+    fn describe(&self) -> String {
+        match self {
+            Target::Kafka(_, brokers) => brokers.trim().to_owned(),
+            Target::JetStream(_, url) => format!("JetStream at {url}"),
+        }
+    }
 }

@@ -395,7 +395,7 @@ impl Retention {
                     tracing::warn!(table = table.table_name(), error = %crate::error_chain(&e), "cannot create partitions ahead; the next run tries again");
                     0
                 });
-            #[cfg(feature = "kafka")]
+            #[cfg(feature = "_broker")]
             metrics::counter!("outbox_partitions_created_total", "table" => table.table_name())
                 .increment(u64::from(created));
             report.partitions_created += u64::from(created);

@@ -908,14 +908,14 @@ fn lock_timed_out(e: &sqlx::Error) -> bool {
     matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
 }
 
-#[cfg(feature = "kafka")]
+#[cfg(feature = "_broker")]
 /// How often a dedup consumer makes sure `processed_event`'s partitions exist ahead.
 const KEEP_AHEAD_EVERY: Duration = Duration::from_secs(3600);
 
 /// Creates `table`'s partitions ahead now and every hour until `cancel` fires (what a dedup
 /// consumer runs beside its loop, so that an application without a relay keeps its
 /// partitions too). A failure is logged and tried again at the next turn.
-#[cfg(feature = "kafka")]
+#[cfg(feature = "_broker")]
 pub(crate) async fn keep_ahead(
     pool: PgPool,
     table: CleanupTable,

@@ -7,7 +7,7 @@ use rdkafka::config::ClientConfig;
 use rdkafka::producer::FutureProducer;
 use sqlx::{PgPool, Row};
 
-use crate::error::{Error, PublishError, Result};
+use crate::error::{Error, Result};
 use crate::relay::publish::{self, Outcome, PerKey};
 use crate::relay::store::{claimed_columns, Claimed};
 
@@ -265,7 +265,7 @@ impl Replay {
                         continue;
                     }
                     Outcome::Skipped => continue,
-                    Outcome::Rejected(e) | Outcome::Held(e) => PublishError::Kafka(e),
+                    Outcome::Rejected(e) | Outcome::Held(e) => e,
                     Outcome::Deferred(e) => e,
                 };
                 return Err(Error::Replay {

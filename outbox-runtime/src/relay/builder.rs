@@ -1,34 +1,42 @@
-//! [`RelayBuilder`]: a relay's settings, checked, and its producer.
+//! [`RelayBuilder`]: a relay's settings, checked, and its transport.
 
 use std::time::Duration;
 
+#[cfg(feature = "kafka")]
 use rdkafka::config::ClientConfig;
 use sqlx::PgPool;
 
 use super::cloudevents::CloudEvents;
-use super::producer::ProducerSlot;
 use super::publish::PerKey;
 use super::run::Relay;
 use super::settings::Settings;
+use super::transport::Transport;
 use crate::admin::{HealthThresholds, Retention};
 use crate::config::Backoff;
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Configures a [`Relay`]. Start with [`Relay::builder`].
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct RelayBuilder {
     pool: PgPool,
+    #[cfg(feature = "kafka")]
     producer: ClientConfig,
+    #[cfg(feature = "nats")]
+    jetstream: Option<super::jetstream::JetStream>,
     settings: Settings,
 }
 
 impl Relay {
-    /// A builder with the defaults; set at least [`brokers`](RelayBuilder::brokers).
+    /// A builder with the defaults; set at least the broker: [`brokers`](RelayBuilder::brokers)
+    /// for Kafka, or [`jetstream`](RelayBuilder::jetstream).
     pub fn builder(pool: PgPool) -> RelayBuilder {
         RelayBuilder {
             pool,
+            #[cfg(feature = "kafka")]
             producer: ClientConfig::new(),
+            #[cfg(feature = "nats")]
+            jetstream: None,
             settings: Settings::default(),
         }
     }
@@ -44,6 +52,8 @@ impl RelayBuilder {
     }
 
     /// Kafka bootstrap servers (`bootstrap.servers`).
+    #[cfg(feature = "kafka")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
     pub fn brokers(mut self, brokers: impl Into<String>) -> Self {
         self.producer.set("bootstrap.servers", brokers.into());
         self
@@ -56,10 +66,25 @@ impl RelayBuilder {
     /// (`enable.gapless.guarantee=true`), and never times a message out itself
     /// (`message.timeout.ms=0`: the relay bounds its waits with the publish timeout, and a
     /// message the producer timed out could let a later one of its key overtake it).
+    #[cfg(feature = "kafka")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
     pub fn producer_config(mut self, config: ClientConfig) -> Self {
         for (key, value) in config.config_map() {
             self.producer.set(key, value);
         }
+        self
+    }
+
+    /// Publishes to NATS JetStream instead of Kafka: see [`JetStream`](super::JetStream) for
+    /// the mapping (a topic is a subject; the event id is `Nats-Msg-Id`) and the streams.
+    /// Every other setting means what it means for Kafka, but
+    /// [`one_record_in_flight_per_key`](Self::one_record_in_flight_per_key): on JetStream a
+    /// key's records always go one at a time (JetStream does not number a producer's messages,
+    /// so a refused one would not stop the next).
+    #[cfg(feature = "nats")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+    pub fn jetstream(mut self, jetstream: super::jetstream::JetStream) -> Self {
+        self.jetstream = Some(jetstream);
         self
     }
 
@@ -189,11 +214,41 @@ impl RelayBuilder {
         self
     }
 
-    /// Validates the settings and creates the producer.
+    /// Validates the settings and creates the producer (or the JetStream publisher).
     pub fn build(self) -> Result<Relay> {
-        self.settings
-            .check(self.producer.get("bootstrap.servers"))?;
-        let producer = ProducerSlot::new(self.producer)?;
-        Ok(Relay::new(self.pool, Some(producer), self.settings))
+        let transport = self.transport()?;
+        Ok(Relay::new(self.pool, Some(transport), self.settings))
+    }
+
+    /// The transport the settings name, checked with them.
+    fn transport(&self) -> Result<Transport> {
+        #[cfg(feature = "nats")]
+        if let Some(jetstream) = &self.jetstream {
+            #[cfg(feature = "kafka")]
+            if self.producer.get("bootstrap.servers").is_some() {
+                return Err(Error::Config(
+                    "both Kafka brokers and JetStream are set: a relay publishes to one".into(),
+                ));
+            }
+            // `check` asks for a broker's address: the client is connected already.
+            self.settings.check(Some("nats"))?;
+            jetstream.check().map_err(Error::Config)?;
+            let publisher = jetstream.clone().publisher(
+                self.settings.publish_timeout,
+                self.settings.failover_timeout,
+            );
+            return Ok(Transport::JetStream(Box::new(publisher)));
+        }
+        #[cfg(feature = "kafka")]
+        {
+            self.settings
+                .check(self.producer.get("bootstrap.servers"))?;
+            let producer = super::producer::ProducerSlot::new(self.producer.clone())?;
+            Ok(Transport::Kafka(producer))
+        }
+        #[cfg(not(feature = "kafka"))]
+        Err(Error::Config(
+            "no broker: call `jetstream(...)` (this build has no Kafka: feature `kafka`)".into(),
+        ))
     }
 }

@@ -1,9 +1,7 @@
-//! CloudEvents' Kafka protocol binding, binary content mode: the event's attributes as `ce_*`
-//! headers, its data (the JSON payload) as the record's value.
+//! CloudEvents' protocol bindings, binary content mode: the event's attributes as headers
+//! (`ce_*` on Kafka, `ce-*` on NATS), its data (the JSON payload) as the record's value.
 
 use std::collections::BTreeSet;
-
-use rdkafka::message::{Header, OwnedHeaders};
 
 /// The CloudEvents specification version the relay writes.
 pub(crate) const SPEC_VERSION: &str = "1.0";
@@ -94,31 +92,24 @@ impl CloudEvents {
         self.topics.as_ref().is_none_or(|t| t.contains(topic))
     }
 
-    /// `headers` with the CloudEvents attributes of an event.
-    pub(crate) fn headers(&self, headers: OwnedHeaders, event: &Attributes<'_>) -> OwnedHeaders {
+    /// The CloudEvents attributes of an event, named without the binding's prefix
+    /// (`specversion`, `id`, ...).
+    pub(crate) fn attributes<'a>(
+        &'a self,
+        event: &Attributes<'a>,
+    ) -> impl Iterator<Item = (&'static str, std::borrow::Cow<'a, str>)> + 'a {
+        use std::borrow::Cow;
         let time = chrono::DateTime::from_timestamp_millis(event.created_at_ms)
             .map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true));
-        let mut headers = [
-            ("ce_specversion", SPEC_VERSION),
-            ("ce_id", event.id),
-            ("ce_source", self.source.as_str()),
-            ("ce_type", event.event_type),
-            ("ce_subject", event.subject),
+        [
+            ("specversion", Cow::Borrowed(SPEC_VERSION)),
+            ("id", Cow::Borrowed(event.id)),
+            ("source", Cow::Borrowed(self.source.as_str())),
+            ("type", Cow::Borrowed(event.event_type)),
+            ("subject", Cow::Borrowed(event.subject)),
         ]
         .into_iter()
-        .fold(headers, |h, (key, value)| {
-            h.insert(Header {
-                key,
-                value: Some(value.as_bytes()),
-            })
-        });
-        if let Some(time) = &time {
-            headers = headers.insert(Header {
-                key: "ce_time",
-                value: Some(time.as_bytes()),
-            });
-        }
-        headers
+        .chain(time.map(|time| ("time", Cow::Owned(time))))
     }
 }
 

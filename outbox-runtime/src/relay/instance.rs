@@ -8,10 +8,10 @@ use sqlx::{Executor, PgConnection, PgPool};
 use tracing::Instrument;
 
 use super::floor::Floor;
-use super::producer::ProducerSlot;
-use super::publish::{self, Outcome};
+use super::publish::Outcome;
 use super::settings::Settings;
 use super::store::{self, Claim, Table};
+use super::transport::Transport;
 use crate::error::{Error, PublishError, Result};
 
 /// `$work.await`, or an error once `$limit` (the failover timeout) passed without an answer: a
@@ -112,7 +112,7 @@ pub(super) struct Instance<'r> {
     pool: &'r PgPool,
     settings: &'r Settings,
     /// `None` when it only measures the database's work: every row counts as acknowledged.
-    producer: Option<&'r ProducerSlot>,
+    transport: Option<&'r Transport>,
     conn: Option<PgConnection>,
     table: Option<Table>,
     slot: i32,
@@ -130,12 +130,12 @@ impl<'r> Instance<'r> {
     pub(super) fn new(
         pool: &'r PgPool,
         settings: &'r Settings,
-        producer: Option<&'r ProducerSlot>,
+        transport: Option<&'r Transport>,
     ) -> Self {
         Instance {
             pool,
             settings,
-            producer,
+            transport,
             conn: None,
             table: None,
             slot: 0,
@@ -255,18 +255,8 @@ impl<'r> Instance<'r> {
             return Ok(Step::Empty);
         }
         let started = Instant::now();
-        let producer = self.producer.map(ProducerSlot::get);
-        let outcomes = match &producer {
-            Some(producer) => {
-                publish::publish(
-                    producer,
-                    &claim.rows,
-                    relay.publish_timeout,
-                    relay.per_key,
-                    relay.cloud_events.as_ref(),
-                )
-                .await
-            }
+        let outcomes = match self.transport {
+            Some(transport) => transport.publish(&claim.rows, relay).await,
             None => claim.rows.iter().map(|_| Outcome::Published).collect(),
         };
         let mut published = Vec::with_capacity(claim.rows.len());
@@ -347,9 +337,6 @@ impl<'r> Instance<'r> {
         );
         let full = claim.rows.len() as i64 >= limit;
         self.cursor.advance(&claim, full, unsettled, finished.xid);
-        if let (Some(slot), Some(producer)) = (self.producer, &producer) {
-            slot.recover(producer);
-        }
         let n = published.len() as u64;
         self.published += n;
         tracing::Span::current().record("published", n);

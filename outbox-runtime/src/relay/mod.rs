@@ -1,4 +1,5 @@
-//! The relay: publishes the outbox to Kafka.
+//! The relay: publishes the outbox to Kafka, or to NATS JetStream ([`JetStream`], feature
+//! `nats`; below).
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -124,6 +125,31 @@
 //! back, old unpublished rows, held keys, parked and dead rows) and logs each warning, naming
 //! its cause, when it appears.
 //!
+//! # NATS JetStream
+//!
+//! With the `nats` feature the relay publishes to JetStream instead (a build with only `nats`
+//! has no librdkafka). Everything above holds the same way: shards and batches, per-key order
+//! with any number of relays, retried, held and parked records, status, health and metrics.
+//! What differs is the wire, and it is documented on [`JetStream`]: a topic is the subject, the
+//! partition key the `outbox_key` header, `Nats-Msg-Id` the event id (a resend within the
+//! stream's duplicate window is stored once), and a row is marked published only once the
+//! server acknowledged it. JetStream does not number a producer's messages the way Kafka's
+//! idempotent producer does, so a key's next record goes only once the previous one is stored
+//! (keys still go in parallel). A topic that no stream captures is held, as a missing Kafka topic
+//! is, unless the relay is told to create its stream.
+//!
+//! ```no_run
+//! # #[cfg(feature = "nats")]
+//! # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//! use outbox_runtime::relay::{JetStream, Relay};
+//!
+//! let client = async_nats::connect("nats://127.0.0.1:4222").await?;
+//! let relay = Relay::builder(pool)
+//!     .jetstream(JetStream::new(client).create_streams(true))
+//!     .build()?;
+//! # Ok(()) }
+//! ```
+//!
 //! # CloudEvents
 //!
 //! Consumers outside this framework (Knative, another language's CloudEvents SDK) can read the
@@ -143,29 +169,35 @@
 //! }
 //! ```
 
-#[cfg(feature = "kafka")]
+#[cfg(feature = "_broker")]
 mod builder;
-#[cfg(feature = "kafka")]
+#[cfg(feature = "_broker")]
 mod cloudevents;
-#[cfg(feature = "kafka")]
+#[cfg(feature = "_broker")]
 mod floor;
-#[cfg(feature = "kafka")]
+#[cfg(feature = "_broker")]
 mod health;
-#[cfg(feature = "kafka")]
+#[cfg(feature = "_broker")]
 mod instance;
+#[cfg(feature = "nats")]
+mod jetstream;
 #[cfg(feature = "kafka")]
+pub(crate) mod kafka;
+#[cfg(feature = "_broker")]
 mod periodic;
 #[cfg(feature = "kafka")]
 mod producer;
-#[cfg(feature = "kafka")]
+#[cfg(feature = "_broker")]
 pub(crate) mod publish;
-#[cfg(feature = "kafka")]
+#[cfg(feature = "_broker")]
 mod run;
-#[cfg(feature = "kafka")]
+#[cfg(feature = "_broker")]
 mod settings;
-#[cfg_attr(not(feature = "kafka"), allow(dead_code, unused_imports))]
+#[cfg_attr(not(feature = "_broker"), allow(dead_code, unused_imports))]
 pub(crate) mod store;
-#[cfg(feature = "kafka")]
+#[cfg(feature = "_broker")]
+mod transport;
+#[cfg(feature = "_broker")]
 mod wakeup;
 
 use std::time::Duration;
@@ -174,18 +206,21 @@ use sqlx::PgPool;
 
 use crate::error::Result;
 
-#[cfg(feature = "kafka")]
-#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+#[cfg(feature = "_broker")]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "kafka", feature = "nats"))))]
 pub use builder::RelayBuilder;
-#[cfg(feature = "kafka")]
-#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+#[cfg(feature = "_broker")]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "kafka", feature = "nats"))))]
 pub use cloudevents::CloudEvents;
-#[cfg(feature = "kafka")]
+#[cfg(feature = "_broker")]
 pub use floor::claim_floor;
+#[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+pub use jetstream::JetStream;
 #[cfg(feature = "kafka")]
 pub(crate) use producer::create_producer;
-#[cfg(feature = "kafka")]
-#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+#[cfg(feature = "_broker")]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "kafka", feature = "nats"))))]
 pub use run::{drain_without_kafka, explain_claim, Relay};
 
 /// Backlog figures: see [`status`].

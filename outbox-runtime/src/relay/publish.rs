@@ -1,13 +1,11 @@
-//! Turning claimed rows into Kafka records, sending them so that no key overtakes itself, and
-//! waiting for the broker's acknowledgements.
+//! Sending a batch's rows through a transport so that no key overtakes itself, and waiting for
+//! the broker's acknowledgements: what every transport shares. What a record is on Kafka and on
+//! JetStream, and how each one's errors are sorted, is in `kafka.rs` and `jetstream.rs`.
 
-use super::cloudevents::{Attributes, CloudEvents};
+use super::cloudevents::CloudEvents;
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
 use std::time::Duration;
-
-use rdkafka::error::{KafkaError, RDKafkaErrorCode};
-use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
 
 use super::store::Claimed;
 use crate::error::PublishError;
@@ -20,10 +18,10 @@ pub(crate) enum Outcome {
     /// Refused: counts as an attempt (the record is parked after `max_attempts`). Errors known
     /// to be permanent (too large, invalid, policy), and errors nobody classified, which must
     /// not be retried forever either.
-    Rejected(KafkaError),
-    /// Refused for an operator's reason (unknown topic, not authorized): the key waits until
-    /// it is fixed; not an attempt, never parked (unless the relay is told to).
-    Held(KafkaError),
+    Rejected(PublishError),
+    /// Refused for an operator's reason (unknown topic or stream, not authorized): the key
+    /// waits until it is fixed; not an attempt, never parked (unless the relay is told to).
+    Held(PublishError),
     /// Not sent, or not acknowledged, for a passing reason (broker down, publish timeout, a
     /// producer that failed for good): stays unpublished, for a later batch.
     Deferred(PublishError),
@@ -32,179 +30,20 @@ pub(crate) enum Outcome {
     Skipped,
 }
 
-/// How the relay treats a Kafka error.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Class {
-    /// Broker down or slow, leadership moving, queue full: try again, nothing counted.
-    Transient,
-    /// The topic does not exist or the relay may not write to it: hold the key.
-    Operator,
-    /// The producer is unusable (a fatal idempotence error): recreate it, try again.
-    Fatal,
-    /// Anything else, known to be permanent or not known at all: an attempt.
-    Refused,
-}
+/// What the relay needs of a broker's client: one record sent at a time, in the order of the
+/// calls (a key's records reach the broker in the order they were sent), each acknowledged or
+/// refused later on its own.
+pub(crate) trait Sender {
+    /// A record on its way: resolves to [`Outcome::Published`] once the broker stored it, or to
+    /// the outcome of its failure.
+    type Delivery: Future<Output = Outcome>;
 
-/// Sorts a produce error into a [`Class`].
-pub(crate) fn classify(error: &KafkaError) -> Class {
-    use RDKafkaErrorCode::*;
-    let Some(code) = error.rdkafka_error_code() else {
-        return match error {
-            // The delivery future's producer is gone.
-            KafkaError::Canceled => Class::Transient,
-            _ => Class::Refused,
-        };
-    };
-    match code {
-        Fatal
-        | GaplessGuarantee
-        | Fenced
-        | OutOfOrderSequenceNumber
-        | InvalidProducerEpoch
-        | ProducerFenced
-        | UnknownProducerId
-        | InvalidProducerIdMapping => Class::Fatal,
-        UnknownTopic
-        | UnknownTopicOrPartition
-        | UnknownPartition
-        | UnknownTopicId
-        | TopicAuthorizationFailed
-        | ClusterAuthorizationFailed
-        | TransactionalIdAuthorizationFailed
-        | Authentication
-        | SaslAuthenticationFailed
-        | UnsupportedSASLMechanism
-        | IllegalSASLState
-        | SSL => Class::Operator,
-        BrokerTransportFailure
-        | AllBrokersDown
-        | MessageTimedOut
-        | OperationTimedOut
-        | TimedOutQueue
-        | QueueFull
-        | Resolve
-        | PurgeQueue
-        | PurgeInflight
-        | BrokerDestroy
-        | DestroyBroker
-        | Retry
-        | InProgress
-        | Interrupted
-        | WaitCache
-        | NodeUpdate
-        | UnknownBroker
-        | ISRInsufficient
-        | LeaderNotAvailable
-        | NotLeaderForPartition
-        | RequestTimedOut
-        | BrokerNotAvailable
-        | ReplicaNotAvailable
-        | NetworkException
-        | NotEnoughReplicas
-        | NotEnoughReplicasAfterAppend
-        | KafkaStorageError
-        | ThrottlingQuotaExceeded
-        | FencedLeaderEpoch
-        | UnknownLeaderEpoch
-        | PreferredLeaderNotAvailable
-        | EligibleLeadersNotAvailable
-        | ReassignmentInProgress
-        | CoordinatorLoadInProgress
-        | CoordinatorNotAvailable
-        | NotCoordinator
-        | ConcurrentTransactions
-        | RebootstrapRequired => Class::Transient,
-        _ => Class::Refused,
-    }
-}
-
-/// The outcome of a record that failed with `error`.
-fn failed(error: KafkaError) -> Outcome {
-    match classify(&error) {
-        Class::Transient | Class::Fatal => Outcome::Deferred(PublishError::Kafka(error)),
-        Class::Operator => Outcome::Held(error),
-        Class::Refused => Outcome::Rejected(error),
-    }
-}
-
-/// Enqueues one row as a record: key, payload, the framework's headers, the row's creation
-/// time as the record's timestamp.
-fn send(
-    producer: &FutureProducer,
-    row: &Claimed,
-    cloud_events: Option<&CloudEvents>,
-) -> Result<DeliveryFuture, KafkaError> {
-    let event_id = row.event_id.hyphenated().to_string();
-    let outbox_id = row.id.to_string();
-    let headers = OwnedHeaders::new_with_capacity(6)
-        .insert(Header {
-            key: "event_id",
-            value: Some(event_id.as_bytes()),
-        })
-        .insert(Header {
-            key: "event_type",
-            value: Some(row.event_type.as_bytes()),
-        })
-        .insert(Header {
-            key: "aggregate_type",
-            value: Some(row.aggregate_type.as_bytes()),
-        })
-        .insert(Header {
-            key: "aggregate_id",
-            value: Some(row.aggregate_id.as_bytes()),
-        })
-        .insert(Header {
-            key: "content-type",
-            value: Some("application/json".as_bytes()),
-        })
-        .insert(Header {
-            key: "outbox_id",
-            value: Some(outbox_id.as_bytes()),
-        });
-    let headers = match cloud_events.filter(|ce| ce.covers(&row.topic)) {
-        None => headers,
-        Some(ce) => ce.headers(
-            headers,
-            &Attributes {
-                id: &event_id,
-                event_type: &row.event_type,
-                subject: &row.aggregate_id,
-                created_at_ms: row.created_at_ms,
-            },
-        ),
-    };
-    let headers = match &row.headers {
-        None => headers,
-        Some(json) => application_headers(headers, json),
-    };
-    let record = FutureRecord::to(&row.topic)
-        .key(row.partition_key.as_bytes())
-        .payload(row.payload.as_bytes())
-        .headers(headers)
-        .timestamp(row.replayed_at_ms.unwrap_or(row.created_at_ms));
-    producer.send_result(record).map_err(|(error, _)| error)
-}
-
-/// The row's own headers after the framework's, in name order: string values as they are,
-/// others (written into the column by hand) as JSON text.
-fn application_headers(mut headers: OwnedHeaders, json: &str) -> OwnedHeaders {
-    if let Ok(serde_json::Value::Object(object)) = serde_json::from_str::<serde_json::Value>(json) {
-        for (name, value) in &object {
-            let text;
-            let value = match value {
-                serde_json::Value::String(s) => s.as_str(),
-                other => {
-                    text = other.to_string();
-                    text.as_str()
-                }
-            };
-            headers = headers.insert(Header {
-                key: name,
-                value: Some(value.as_bytes()),
-            });
-        }
-    }
-    headers
+    /// Hands one row to the client. `Err`: not sent, and why.
+    async fn send(
+        &self,
+        row: &Claimed,
+        cloud_events: Option<&CloudEvents>,
+    ) -> Result<Self::Delivery, Outcome>;
 }
 
 /// How many records of one key may be in flight at once.
@@ -231,8 +70,8 @@ pub(crate) enum PerKey {
 /// they are acknowledged (there is no order across partitions), in a later wave. Once a record
 /// of a key fails, the later records of the key are not sent; and a later record is only
 /// counted as published if every earlier one of its key was.
-pub(crate) async fn publish(
-    producer: &FutureProducer,
+pub(crate) async fn publish<S: Sender>(
+    sender: &S,
     rows: &[Claimed],
     timeout: Duration,
     per_key: PerKey,
@@ -263,45 +102,21 @@ pub(crate) async fn publish(
                 next.push(i);
                 continue;
             }
-            match send(producer, row, cloud_events) {
+            match sender.send(row, cloud_events).await {
                 Ok(delivery) => {
                     in_flight.insert(key, &row.topic);
                     wave.push((i, delivery));
                 }
-                Err(error) => {
+                Err(outcome) => {
                     failed_keys.insert(key);
-                    outcomes[i] = Some(failed(error));
+                    outcomes[i] = Some(outcome);
                 }
             }
         }
         for (i, delivery) in wave {
-            let outcome = match tokio::time::timeout_at(deadline, delivery).await {
-                // With acks=all, a record the broker appended has an offset. librdkafka also
-                // reports success without one (an idempotent retry it takes for a duplicate of
-                // an earlier write): not proof enough to mark the row; it is sent again (at
-                // worst a duplicate).
-                Ok(Ok(Ok(delivery))) if delivery.offset < 0 => {
-                    tracing::warn!(
-                        id = rows[i].id,
-                        partition = delivery.partition,
-                        "a record was acknowledged without an offset; it will be sent again"
-                    );
-                    metrics::counter!("outbox_relay_unconfirmed_acks_total").increment(1);
-                    Outcome::Deferred(PublishError::NoOffset)
-                }
-                Ok(Ok(Ok(delivery))) => {
-                    tracing::trace!(
-                        id = rows[i].id,
-                        partition = delivery.partition,
-                        offset = delivery.offset,
-                        "acknowledged"
-                    );
-                    Outcome::Published
-                }
-                Ok(Ok(Err((error, _)))) => failed(error),
-                Ok(Err(_canceled)) => Outcome::Deferred(PublishError::ProducerDropped),
-                Err(_) => Outcome::Deferred(PublishError::Timeout(timeout)),
-            };
+            let outcome = tokio::time::timeout_at(deadline, delivery)
+                .await
+                .unwrap_or(Outcome::Deferred(PublishError::Timeout(timeout)));
             if outcome != Outcome::Published {
                 failed_keys.insert(rows[i].partition_key.as_str());
             }
@@ -336,45 +151,5 @@ fn keep_key_order(rows: &[Claimed], outcomes: &mut [Outcome]) {
             metrics::counter!("outbox_relay_out_of_order_acks_total").increment(1);
             *outcome = Outcome::Skipped;
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn errors_are_sorted_into_classes() {
-        let code = |c| KafkaError::MessageProduction(c);
-        assert_eq!(
-            classify(&code(RDKafkaErrorCode::MessageTimedOut)),
-            Class::Transient
-        );
-        assert_eq!(
-            classify(&code(RDKafkaErrorCode::NotLeaderForPartition)),
-            Class::Transient
-        );
-        assert_eq!(
-            classify(&code(RDKafkaErrorCode::UnknownTopicOrPartition)),
-            Class::Operator
-        );
-        assert_eq!(
-            classify(&code(RDKafkaErrorCode::TopicAuthorizationFailed)),
-            Class::Operator
-        );
-        assert_eq!(classify(&code(RDKafkaErrorCode::Fatal)), Class::Fatal);
-        assert_eq!(
-            classify(&code(RDKafkaErrorCode::MessageSizeTooLarge)),
-            Class::Refused
-        );
-        assert_eq!(
-            classify(&code(RDKafkaErrorCode::PolicyViolation)),
-            Class::Refused
-        );
-        // Nobody classified it: an attempt, so that it cannot be retried forever.
-        assert_eq!(
-            classify(&code(RDKafkaErrorCode::InvalidConfig)),
-            Class::Refused
-        );
     }
 }

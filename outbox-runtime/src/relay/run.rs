@@ -11,13 +11,13 @@ use tokio_util::sync::CancellationToken;
 use super::health::HealthChecks;
 use super::instance::{Instance, Step, REBALANCE_EVERY};
 use super::periodic::RetentionRuns;
-use super::producer::ProducerSlot;
 use super::settings::Settings;
+use super::transport::Transport;
 use super::wakeup::Wakeups;
 use super::{status, RelayStatus};
 use crate::error::{Error, Result};
 
-/// Publishes the outbox to Kafka. Cheap to clone; every [`run`](Self::run) or
+/// Publishes the outbox to Kafka or JetStream. Cheap to clone; every [`run`](Self::run) or
 /// [`spawn`](Self::spawn) is one more instance sharing the producer. See the
 /// [module documentation](super) for how it works.
 #[derive(Clone)]
@@ -29,7 +29,7 @@ pub struct Relay {
 struct Shared {
     pool: PgPool,
     /// `None` only in [`drain_without_kafka`], which measures the database side alone.
-    producer: Option<ProducerSlot>,
+    transport: Option<Transport>,
     settings: Settings,
     health: HealthChecks,
     /// Retention, if it runs here, and when next.
@@ -54,13 +54,13 @@ impl std::fmt::Debug for Relay {
 }
 
 impl Relay {
-    pub(super) fn new(pool: PgPool, producer: Option<ProducerSlot>, settings: Settings) -> Relay {
+    pub(super) fn new(pool: PgPool, transport: Option<Transport>, settings: Settings) -> Relay {
         let health = HealthChecks::new(settings.health.clone(), settings.health_interval);
         let retention = settings.retention.clone().map(RetentionRuns::new);
         Relay {
             shared: Arc::new(Shared {
                 pool,
-                producer,
+                transport,
                 settings,
                 health,
                 retention,
@@ -73,7 +73,7 @@ impl Relay {
     /// A new instance of this relay.
     fn instance(&self) -> Instance<'_> {
         let shared = &*self.shared;
-        Instance::new(&shared.pool, &shared.settings, shared.producer.as_ref())
+        Instance::new(&shared.pool, &shared.settings, shared.transport.as_ref())
     }
 
     /// Runs one relay instance on a tokio task until `cancel` fires; see [`run`](Self::run).
@@ -286,7 +286,7 @@ impl Relay {
     /// Whether the broker answers a metadata request within `within`; the answer is kept for
     /// [`BROKER_ANSWER_KEPT`], so that frequent probes cost the cluster one request per period.
     async fn broker_answers(&self, within: Duration) -> std::result::Result<(), String> {
-        let Some(slot) = &self.shared.producer else {
+        let Some(transport) = &self.shared.transport else {
             return Ok(());
         };
         if let Some((at, answer)) = &*self.shared.broker_answer.lock().await {
@@ -294,17 +294,7 @@ impl Relay {
                 return answer.clone();
             }
         }
-        let producer = slot.get();
-        let asked = tokio::task::spawn_blocking(move || {
-            use rdkafka::producer::Producer;
-            producer.client().fetch_metadata(None, within).map(|_| ())
-        })
-        .await;
-        let answer = match asked {
-            Ok(Ok(())) => Ok(()),
-            Ok(Err(e)) => Err(format!("the broker: {e}")),
-            Err(e) => Err(format!("the broker check failed: {e}")),
-        };
+        let answer = transport.ready(within).await;
         *self.shared.broker_answer.lock().await = Some((Instant::now(), answer.clone()));
         answer
     }

@@ -262,6 +262,7 @@ macro_rules! claimed_columns {
          NULLIF(o.headers, '{}'::jsonb)::text AS headers"
     };
 }
+#[cfg_attr(not(feature = "kafka"), allow(unused_imports))]
 pub(crate) use claimed_columns;
 
 impl Claimed {

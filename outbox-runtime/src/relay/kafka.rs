@@ -1,0 +1,295 @@
+//! The Kafka transport: claimed rows as Kafka records on the relay's idempotent producer, and
+//! how Kafka's errors are sorted.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+
+use rdkafka::error::{KafkaError, RDKafkaErrorCode};
+use rdkafka::message::{Header, OwnedHeaders};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+
+use super::cloudevents::{Attributes, CloudEvents};
+use super::publish::{Outcome, Sender};
+use super::store::Claimed;
+use crate::error::PublishError;
+
+/// How the relay treats a Kafka error.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Class {
+    /// Broker down or slow, leadership moving, queue full: try again, nothing counted.
+    Transient,
+    /// The topic does not exist or the relay may not write to it: hold the key.
+    Operator,
+    /// The producer is unusable (a fatal idempotence error): recreate it, try again.
+    Fatal,
+    /// Anything else, known to be permanent or not known at all: an attempt.
+    Refused,
+}
+
+/// Sorts a produce error into a [`Class`].
+pub(crate) fn classify(error: &KafkaError) -> Class {
+    use RDKafkaErrorCode::*;
+    let Some(code) = error.rdkafka_error_code() else {
+        return match error {
+            // The delivery future's producer is gone.
+            KafkaError::Canceled => Class::Transient,
+            _ => Class::Refused,
+        };
+    };
+    match code {
+        Fatal
+        | GaplessGuarantee
+        | Fenced
+        | OutOfOrderSequenceNumber
+        | InvalidProducerEpoch
+        | ProducerFenced
+        | UnknownProducerId
+        | InvalidProducerIdMapping => Class::Fatal,
+        UnknownTopic
+        | UnknownTopicOrPartition
+        | UnknownPartition
+        | UnknownTopicId
+        | TopicAuthorizationFailed
+        | ClusterAuthorizationFailed
+        | TransactionalIdAuthorizationFailed
+        | Authentication
+        | SaslAuthenticationFailed
+        | UnsupportedSASLMechanism
+        | IllegalSASLState
+        | SSL => Class::Operator,
+        BrokerTransportFailure
+        | AllBrokersDown
+        | MessageTimedOut
+        | OperationTimedOut
+        | TimedOutQueue
+        | QueueFull
+        | Resolve
+        | PurgeQueue
+        | PurgeInflight
+        | BrokerDestroy
+        | DestroyBroker
+        | Retry
+        | InProgress
+        | Interrupted
+        | WaitCache
+        | NodeUpdate
+        | UnknownBroker
+        | ISRInsufficient
+        | LeaderNotAvailable
+        | NotLeaderForPartition
+        | RequestTimedOut
+        | BrokerNotAvailable
+        | ReplicaNotAvailable
+        | NetworkException
+        | NotEnoughReplicas
+        | NotEnoughReplicasAfterAppend
+        | KafkaStorageError
+        | ThrottlingQuotaExceeded
+        | FencedLeaderEpoch
+        | UnknownLeaderEpoch
+        | PreferredLeaderNotAvailable
+        | EligibleLeadersNotAvailable
+        | ReassignmentInProgress
+        | CoordinatorLoadInProgress
+        | CoordinatorNotAvailable
+        | NotCoordinator
+        | ConcurrentTransactions
+        | RebootstrapRequired => Class::Transient,
+        _ => Class::Refused,
+    }
+}
+
+/// The outcome of a record that failed with `error`.
+fn failed(error: KafkaError) -> Outcome {
+    let class = classify(&error);
+    let error = PublishError::Kafka(error);
+    match class {
+        Class::Transient | Class::Fatal => Outcome::Deferred(error),
+        Class::Operator => Outcome::Held(error),
+        Class::Refused => Outcome::Rejected(error),
+    }
+}
+
+impl Sender for FutureProducer {
+    type Delivery = Delivery;
+
+    async fn send(
+        &self,
+        row: &Claimed,
+        cloud_events: Option<&CloudEvents>,
+    ) -> Result<Delivery, Outcome> {
+        match send(self, row, cloud_events) {
+            Ok(future) => Ok(Delivery { id: row.id, future }),
+            Err(error) => Err(failed(error)),
+        }
+    }
+}
+
+/// A record enqueued on the producer, until librdkafka reports on it.
+pub(crate) struct Delivery {
+    id: i64,
+    future: DeliveryFuture,
+}
+
+impl Future for Delivery {
+    type Output = Outcome;
+
+    fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Outcome> {
+        let id = self.id;
+        Pin::new(&mut self.future)
+            .poll(cx)
+            .map(|delivered| match delivered {
+                // With acks=all, a record the broker appended has an offset. librdkafka also
+                // reports success without one (an idempotent retry it takes for a duplicate of an
+                // earlier write): not proof enough to mark the row; it is sent again (at worst a
+                // duplicate).
+                Ok(Ok(delivery)) if delivery.offset < 0 => {
+                    tracing::warn!(
+                        id,
+                        partition = delivery.partition,
+                        "a record was acknowledged without an offset; it will be sent again"
+                    );
+                    metrics::counter!("outbox_relay_unconfirmed_acks_total").increment(1);
+                    Outcome::Deferred(PublishError::NoOffset)
+                }
+                Ok(Ok(delivery)) => {
+                    tracing::trace!(
+                        id,
+                        partition = delivery.partition,
+                        offset = delivery.offset,
+                        "acknowledged"
+                    );
+                    Outcome::Published
+                }
+                Ok(Err((error, _))) => failed(error),
+                Err(_canceled) => Outcome::Deferred(PublishError::ProducerDropped),
+            })
+    }
+}
+
+/// Enqueues one row as a record: key, payload, the framework's headers, the row's creation
+/// time as the record's timestamp.
+fn send(
+    producer: &FutureProducer,
+    row: &Claimed,
+    cloud_events: Option<&CloudEvents>,
+) -> Result<DeliveryFuture, KafkaError> {
+    let event_id = row.event_id.hyphenated().to_string();
+    let outbox_id = row.id.to_string();
+    let headers = OwnedHeaders::new_with_capacity(6)
+        .insert(Header {
+            key: "event_id",
+            value: Some(event_id.as_bytes()),
+        })
+        .insert(Header {
+            key: "event_type",
+            value: Some(row.event_type.as_bytes()),
+        })
+        .insert(Header {
+            key: "aggregate_type",
+            value: Some(row.aggregate_type.as_bytes()),
+        })
+        .insert(Header {
+            key: "aggregate_id",
+            value: Some(row.aggregate_id.as_bytes()),
+        })
+        .insert(Header {
+            key: "content-type",
+            value: Some("application/json".as_bytes()),
+        })
+        .insert(Header {
+            key: "outbox_id",
+            value: Some(outbox_id.as_bytes()),
+        });
+    let headers = match cloud_events.filter(|ce| ce.covers(&row.topic)) {
+        None => headers,
+        Some(ce) => {
+            let attributes = Attributes {
+                id: &event_id,
+                event_type: &row.event_type,
+                subject: &row.aggregate_id,
+                created_at_ms: row.created_at_ms,
+            };
+            ce.attributes(&attributes)
+                .fold(headers, |headers, (name, value)| {
+                    headers.insert(Header {
+                        key: &format!("ce_{name}"),
+                        value: Some(value.as_bytes()),
+                    })
+                })
+        }
+    };
+    let headers = match &row.headers {
+        None => headers,
+        Some(json) => application_headers(headers, json),
+    };
+    let record = FutureRecord::to(&row.topic)
+        .key(row.partition_key.as_bytes())
+        .payload(row.payload.as_bytes())
+        .headers(headers)
+        .timestamp(row.replayed_at_ms.unwrap_or(row.created_at_ms));
+    producer.send_result(record).map_err(|(error, _)| error)
+}
+
+/// The row's own headers after the framework's, in name order: string values as they are,
+/// others (written into the column by hand) as JSON text.
+fn application_headers(mut headers: OwnedHeaders, json: &str) -> OwnedHeaders {
+    if let Ok(serde_json::Value::Object(object)) = serde_json::from_str::<serde_json::Value>(json) {
+        for (name, value) in &object {
+            let text;
+            let value = match value {
+                serde_json::Value::String(s) => s.as_str(),
+                other => {
+                    text = other.to_string();
+                    text.as_str()
+                }
+            };
+            headers = headers.insert(Header {
+                key: name,
+                value: Some(value.as_bytes()),
+            });
+        }
+    }
+    headers
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn errors_are_sorted_into_classes() {
+        let code = |c| KafkaError::MessageProduction(c);
+        assert_eq!(
+            classify(&code(RDKafkaErrorCode::MessageTimedOut)),
+            Class::Transient
+        );
+        assert_eq!(
+            classify(&code(RDKafkaErrorCode::NotLeaderForPartition)),
+            Class::Transient
+        );
+        assert_eq!(
+            classify(&code(RDKafkaErrorCode::UnknownTopicOrPartition)),
+            Class::Operator
+        );
+        assert_eq!(
+            classify(&code(RDKafkaErrorCode::TopicAuthorizationFailed)),
+            Class::Operator
+        );
+        assert_eq!(classify(&code(RDKafkaErrorCode::Fatal)), Class::Fatal);
+        assert_eq!(
+            classify(&code(RDKafkaErrorCode::MessageSizeTooLarge)),
+            Class::Refused
+        );
+        assert_eq!(
+            classify(&code(RDKafkaErrorCode::PolicyViolation)),
+            Class::Refused
+        );
+        // Nobody classified it: an attempt, so that it cannot be retried forever.
+        assert_eq!(
+            classify(&code(RDKafkaErrorCode::InvalidConfig)),
+            Class::Refused
+        );
+    }
+}

@@ -1,0 +1,200 @@
+//! NATS JetStream for the tests: a `nats-server` process of a test's own (a port and a store
+//! directory of its own, so that tests running side by side never share a stream), which a
+//! test can kill and start again, and what reads a stream back as the Kafka tests' records.
+
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+use async_nats::jetstream::{self, stream};
+
+use crate::kafka::Received;
+
+/// Where the `nats-server` binary is: `NATS_SERVER_BIN`, or Debian's.
+pub fn nats_server_bin() -> PathBuf {
+    std::env::var_os("NATS_SERVER_BIN")
+        .map_or_else(|| PathBuf::from("/usr/sbin/nats-server"), PathBuf::from)
+}
+
+/// A `nats-server` with JetStream, killed (and its store removed) when dropped.
+#[derive(Debug)]
+pub struct NatsServer {
+    port: u16,
+    dir: PathBuf,
+    child: Option<Child>,
+}
+
+impl NatsServer {
+    pub async fn start() -> NatsServer {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let dir = std::env::temp_dir().join(format!("outbox-nats-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).expect("nats store dir");
+        let mut server = NatsServer {
+            port,
+            dir,
+            child: None,
+        };
+        server.spawn().await;
+        server
+    }
+
+    pub fn url(&self) -> String {
+        format!("nats://127.0.0.1:{}", self.port)
+    }
+
+    /// A client of this server that reconnects for ever (a relay's, across restarts).
+    pub async fn client(&self) -> async_nats::Client {
+        async_nats::ConnectOptions::new()
+            .retry_on_initial_connect()
+            .connect(self.url())
+            .await
+            .expect("connect to nats-server")
+    }
+
+    pub async fn jetstream(&self) -> jetstream::Context {
+        jetstream::new(self.client().await)
+    }
+
+    /// Starts the server (again, with its store: what JetStream had synced is still there).
+    pub async fn spawn(&mut self) {
+        let bin = nats_server_bin();
+        assert!(
+            bin.exists(),
+            "nats-server is not installed at {} (Debian's package nats-server, or set \
+             NATS_SERVER_BIN)",
+            bin.display()
+        );
+        let log = std::fs::File::create(self.dir.join("nats.log")).expect("nats log");
+        let child = Command::new(bin)
+            .args(["-a", "127.0.0.1", "-p", &self.port.to_string(), "-js"])
+            .arg("-sd")
+            .arg(self.dir.join("store"))
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("log"))
+            .stderr(log)
+            .spawn()
+            .expect("start nats-server");
+        self.child = Some(child);
+        // Ready once JetStream answers (it recovers its streams before it does).
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok(client) = async_nats::connect(self.url()).await {
+                // The account's information as JSON (async-nats's `Account` does not read a
+                // 2.9 server's).
+                let info = client.request("$JS.API.INFO", "".into()).await;
+                if info.is_ok_and(|m| !String::from_utf8_lossy(&m.payload).contains("\"error\"")) {
+                    return;
+                }
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "nats-server on port {} did not answer within 20 s",
+                self.port
+            );
+            tokio::time::sleep(Duration::from_millis(25)).await;
+        }
+    }
+
+    /// SIGKILL: gone at once, no goodbye to its clients.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// A stream named `name` capturing `subject`, with `tweak` applied to its settings.
+    pub async fn create_stream(
+        &self,
+        name: &str,
+        subject: &str,
+        tweak: impl FnOnce(&mut stream::Config),
+    ) {
+        let mut config = stream::Config {
+            name: name.to_owned(),
+            subjects: vec![subject.to_owned()],
+            ..Default::default()
+        };
+        tweak(&mut config);
+        self.jetstream()
+            .await
+            .create_stream(config)
+            .await
+            .expect("create stream");
+    }
+
+    /// Every message the stream `name` holds, in its order, as the Kafka tests' records: the
+    /// key from `outbox_key`, the timestamp from `outbox_timestamp_ms`, the stream sequence as
+    /// the offset.
+    pub async fn read_stream(&self, name: &str) -> Vec<Received> {
+        let js = self.jetstream().await;
+        let mut stream = js.get_stream(name).await.expect("stream");
+        let state = stream.info().await.expect("stream info").state.clone();
+        let mut out = Vec::new();
+        for sequence in state.first_sequence..=state.last_sequence {
+            let message = match stream.get_raw_message(sequence).await {
+                Ok(message) => message,
+                // Removed (a limit, a purge): not there to read.
+                Err(_) => continue,
+            };
+            out.push(received(&message));
+        }
+        out
+    }
+
+    /// Waits until the stream `name` holds `expected` messages (or `timeout` passes), then
+    /// reads them.
+    pub async fn read_stream_when(
+        &self,
+        name: &str,
+        expected: u64,
+        timeout: Duration,
+    ) -> Vec<Received> {
+        let js = self.jetstream().await;
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let held = match js.get_stream(name).await {
+                Ok(mut s) => s.info().await.map_or(0, |i| i.state.messages),
+                Err(_) => 0,
+            };
+            if held >= expected || tokio::time::Instant::now() >= deadline {
+                return self.read_stream(name).await;
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+}
+
+impl Drop for NatsServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn received(message: &jetstream::message::StreamMessage) -> Received {
+    let headers: HashMap<String, String> = message
+        .headers
+        .iter()
+        .filter_map(|(name, values)| {
+            values
+                .first()
+                .map(|v| (name.to_string(), v.as_str().to_owned()))
+        })
+        .collect();
+    Received {
+        key: headers.get("outbox_key").cloned().unwrap_or_default(),
+        payload: serde_json::from_slice(&message.payload).unwrap_or(serde_json::Value::Null),
+        raw: message.payload.to_vec(),
+        timestamp_ms: headers
+            .get("outbox_timestamp_ms")
+            .and_then(|t| t.parse().ok()),
+        headers,
+        partition: 0,
+        offset: message.sequence as i64,
+    }
+}
