@@ -68,11 +68,9 @@ struct Brokers {
     producer_config: Vec<(String, String)>,
 }
 
-/// `outbox relay`'s options.
+/// Where `relay` and `replay` publish: Kafka, or NATS JetStream.
 #[derive(Debug, Args)]
-struct RelayArgs {
-    #[command(flatten)]
-    db: Db,
+struct PublishTo {
     /// Kafka bootstrap servers, e.g. broker1:9092,broker2:9092 (or --nats-url)
     #[arg(
         long,
@@ -85,9 +83,18 @@ struct RelayArgs {
     #[arg(short = 'X', long = "producer-config", value_name = "KEY=VALUE", value_parser = parse::key_value)]
     producer_config: Vec<(String, String)>,
     /// Publish to NATS JetStream instead of Kafka, e.g. nats://127.0.0.1:4222 (a topic is a
-    /// subject; a stream must capture it, see --create-streams); KAFKA_BROKERS is then ignored
+    /// subject, which a stream must capture); KAFKA_BROKERS is then ignored
     #[arg(long, value_name = "URL", conflicts_with = "producer_config")]
     nats_url: Option<String>,
+}
+
+/// `outbox relay`'s options.
+#[derive(Debug, Args)]
+struct RelayArgs {
+    #[command(flatten)]
+    db: Db,
+    #[command(flatten)]
+    to: PublishTo,
     /// With --nats-url: create a stream for a topic that no stream captures (by default its
     /// events are held until one exists)
     #[arg(long, requires = "nats_url")]
@@ -203,7 +210,7 @@ struct ReplayArgs {
     #[command(flatten)]
     db: Db,
     #[command(flatten)]
-    brokers: Brokers,
+    to: PublishTo,
     /// The topic whose published events to replay
     #[arg(long)]
     topic: String,

@@ -23,7 +23,7 @@ use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 
 use crate::ui;
-use crate::{Brokers, Command, Db, Selection};
+use crate::{Brokers, Command, Db, PublishTo, Selection};
 
 type Result<T = ()> = std::result::Result<T, String>;
 
@@ -113,6 +113,51 @@ fn producer_config(brokers: &Brokers) -> Result<ClientConfig> {
         config.set(key, value);
     }
     Ok(config)
+}
+
+/// Where `relay` and `replay` publish, connected (NATS) or checked (Kafka's settings).
+#[derive(Clone)]
+enum Target {
+    /// The producer's settings, and the brokers.
+    Kafka(ClientConfig, String),
+    /// A connected client, and its URL.
+    JetStream(outbox_runtime::async_nats::Client, String),
+}
+
+impl Target {
+    async fn connect(to: PublishTo) -> Result<Target> {
+        let PublishTo {
+            brokers,
+            producer_config: settings,
+            nats_url,
+        } = to;
+        match nats_url {
+            Some(url) => {
+                if let Some(brokers) = brokers {
+                    tracing::info!(%brokers, "publishing to JetStream: the Kafka brokers are ignored");
+                }
+                let client = outbox_runtime::async_nats::connect(url.as_str())
+                    .await
+                    .map_err(|e| format!("cannot connect to NATS at {url}: {}", chain(e)))?;
+                Ok(Target::JetStream(client, url))
+            }
+            None => {
+                let brokers = Brokers {
+                    brokers: brokers.unwrap_or_default(),
+                    producer_config: settings,
+                };
+                Ok(Target::Kafka(producer_config(&brokers)?, brokers.brokers))
+            }
+        }
+    }
+
+    /// Where, for a person: the brokers, or "JetStream at URL".
+    fn describe(&self) -> String {
+        match self {
+            Target::Kafka(_, brokers) => brokers.trim().to_owned(),
+            Target::JetStream(_, url) => format!("JetStream at {url}"),
+        }
+    }
 }
 
 /// An error and its causes, on one line.

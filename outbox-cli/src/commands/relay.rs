@@ -4,16 +4,14 @@ use outbox_runtime::admin::Retention;
 use outbox_runtime::relay::{JetStream, Relay};
 use tokio_util::sync::CancellationToken;
 
-use super::{chain, connect_migrated, producer_config, Result};
+use super::{chain, connect_migrated, Result, Target};
 use crate::shutdown::Shutdown;
 use crate::RelayArgs;
 
 pub async fn run(args: RelayArgs) -> Result {
     let RelayArgs {
         db,
-        brokers,
-        producer_config: settings,
-        nats_url,
+        to,
         create_streams,
         instances,
         batch_size,
@@ -26,28 +24,8 @@ pub async fn run(args: RelayArgs) -> Result {
         dedup_retention,
         retention_every,
     } = args;
-    // The broker, checked before anything connects to the database.
-    let target = match (&nats_url, brokers) {
-        (Some(url), brokers) => {
-            if let Some(brokers) = brokers {
-                tracing::info!(%brokers, "publishing to JetStream: the Kafka brokers are ignored");
-            }
-            let client = async_nats::connect(url.as_str())
-                .await
-                .map_err(|e| format!("cannot connect to NATS at {url}: {}", chain(e)))?;
-            Target::JetStream(
-                JetStream::new(client).create_streams(create_streams),
-                url.clone(),
-            )
-        }
-        (None, brokers) => {
-            let brokers = crate::Brokers {
-                brokers: brokers.unwrap_or_default(),
-                producer_config: settings,
-            };
-            Target::Kafka(producer_config(&brokers)?, brokers.brokers)
-        }
-    };
+    // The broker, before anything connects to the database.
+    let target = Target::connect(to).await?;
     // Each instance takes a connection of its own off the pool when it connects (and listens
     // for notifications on another, outside the pool); the pool serves the backlog gauges, the
     // health checks and the readiness probe (2), and retention (2 more: its lock and its
@@ -64,7 +42,9 @@ pub async fn run(args: RelayArgs) -> Result {
     }
     let builder = match target.clone() {
         Target::Kafka(config, _) => builder.producer_config(config),
-        Target::JetStream(jetstream, _) => builder.jetstream(jetstream),
+        Target::JetStream(client, _) => {
+            builder.jetstream(JetStream::new(client).create_streams(create_streams))
+        }
     };
     let relay = builder
         .batch_size(batch_size)
@@ -111,20 +91,4 @@ pub async fn run(args: RelayArgs) -> Result {
         status.parked
     );
     Ok(())
-}
-
-/// Where the relay publishes, and how to say so.
-#[derive(Clone)]
-enum Target {
-    Kafka(rdkafka::config::ClientConfig, String),
-    JetStream(JetStream, String),
-}
-
-impl Target {
-    fn describe(&self) -> String {
-        match self {
-            Target::Kafka(_, brokers) => brokers.trim().to_owned(),
-            Target::JetStream(_, url) => format!("JetStream at {url}"),
-        }
-    }
 }

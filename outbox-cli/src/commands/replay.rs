@@ -6,14 +6,14 @@ use outbox_runtime::admin::{Replay, ReplayFilter};
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, Producer};
 
-use super::{chain, connect_migrated, producer_config, Result};
+use super::{chain, connect_migrated, Result, Target};
 use crate::ui::Progress;
 use crate::ReplayArgs;
 
 pub async fn run(args: ReplayArgs) -> Result {
     let ReplayArgs {
         db,
-        brokers,
+        to,
         topic,
         since,
         until,
@@ -37,7 +37,7 @@ pub async fn run(args: ReplayArgs) -> Result {
         filter = filter.event_type(e);
     }
     let to_topic = to_topic.as_deref();
-    let config = producer_config(&brokers)?;
+    let broker = Target::connect(to).await?;
     let pool = connect_migrated(&db, 2).await?;
     let topic = filter.source_topic();
     let known: bool =
@@ -62,12 +62,19 @@ pub async fn run(args: ReplayArgs) -> Result {
         ));
     }
     let target = to_topic.unwrap_or(topic);
-    if !dry_run {
-        check_kafka(&config).await?;
+    let replay = match broker {
+        Target::Kafka(config, _) => {
+            if !dry_run {
+                check_kafka(&config).await?;
+            }
+            Replay::with_producer_config(pool, config)
+        }
+        Target::JetStream(client, _) => {
+            Replay::jetstream(pool, outbox_runtime::relay::JetStream::new(client))
+        }
     }
-    let replay = Replay::with_producer_config(pool, config)
-        .map_err(chain)?
-        .batch_size(batch_size);
+    .map_err(chain)?
+    .batch_size(batch_size);
     let counts = replay.count(&filter).await.map_err(chain)?;
     let total = counts.published;
     if dry_run {

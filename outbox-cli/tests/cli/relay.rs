@@ -9,8 +9,8 @@ use outbox_tests::kafka::{consume, Kafka};
 use outbox_tests::{ChildGuard, TestDb};
 
 use crate::support::{
-    count, emit_posted, insert_rows, outbox, run, signal, stderr, stdout, wait_exit, wait_line,
-    TOPIC,
+    assert_error, count, emit_posted, insert_rows, outbox, run, signal, stderr, stdout, wait_exit,
+    wait_line, TOPIC,
 };
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -269,4 +269,57 @@ async fn an_invalid_rust_log_is_a_clear_error() {
         "{}",
         stderr(&out)
     );
+}
+
+/// `outbox relay --nats-url`: publishes to JetStream (creating the stream with
+/// `--create-streams`), with KAFKA_BROKERS set and ignored, and stops on SIGTERM.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_command_publishes_to_jetstream() {
+    let db = TestDb::new().await;
+    let server = outbox_tests::nats::NatsServer::start().await;
+    let mut cmd = outbox(&[
+        "relay",
+        "--nats-url",
+        &server.url(),
+        "--create-streams",
+        "--poll-interval",
+        "100ms",
+    ]);
+    cmd.env("DATABASE_URL", &db.url)
+        .env("KAFKA_BROKERS", "127.0.0.1:1")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut child = ChildGuard(cmd.spawn().expect("start relay"));
+    let mut out = BufReader::new(child.0.stdout.take().unwrap());
+    let started = tokio::task::spawn_blocking(move || {
+        let line = wait_line(&mut out, "outbox relay:");
+        (line, out)
+    });
+    let (line, mut out) = started.await.unwrap();
+    assert!(
+        line.contains(&format!("JetStream at {}", server.url())),
+        "{line}"
+    );
+    let total = emit_posted(&db.pool, 20, 5).await;
+    // `ledger.events` gets the stream `ledger_events`.
+    let received = server
+        .read_stream_when("ledger_events", total as u64, Duration::from_secs(30))
+        .await;
+    assert_eq!(received.len(), total);
+    signal(&child, "-TERM");
+    assert_eq!(
+        wait_exit(&mut child, Duration::from_secs(20)).await,
+        Some(0)
+    );
+    let rest = tokio::task::spawn_blocking(move || wait_line(&mut out, "stopped"))
+        .await
+        .unwrap();
+    assert!(rest.contains("0 unpublished"), "{rest}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_command_says_when_nats_is_not_there() {
+    let db = TestDb::new().await;
+    let out = run(&db.url, &["relay", "--nats-url", "nats://127.0.0.1:1"]).await;
+    assert_error(&out, "cannot connect to NATS at nats://127.0.0.1:1");
 }

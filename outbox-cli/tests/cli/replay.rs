@@ -168,3 +168,36 @@ async fn replay_case(kafka: Kafka) {
         stderr(&unknown)
     );
 }
+
+/// `outbox replay --nats-url`: the broker-loss drill on JetStream, from the command line.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_restores_a_purged_jetstream_stream() {
+    let db = TestDb::new().await;
+    let server = outbox_tests::nats::NatsServer::start().await;
+    server.create_stream("LEDGER", TOPIC, |_| {}).await;
+    let total = emit_posted(&db.pool, 5, 4).await;
+    let relay = outbox_runtime::relay::Relay::builder(db.pool.clone())
+        .jetstream(outbox_runtime::relay::JetStream::new(server.client().await))
+        .build()
+        .unwrap();
+    assert_eq!(relay.publish_pending().await.unwrap(), total as u64);
+    let js = server.jetstream().await;
+    js.get_stream("LEDGER")
+        .await
+        .unwrap()
+        .purge()
+        .await
+        .unwrap();
+    let out = run(
+        &db.url,
+        &["replay", "--nats-url", &server.url(), "--topic", TOPIC],
+    )
+    .await;
+    assert_ok(&out);
+    assert!(
+        stdout(&out).contains(&format!("replayed {total} events")),
+        "{}",
+        stdout(&out)
+    );
+    assert_eq!(server.read_stream("LEDGER").await.len(), total);
+}

@@ -19,7 +19,7 @@ mod health;
 mod inspect;
 pub(crate) mod partitions;
 mod poison;
-#[cfg(feature = "kafka")]
+#[cfg(feature = "_broker")]
 mod replay;
 pub(crate) mod status;
 #[cfg(feature = "kafka")]
@@ -44,8 +44,8 @@ pub use poison::{
     count_dead, count_parked, discard_dead, drop_parked, list_dead, list_parked, retry_dead,
     retry_parked, DeadInboxEvent, ParkedEvent, PoisonFilter,
 };
-#[cfg(feature = "kafka")]
-#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+#[cfg(feature = "_broker")]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "kafka", feature = "nats"))))]
 pub use replay::{Replay, ReplayCounts, ReplayFilter};
 pub use status::{status, InboxTopicStatus, Status, TopicStatus};
 #[cfg(feature = "kafka")]

@@ -3,13 +3,14 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use chrono::{DateTime, Utc};
+#[cfg(feature = "kafka")]
 use rdkafka::config::ClientConfig;
-use rdkafka::producer::FutureProducer;
 use sqlx::{PgPool, Row};
 
 use crate::error::{Error, Result};
-use crate::relay::publish::{self, Outcome, PerKey};
+use crate::relay::publish::{Outcome, PerKey};
 use crate::relay::store::{claimed_columns, Claimed};
+use crate::relay::{Settings, Transport};
 
 /// Which stored events a replay publishes: published rows of one topic, narrowed by creation
 /// time (`since` inclusive, `until` exclusive), aggregate type and event type.
@@ -102,7 +103,10 @@ macro_rules! bind_filter {
 /// `event_id`, key, payload and headers, so that deduplicating receivers handle each at most
 /// once. Records carry the replay's time as their Kafka timestamp (so the topic's time-based
 /// retention keeps them); a CloudEvent's `ce_time` stays when the event was emitted. Published
-/// with the relay's idempotent producer settings.
+/// with the relay's idempotent producer settings, or to JetStream ([`Replay::jetstream`]),
+/// where each replay gives its messages a `Nats-Msg-Id` of their own (`<event id>:replay:<ms>`):
+/// with the event id alone, the stream's duplicate window would drop a replay made within it
+/// (after a purge too) and acknowledge it all the same.
 ///
 /// ```no_run
 /// # async fn run(pool: sqlx::PgPool) -> outbox_runtime::Result<()> {
@@ -117,7 +121,7 @@ macro_rules! bind_filter {
 /// ```
 pub struct Replay {
     pool: PgPool,
-    producer: FutureProducer,
+    transport: Transport,
     batch_size: i64,
     publish_timeout: Duration,
     cloud_events: Option<crate::relay::CloudEvents>,
@@ -134,6 +138,8 @@ impl std::fmt::Debug for Replay {
 
 impl Replay {
     /// A replay to the Kafka cluster at `brokers`.
+    #[cfg(feature = "kafka")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
     pub fn new(pool: PgPool, brokers: &str) -> Result<Replay> {
         let mut config = ClientConfig::new();
         config.set("bootstrap.servers", brokers);
@@ -142,18 +148,35 @@ impl Replay {
 
     /// A replay with these producer settings (`bootstrap.servers`, security, ...); they must
     /// allow an idempotent producer, like the relay's.
+    #[cfg(feature = "kafka")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
     pub fn with_producer_config(pool: PgPool, config: ClientConfig) -> Result<Replay> {
         if config.get("bootstrap.servers").is_none_or(str::is_empty) {
             return Err(Error::Config("no Kafka brokers for the replay".into()));
         }
-        let publish_timeout = Duration::from_secs(30);
-        Ok(Replay {
+        let producer = crate::relay::ProducerSlot::new(config)?;
+        Ok(Self::on(pool, Transport::Kafka(producer)))
+    }
+
+    /// A replay to JetStream, with the relay's mapping (see
+    /// [`JetStream`](crate::relay::JetStream)); a topic no stream captures stops it.
+    #[cfg(feature = "nats")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+    pub fn jetstream(pool: PgPool, jetstream: crate::relay::JetStream) -> Result<Replay> {
+        jetstream.check().map_err(Error::Config)?;
+        let timeout = Duration::from_secs(30);
+        let publisher = jetstream.publisher(timeout, timeout);
+        Ok(Self::on(pool, Transport::JetStream(Box::new(publisher))))
+    }
+
+    fn on(pool: PgPool, transport: Transport) -> Replay {
+        Replay {
             pool,
-            producer: crate::relay::create_producer(config)?,
+            transport,
             batch_size: 1_000,
-            publish_timeout,
+            publish_timeout: Duration::from_secs(30),
             cloud_events: None,
-        })
+        }
     }
 
     /// Records sent before waiting for their acknowledgements (default 1,000).
@@ -250,14 +273,13 @@ impl Replay {
                     row.topic = topic.to_owned();
                 }
             }
-            let outcomes = publish::publish(
-                &self.producer,
-                &batch,
-                self.publish_timeout,
-                PerKey::Pipelined,
-                self.cloud_events.as_ref(),
-            )
-            .await;
+            let settings = Settings {
+                publish_timeout: self.publish_timeout,
+                per_key: PerKey::Pipelined,
+                cloud_events: self.cloud_events.clone(),
+                ..Settings::default()
+            };
+            let outcomes = self.transport.publish(&batch, &settings).await;
             for (row, outcome) in batch.iter().zip(outcomes) {
                 let source = match outcome {
                     Outcome::Published => {

@@ -433,9 +433,15 @@ fn message(row: &Claimed, cloud_events: Option<&CloudEvents>) -> Result<PublishM
             }
         }
     }
+    // A replay's own id: with the event id, the duplicate window would drop it (and say it
+    // was stored).
+    let message_id = match row.replayed_at_ms {
+        None => event_id,
+        Some(at) => format!("{event_id}:replay:{at}"),
+    };
     Ok(PublishMessage::build()
         .headers(headers)
-        .message_id(&event_id)
+        .message_id(&message_id)
         .payload(bytes::Bytes::copy_from_slice(row.payload.as_bytes())))
 }
 

@@ -193,6 +193,10 @@ pub(crate) mod publish;
 mod run;
 #[cfg(feature = "_broker")]
 mod settings;
+#[cfg(feature = "_broker")]
+pub(crate) use settings::Settings;
+#[cfg(feature = "_broker")]
+pub(crate) use transport::Transport;
 #[cfg_attr(not(feature = "_broker"), allow(dead_code, unused_imports))]
 pub(crate) mod store;
 #[cfg(feature = "_broker")]
@@ -218,7 +222,7 @@ pub use floor::claim_floor;
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub use jetstream::JetStream;
 #[cfg(feature = "kafka")]
-pub(crate) use producer::create_producer;
+pub(crate) use producer::ProducerSlot;
 #[cfg(feature = "_broker")]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "kafka", feature = "nats"))))]
 pub use run::{drain_without_kafka, explain_claim, Relay};
