@@ -470,3 +470,40 @@ async fn a_purged_stream_is_restored_by_a_replay() {
             .starts_with(&format!("{}:replay:", r.header("event_id"))));
     }
 }
+
+/// A stream deleted under a running relay that creates streams: the next publish finds none,
+/// the relay creates it again, and what was emitted after the deletion arrives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stream_deleted_under_the_relay_is_created_again() {
+    let db = TestDb::new().await;
+    let server = NatsServer::start().await;
+    let relay = Relay::builder(db.pool.clone())
+        .jetstream(JetStream::new(server.client().await).create_streams(true))
+        .poll_interval(Duration::from_millis(100))
+        .retry_backoff(Duration::from_millis(50), Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let running = Running::relay(&relay);
+    let first = emit_events(&db.pool, 5, 2, 10).await;
+    server
+        .read_stream_when("account_events", first as u64, Duration::from_secs(30))
+        .await;
+    wait_until_published(&db.pool, Duration::from_secs(30)).await;
+    let js = server.jetstream().await;
+    js.delete_stream("account_events").await.unwrap();
+    let events: Vec<_> = (0..5).map(|k| deposit(k, 100)).collect();
+    let mut uow = Uow::begin(&db.pool).await.unwrap();
+    uow.emit_all(&events).await.unwrap();
+    uow.commit().await.unwrap();
+    let received = server
+        .read_stream_when("account_events", 5, Duration::from_secs(30))
+        .await;
+    wait_until_published(&db.pool, Duration::from_secs(30)).await;
+    let seqs: Vec<u64> = received
+        .iter()
+        .map(|r| r.payload["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(seqs, vec![100; 5], "the events emitted after the deletion");
+    assert_eq!(relay.status().await.unwrap().parked, 0);
+    running.stop().await;
+}

@@ -279,7 +279,7 @@ impl<'r> Instance<'r> {
                 }
                 Outcome::Held(error) if relay.hold_operator_errors => {
                     tracing::error!(id = row.id, topic = %row.topic, %error,
-                        "outbox record held: its topic is missing or not writable; \
+                        "outbox record held: its topic (or stream) is missing or not writable; \
                          its key waits until an operator fixes it");
                     failed.push(store::Failure {
                         id: row.id,

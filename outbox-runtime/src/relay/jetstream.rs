@@ -4,13 +4,13 @@
 //! The mapping, documented on [`JetStream`]: a row's topic is the subject, as it is; its
 //! partition key travels in the `outbox_key` header; `Nats-Msg-Id` is the event id.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;
 use std::str::FromStr;
 use std::sync::{Arc, Mutex};
 use std::task::{Context, Poll};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use async_nats::header::{HeaderMap, HeaderName, HeaderValue};
 use async_nats::jetstream::context::{
@@ -113,6 +113,7 @@ impl JetStream {
             replicas: self.replicas,
             failover,
             streams: Arc::new(Mutex::new(HashSet::new())),
+            missing: Mutex::new(HashMap::new()),
         }
     }
 }
@@ -127,7 +128,13 @@ pub(crate) struct Publisher {
     /// The topics a stream was found (or created) for: looked up again once a publish finds
     /// none.
     streams: Arc<Mutex<HashSet<String>>>,
+    /// Topics no stream captured, and when that was seen: looked up again only after
+    /// [`MISSING_KEPT`], so that a held topic's many keys cost one lookup, not one each.
+    missing: Mutex<HashMap<String, Instant>>,
 }
+
+/// How long a topic found without a stream is taken to have none.
+const MISSING_KEPT: Duration = Duration::from_secs(1);
 
 impl Publisher {
     /// Whether JetStream answers (the account's information) within `within`. (Read as JSON:
@@ -157,6 +164,21 @@ impl Publisher {
 
     /// Finds the stream that captures `topic`'s subject, or creates it (if told to).
     async fn ensure_stream(&self, topic: &str) -> Result<(), Outcome> {
+        let missing = || {
+            Outcome::Held(PublishError::JetStream(format!(
+                "no stream captures the subject `{topic}`: create one (or let the relay: \
+                 JetStream::create_streams)"
+            )))
+        };
+        let seen_missing = self
+            .missing
+            .lock()
+            .unwrap_or_else(|e| e.into_inner())
+            .get(topic)
+            .is_some_and(|at| at.elapsed() < MISSING_KEPT);
+        if seen_missing {
+            return Err(missing());
+        }
         let deferred = |what: &str, e: &(dyn std::error::Error + 'static)| {
             Outcome::Deferred(PublishError::JetStream(format!(
                 "{what}: {}",
@@ -185,10 +207,11 @@ impl Publisher {
                 stream_name(topic)
             }
             Err(e) if e.kind() == GetStreamByNameErrorKind::NotFound => {
-                return Err(Outcome::Held(PublishError::JetStream(format!(
-                    "no stream captures the subject `{topic}`: create one (or let the relay: \
-                     JetStream::create_streams)"
-                ))));
+                self.missing
+                    .lock()
+                    .unwrap_or_else(|e| e.into_inner())
+                    .insert(topic.to_owned(), Instant::now());
+                return Err(missing());
             }
             Err(e) => return Err(deferred("cannot look the stream up", &e)),
         };
