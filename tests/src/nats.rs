@@ -107,6 +107,16 @@ impl NatsServer {
         }
     }
 
+    /// SIGTERM, and waits for the server to exit: a graceful stop.
+    pub fn terminate(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = Command::new("kill")
+                .args(["-TERM", &child.id().to_string()])
+                .status();
+            let _ = child.wait();
+        }
+    }
+
     /// A stream named `name` capturing `subject`, with `tweak` applied to its settings.
     pub async fn create_stream(
         &self,

@@ -5,8 +5,12 @@
 //! it waits for the outbox to drain and checks, on the broker: every committed event arrived,
 //! none that failed to commit did, and each key's events arrived in order.
 //!
+//! With `--transport nats` the relays publish to NATS JetStream instead: a nats-server of its
+//! own (file store), killed with SIGKILL and started again, or restarted gracefully, in place of
+//! the produce errors and latency; the check reads the stream.
+//!
 //! ```text
-//! cargo run --release -p outbox-tests --bin outbox-soak -- --seconds 60 [--seed N]
+//! cargo run --release -p outbox-tests --bin outbox-soak -- --seconds 60 [--seed N] [--transport nats]
 //! ```
 //!
 //! Prints one line and exits non-zero on any loss, phantom or order violation. It restarts
@@ -18,9 +22,10 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use outbox_runtime::relay::Relay;
+use outbox_runtime::relay::{JetStream, Relay};
 use outbox_tests::deposits::{deposit, Emitted};
 use outbox_tests::kafka::Kafka;
+use outbox_tests::nats::NatsServer;
 use outbox_tests::{restart_postgres, ChildGuard, TestDb};
 use rdkafka::consumer::{Consumer, StreamConsumer};
 use rdkafka::message::Message;
@@ -54,8 +59,13 @@ impl Rng {
     }
 }
 
+/// The stream of the JetStream mode.
+const STREAM: &str = "SOAK";
+
 /// Options from the command line.
 struct Options {
+    /// Publish to JetStream instead of Kafka.
+    nats: bool,
     seconds: u64,
     seed: u64,
 }
@@ -63,6 +73,7 @@ struct Options {
 fn options() -> Options {
     let mut args = std::env::args().skip(1);
     let mut seconds = 60;
+    let mut nats = false;
     let mut seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(1, |d| d.as_nanos() as u64)
@@ -72,16 +83,22 @@ fn options() -> Options {
         match arg.as_str() {
             "--seconds" => seconds = value.parse().expect("--seconds N"),
             "--seed" => seed = value.parse::<u64>().expect("--seed N") | 1,
+            "--transport" if value == "nats" || value == "kafka" => nats = value == "nats",
             _ => {
-                eprintln!("usage: outbox-soak [--seconds N] [--seed N]");
+                eprintln!("usage: outbox-soak [--seconds N] [--seed N] [--transport kafka|nats]");
                 std::process::exit(2);
             }
         }
     }
-    Options { seconds, seed }
+    Options {
+        nats,
+        seconds,
+        seed,
+    }
 }
 
-/// `outbox-soak relay DATABASE_URL BROKERS`: one relay process, until killed. With
+/// `outbox-soak relay DATABASE_URL BROKERS`: one relay process, until killed (BROKERS a
+/// `nats://` URL: to JetStream). With
 /// `OUTBOX_SOAK_LOGS=dir`, it logs the relay's debug events to `dir/relay-<pid>.log`.
 async fn relay_process(url: &str, brokers: &str) {
     if let Some(dir) = std::env::var_os("OUTBOX_SOAK_LOGS") {
@@ -100,9 +117,19 @@ async fn relay_process(url: &str, brokers: &str) {
     // Kafka refuses produce requests whose idempotent sequence numbers do not follow on from
     // the last one it wrote, so nothing is written past a refused record; the mock cluster does
     // not check them, and the relay sends one record per key at a time instead.
-    let relay = Relay::builder(pool)
-        .brokers(brokers)
-        .one_record_in_flight_per_key(true)
+    let builder = if brokers.starts_with("nats://") {
+        let client = outbox_runtime::async_nats::ConnectOptions::new()
+            .retry_on_initial_connect()
+            .connect(brokers)
+            .await
+            .expect("nats url");
+        Relay::builder(pool).jetstream(JetStream::new(client))
+    } else {
+        Relay::builder(pool)
+            .brokers(brokers)
+            .one_record_in_flight_per_key(true)
+    };
+    let relay = builder
         .poll_interval(Duration::from_millis(100))
         .publish_timeout(Duration::from_secs(5))
         // Injected refusals are passing: never park for them.
@@ -214,6 +241,68 @@ async fn consumer(bootstrap: String, received: Received, cancel: CancellationTok
     }
 }
 
+/// Reads the stream from its first message into `received`, one sequence after another,
+/// waiting while the server is away; returns how many sequences it found missing (none can
+/// be: nothing limits the stream).
+async fn stream_reader(server_url: String, received: Received, cancel: CancellationToken) -> u64 {
+    let client = outbox_runtime::async_nats::ConnectOptions::new()
+        .retry_on_initial_connect()
+        .connect(server_url)
+        .await
+        .expect("nats");
+    let js = outbox_runtime::async_nats::jetstream::new(client);
+    let mut next = 1u64;
+    let mut skipped = 0u64;
+    while !cancel.is_cancelled() {
+        let stream = match js.get_stream(STREAM).await {
+            Ok(stream) => stream,
+            Err(_) => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+                continue;
+            }
+        };
+        loop {
+            if cancel.is_cancelled() {
+                return skipped;
+            }
+            match stream.get_raw_message(next).await {
+                Ok(message) => {
+                    let header = |name: &str| {
+                        message
+                            .headers
+                            .get(name)
+                            .map(|v| v.as_str().to_owned())
+                            .unwrap_or_default()
+                    };
+                    let payload: serde_json::Value =
+                        serde_json::from_slice(&message.payload).unwrap_or_default();
+                    if let Some(seq) = payload["seq"].as_u64() {
+                        let at = (0, message.sequence as i64, header("outbox_id"));
+                        received
+                            .lock()
+                            .unwrap()
+                            .push(((header("outbox_key"), seq), at));
+                    } else {
+                        eprintln!("unreadable message at sequence {next}");
+                    }
+                    if message.sequence > next {
+                        skipped += message.sequence - next;
+                    }
+                    next = message.sequence + 1;
+                }
+                // Not there yet, or the server is away: look again shortly.
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                    if js.get_stream(STREAM).await.is_err() {
+                        break;
+                    }
+                }
+            }
+        }
+    }
+    skipped
+}
+
 /// The faults injected, by kind.
 #[derive(Default)]
 struct Faults(BTreeMap<&'static str, u32>);
@@ -270,7 +359,15 @@ async fn main() {
     let mut rng = Rng(options.seed);
     let kafka = Kafka::mock();
     kafka.create_topic(TOPIC, PARTITIONS).await;
-    let bootstrap = kafka.bootstrap();
+    let mut nats = None;
+    if options.nats {
+        let server = NatsServer::start().await;
+        server.create_stream(STREAM, TOPIC, |_| {}).await;
+        nats = Some(server);
+    }
+    let bootstrap = nats
+        .as_ref()
+        .map_or_else(|| kafka.bootstrap(), NatsServer::url);
     let db = TestDb::new().await;
     let pool = db.pool(10).await;
 
@@ -279,11 +376,19 @@ async fn main() {
         .collect();
     let received: Received = Arc::default();
     let cancel = CancellationToken::new();
-    let consumer_task = tokio::spawn(consumer(
-        bootstrap.clone(),
-        received.clone(),
-        cancel.clone(),
-    ));
+    let consumer_task = if nats.is_some() {
+        tokio::spawn(stream_reader(
+            bootstrap.clone(),
+            received.clone(),
+            cancel.clone(),
+        ))
+    } else {
+        tokio::spawn(consumer(
+            bootstrap.clone(),
+            received.clone(),
+            cancel.clone(),
+        ))
+    };
     let stop = Arc::new(AtomicBool::new(false));
     let emitters: Vec<_> = (0..EMITTERS)
         .map(|t| tokio::spawn(emitter(pool.clone(), t, rng.next() | 1, stop.clone())))
@@ -330,6 +435,19 @@ async fn main() {
                 } else {
                     "a relay session terminated"
                 });
+            }
+            2 | 3 if nats.is_some() => {
+                let server = nats.as_mut().expect("nats mode");
+                server.kill();
+                tokio::time::sleep(rng.millis(100, 1_500)).await;
+                server.spawn().await;
+                faults.add("nats-server SIGKILL");
+            }
+            _ if nats.is_some() => {
+                let server = nats.as_mut().expect("nats mode");
+                server.terminate();
+                server.spawn().await;
+                faults.add("nats-server restart");
             }
             2 | 3 => {
                 let n = 1 + rng.below(3) as usize;
