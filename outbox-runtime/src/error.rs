@@ -156,8 +156,8 @@ pub enum Error {
     Publish(#[source] PublishError),
 
     /// A replay stopped: a record was not acknowledged. The records before it were sent.
-    #[cfg(feature = "kafka")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+    #[cfg(feature = "_broker")]
+    #[cfg_attr(docsrs, doc(cfg(any(feature = "kafka", feature = "nats"))))]
     #[error(
         "replay stopped: outbox row {id} (event {event_id}) was not acknowledged, after {sent} \
          records"
