@@ -56,6 +56,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(20261203000016, "outbox_event_partitions"),
     migration!(20261203000017, "partitioned_by_default"),
     migration!(20261203000018, "parked_rows_leave_the_retry_index"),
+    migration!(20261203000019, "consumer_lease"),
 ];
 
 /// Key of the transaction-scoped advisory lock that serializes concurrent `migrate` calls.

@@ -199,7 +199,7 @@ pub(crate) fn remote_context(
 
 /// `span`, a handler's span, with the message's trace context as its parent (with the
 /// `opentelemetry` feature and a context in the message; else as it is).
-#[cfg(feature = "kafka")]
+#[cfg(feature = "_broker")]
 #[inline]
 pub(crate) fn parented(span: tracing::Span, meta: &crate::inbox::MessageMeta<'_>) -> tracing::Span {
     #[cfg(feature = "opentelemetry")]

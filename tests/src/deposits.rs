@@ -14,7 +14,7 @@ use crate::kafka::{consume, Kafka, Received};
 pub const TOPIC: &str = "account.events";
 pub const PARTITIONS: i32 = 6;
 
-#[derive(Serialize, OutboxEvent)]
+#[derive(Serialize, serde::Deserialize, OutboxEvent)]
 #[outbox(
     topic = "account.events",
     aggregate_type = "Account",

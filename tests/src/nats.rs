@@ -137,6 +137,35 @@ impl NatsServer {
             .expect("create stream");
     }
 
+    /// Publishes `records` to `subject` in order, each as the relay sends an event (its key in
+    /// `outbox_key`; no `Nats-Msg-Id`, so that a record sent twice is stored twice), and waits
+    /// for each acknowledgement.
+    pub async fn publish(&self, subject: &str, records: &[crate::kafka::Outgoing]) {
+        let js = self.jetstream().await;
+        for record in records {
+            let mut headers = async_nats::HeaderMap::new();
+            headers.insert("outbox_key", record.key.as_str());
+            for (name, value) in &record.headers {
+                headers.append(name.as_str(), value.as_str());
+            }
+            js.publish_with_headers(subject.to_owned(), headers, record.payload.clone().into())
+                .await
+                .expect("publish")
+                .await
+                .expect("publish acknowledged");
+        }
+    }
+
+    /// Messages of the stream `stream` that the durable consumer `durable` has not settled:
+    /// not delivered yet, and delivered but not acknowledged (nor terminated). `None` while
+    /// the consumer does not exist.
+    pub async fn unsettled(&self, stream: &str, durable: &str) -> Option<(u64, usize)> {
+        let js = self.jetstream().await;
+        let stream = js.get_stream(stream).await.ok()?;
+        let info = stream.consumer_info(durable).await.ok()?;
+        Some((info.num_pending, info.num_ack_pending))
+    }
+
     /// Every message the stream `name` holds, in its order, as the Kafka tests' records: the
     /// key from `outbox_key`, the timestamp from `outbox_timestamp_ms`, the stream sequence as
     /// the offset.

@@ -78,6 +78,15 @@ impl Running {
         }
     }
 
+    /// Aborts the worker's task without cancelling it first, as a crash (`kill -9`) ends it:
+    /// none of its own cleanup runs (a consumer's lease is not released, its messages are not
+    /// settled).
+    pub fn abort(mut self) {
+        if let Some(handle) = self.handle.take() {
+            handle.abort();
+        }
+    }
+
     /// Cancels every worker first, then [`stop`](Self::stop)s each in turn: as workers that
     /// share one token.
     pub async fn stop_all(workers: impl IntoIterator<Item = Running>) {

@@ -221,7 +221,7 @@ pub async fn set_partitioning(
     create_partitions(pool, table).await
 }
 
-#[cfg(feature = "kafka")]
+#[cfg(feature = "_broker")]
 /// Whether `error` is an insert that found no partition for its row (SQLSTATE 23514 with
 /// PostgreSQL's wording): creating partitions is the cure.
 pub(crate) fn is_missing_partition(error: &Error) -> bool {

@@ -96,27 +96,44 @@ enum Chained {
 /// Handles the messages: see the module documentation. `in_place`: a retryable failure stops
 /// the batch there (what came before commits). An error is the database's (nothing lost: the
 /// offsets are not stored, and the dedup rows make doing it again harmless).
+///
+/// With a `fence`, every transaction checks first that the lease is held, and fails with
+/// [`Error::LeaseLost`] if it is not.
 pub(crate) async fn handle(
     pool: &PgPool,
     routes: &Routes,
     messages: &[Checked<'_>],
     in_place: bool,
+    fence: Option<&Fence<'_>>,
 ) -> Result<Outcome> {
     ladder::handle(&mut Messages {
         pool,
         routes,
         messages,
         in_place,
+        fence,
     })
     .await
 }
 
+/// A lease ([`outbox_consumer_lease`](crate::inbox)) a batch's transactions must hold: checked
+/// in each before any work, `FOR SHARE`, so that no instance takes it over before the
+/// transaction ends.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Fence<'a> {
+    pub group: &'a str,
+    pub topic: &'a str,
+    pub holder: Uuid,
+}
+
 /// A dedup-mode batch, as the [`ladder`] handles it.
+#[derive(Clone, Copy)]
 struct Messages<'a, 'm> {
     pool: &'a PgPool,
     routes: &'a Routes,
     messages: &'a [Checked<'m>],
     in_place: bool,
+    fence: Option<&'a Fence<'a>>,
 }
 
 impl Batch for Messages<'_, '_> {
@@ -126,7 +143,7 @@ impl Batch for Messages<'_, '_> {
     /// In segments ([`chained`]), starting over after a panic.
     async fn together(&mut self, known: &mut Known) -> Result<Pass<Self::Key, Outcome>> {
         loop {
-            let chained = chained(self.pool, self.routes, self.messages, known, self.in_place);
+            let chained = chained(*self, known);
             if let Chained::Pass(pass) = chained.await? {
                 return Ok(pass);
             }
@@ -134,7 +151,7 @@ impl Batch for Messages<'_, '_> {
     }
 
     async fn isolated(&mut self, known: &Known) -> Result<Pass<Self::Key, Outcome>> {
-        let mut tx = begin(self.pool, self.routes, self.messages).await?;
+        let mut tx = begin(*self).await?;
         let outcome =
             match isolated_in(&mut tx, self.routes, self.messages, known, self.in_place).await? {
                 Isolated::Done(outcome) => outcome,
@@ -190,18 +207,18 @@ impl Batch for Messages<'_, '_> {
 /// segment, which is undone and done again up to the failing message, which then goes alone
 /// (a savepoint per handler, its failure reused), and the next segment starts after it. Each
 /// message runs at most twice, and the batch commits once.
-async fn chained(
-    pool: &PgPool,
-    routes: &Routes,
-    messages: &[Checked<'_>],
-    known: &mut Known,
-    in_place: bool,
-) -> Result<Chained> {
+async fn chained(batch: Messages<'_, '_>, known: &mut Known) -> Result<Chained> {
+    let Messages {
+        routes,
+        messages,
+        in_place,
+        ..
+    } = batch;
     let n = messages.len();
     let mut outcome = Outcome::new(n);
     // Messages to handle alone: those whose failure is known.
     let mut alone: BTreeSet<usize> = known.keys().map(|(i, _)| *i).collect();
-    let mut tx = begin(pool, routes, messages).await?;
+    let mut tx = begin(batch).await?;
     // Whether the transaction holds work to keep: a segment then runs behind a savepoint.
     let mut kept = false;
     let mut start = 0;
@@ -274,7 +291,7 @@ async fn chained(
         }
         if !kept {
             discard(tx).await;
-            tx = begin(pool, routes, messages).await?;
+            tx = begin(batch).await?;
         }
         // What came before it went well: it goes again, then this message alone. A failure
         // that may be the transaction's doing (an aborted transaction, a deadlock) is judged
@@ -323,14 +340,39 @@ const SOURCE_LOCK: i32 = 0x4445_4455;
 /// its insert, a statement that starts after that (READ COMMITTED: a snapshot per statement),
 /// sees the first's row in whichever partition, and skips the pair. On an unpartitioned table
 /// the unique key does it too.
-async fn begin(
-    pool: &PgPool,
-    routes: &Routes,
-    messages: &[Checked<'_>],
-) -> Result<sqlx::Transaction<'static, sqlx::Postgres>> {
+///
+/// With a fence, it first checks the lease ([`Fence`]).
+async fn begin(batch: Messages<'_, '_>) -> Result<sqlx::Transaction<'static, sqlx::Postgres>> {
+    let Messages {
+        pool,
+        routes,
+        messages,
+        fence,
+        ..
+    } = batch;
     let mut tx = pool
         .begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
         .await?;
+    if let Some(fence) = fence {
+        let held = sqlx::query(
+            "SELECT 1 FROM outbox_consumer_lease \
+             WHERE group_id = $1 AND topic = $2 AND holder = $3 \
+               AND expires_at > clock_timestamp() \
+             FOR SHARE",
+        )
+        .bind(fence.group)
+        .bind(fence.topic)
+        .bind(fence.holder)
+        .fetch_optional(&mut *tx)
+        .await?;
+        if held.is_none() {
+            discard(tx).await;
+            return Err(Error::LeaseLost {
+                group: fence.group.to_owned(),
+                topic: fence.topic.to_owned(),
+            });
+        }
+    }
     let sources: BTreeSet<String> = messages
         .iter()
         .filter_map(|m| m.as_ref().ok())

@@ -3,14 +3,17 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+#[cfg(feature = "kafka")]
 use rdkafka::ClientConfig;
 use sqlx::PgPool;
 
 use super::consumer::Consumer;
+#[cfg(feature = "kafka")]
 use super::forward::Forwarder;
 use super::handler::Handler;
 use super::route::Routes;
 use super::settings::{Mode, RetryPolicy, Settings};
+use super::shared::Broker;
 use super::upcast::Upcasters;
 use crate::config::Backoff;
 use crate::error::{Error, Result};
@@ -113,6 +116,8 @@ impl ConsumerBuilder<()> {
 
 impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
     /// Kafka bootstrap servers.
+    #[cfg(feature = "kafka")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
     pub fn brokers(mut self, brokers: impl Into<String>) -> Self {
         self.settings
             .config
@@ -120,14 +125,27 @@ impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
         self
     }
 
-    /// The consumer group (required).
+    /// Consumes from NATS JetStream instead of Kafka: see the [module documentation](super)'s
+    /// JetStream section for the mapping (a durable pull consumer per topic, named after the
+    /// group) and the promises. `build` refuses both this and [`brokers`](Self::brokers).
+    #[cfg(feature = "nats")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+    pub fn jetstream(mut self, jetstream: crate::relay::JetStream) -> Self {
+        self.settings.jetstream = Some(jetstream);
+        self
+    }
+
+    /// The consumer group (required): Kafka's consumer group; on JetStream, the durable
+    /// consumers' name. Also the first part of every handler's deduplication key.
     pub fn group_id(mut self, group: impl Into<String>) -> Self {
-        self.settings.config.set("group.id", group.into());
+        self.settings.group = group.into();
         self
     }
 
     /// Consumer settings (security, ...); they win over the defaults. The consumer always
     /// stores offsets itself (`enable.auto.offset.store=false`): `build` refuses `true`.
+    #[cfg(feature = "kafka")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
     pub fn consumer_config(mut self, config: ClientConfig) -> Self {
         for (key, value) in config.config_map() {
             self.settings.config.set(key, value);
@@ -139,6 +157,8 @@ impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
     /// default: the consumer's `bootstrap.servers` and its `security.*`, `sasl.*` and `ssl.*`
     /// settings); they win over the defaults, except idempotence and `acks=all`, which it
     /// always uses.
+    #[cfg(feature = "kafka")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
     pub fn producer_config(mut self, config: ClientConfig) -> Self {
         for (key, value) in config.config_map() {
             self.settings.producer_config.set(key, value);
@@ -289,7 +309,7 @@ impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
         self
     }
 
-    /// Validates the settings and creates the dead-letter producer.
+    /// Validates the settings and creates the dead-letter producer (Kafka).
     pub fn build(self) -> Result<Consumer> {
         if let Some(e) = self.errors.first() {
             return Err(Error::Config(e.clone()));
@@ -307,7 +327,17 @@ impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
         routes
             .bind_upcasters(self.upcasters)
             .map_err(Error::Config)?;
-        let forwarder = Forwarder::new(&self.settings)?;
-        Ok(Consumer::new(self.pool, self.settings, routes, forwarder))
+        #[cfg(feature = "nats")]
+        if let Some(jetstream) = self.settings.jetstream.clone() {
+            let broker = Broker::JetStream(jetstream);
+            return Ok(Consumer::new(self.pool, self.settings, routes, broker));
+        }
+        #[cfg(feature = "kafka")]
+        {
+            let broker = Broker::Kafka(Forwarder::new(&self.settings)?);
+            Ok(Consumer::new(self.pool, self.settings, routes, broker))
+        }
+        #[cfg(not(feature = "kafka"))]
+        unreachable!("`check` refuses a consumer without a broker")
     }
 }

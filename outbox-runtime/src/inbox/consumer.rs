@@ -1,21 +1,22 @@
-//! [`Consumer`]: subscribes, runs the mode's loop ([`dedup`](super::dedup) or
-//! [`receive`](super::receive) and its [`processor`](super::processor)s), commits the stored
-//! offsets when it stops.
+//! [`Consumer`]: subscribes, runs the mode's loop (on Kafka [`dedup`](super::dedup) or
+//! [`receive`](super::receive), on JetStream [`jetstream`](super::jetstream)'s) and its
+//! [`processor`](super::processor)s, commits the stored offsets when it stops.
 
 use std::sync::Arc;
 
+#[cfg(feature = "kafka")]
 use rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
 use sqlx::PgPool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::forward::Forwarder;
+use super::processor;
 use super::route::Routes;
 use super::settings::{Mode, Settings};
-use super::shared::Shared;
+use super::shared::{Broker, Shared};
 use super::store::{inbox_status, InboxStatus};
-use super::topics;
-use super::{dedup, processor, receive};
+#[cfg(feature = "kafka")]
+use super::{dedup, receive, topics};
 use crate::error::{Error, Result};
 
 /// Consumes events and hands them to handlers. See the [module documentation](super).
@@ -38,14 +39,14 @@ impl Consumer {
         pool: PgPool,
         settings: Settings,
         routes: Routes,
-        forwarder: Forwarder,
+        broker: Broker,
     ) -> Consumer {
         Consumer {
             shared: Arc::new(Shared {
                 pool,
                 settings,
                 routes,
-                forwarder,
+                broker,
             }),
         }
     }
@@ -63,19 +64,6 @@ impl Consumer {
     pub async fn run(&self, cancel: CancellationToken) -> Result<()> {
         let shared = &self.shared;
         let settings = &shared.settings;
-        let consumer: StreamConsumer =
-            settings
-                .consumer_config()
-                .create()
-                .map_err(|source| Error::KafkaClient {
-                    client: "consumer",
-                    source,
-                })?;
-        let topics = settings.subscriptions(shared.routes.topics());
-        let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
-        consumer.subscribe(&topics)?;
-        // Say now, not at the first failure, if a retry or dead-letter topic is missing.
-        let checking = tokio::spawn(topics::watch(Arc::clone(shared), cancel.child_token()));
         // Dedup records and inbox rows go to time partitions: keep them created ahead, also
         // where no relay runs retention.
         let partitions = tokio::spawn(crate::admin::partitions::keep_ahead(
@@ -92,16 +80,15 @@ impl Consumer {
                 .map(|_| processor::spawn_supervised(Arc::clone(shared), cancel.clone()))
                 .collect(),
         };
-        let result = match settings.mode {
-            Mode::Dedup => dedup::consume(shared, &consumer, &cancel).await,
-            Mode::Inbox => receive::consume(shared, &consumer, &cancel).await,
+        let result = match &shared.broker {
+            #[cfg(feature = "kafka")]
+            Broker::Kafka(_) => self.consume_kafka(&cancel).await,
+            #[cfg(feature = "nats")]
+            Broker::JetStream(jetstream) => {
+                super::jetstream::consume(shared, jetstream, &cancel).await
+            }
         };
-        // Commit what was stored (the database has committed all of it).
-        if let Err(e) = consumer.commit_consumer_state(CommitMode::Sync) {
-            tracing::debug!(error = %crate::error_chain(&e), "no offsets to commit on shutdown");
-        }
         cancel.cancel();
-        checking.abort();
         partitions.abort();
         for p in processors {
             p.await.map_err(|source| Error::Task {
@@ -109,6 +96,36 @@ impl Consumer {
                 source,
             })??;
         }
+        result
+    }
+
+    /// Consumes from Kafka until `cancel` fires, then commits what was stored.
+    #[cfg(feature = "kafka")]
+    async fn consume_kafka(&self, cancel: &CancellationToken) -> Result<()> {
+        let shared = &self.shared;
+        let settings = &shared.settings;
+        let consumer: StreamConsumer =
+            settings
+                .consumer_config()
+                .create()
+                .map_err(|source| Error::KafkaClient {
+                    client: "consumer",
+                    source,
+                })?;
+        let topics = settings.subscriptions(shared.routes.topics());
+        let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
+        consumer.subscribe(&topics)?;
+        // Say now, not at the first failure, if a retry or dead-letter topic is missing.
+        let checking = tokio::spawn(topics::watch(Arc::clone(shared), cancel.child_token()));
+        let result = match settings.mode {
+            Mode::Dedup => dedup::consume(shared, &consumer, cancel).await,
+            Mode::Inbox => receive::consume(shared, &consumer, cancel).await,
+        };
+        // Commit what was stored (the database has committed all of it).
+        if let Err(e) = consumer.commit_consumer_state(CommitMode::Sync) {
+            tracing::debug!(error = %crate::error_chain(&e), "no offsets to commit on shutdown");
+        }
+        checking.abort();
         result
     }
 

@@ -1,24 +1,42 @@
-//! Dedup mode's loop: batches off Kafka, handled in one transaction each ([`batch`]), failed
+//! Dedup mode's loop on Kafka: batches handled in one transaction each ([`batch`]), failed
 //! messages forwarded to their retry or dead-letter topic, offsets stored in order; a message
-//! from a retry topic that is not due yet pauses its partition until it is.
+//! from a retry topic that is not due yet pauses its partition until it is. And what every
+//! broker's dedup loop shares: handling a batch while the database is out, where a failed
+//! message goes.
 
+#[cfg(feature = "kafka")]
 use rdkafka::consumer::StreamConsumer;
+#[cfg(feature = "kafka")]
 use rdkafka::message::BorrowedMessage;
 use tokio_util::sync::CancellationToken;
 
 use super::batch::{self, Checked, Outcome};
 use super::failure::Failure;
-use super::forward::{Destination, Forward};
+#[cfg(feature = "kafka")]
+use super::forward::Forward;
 use super::message;
+#[cfg(feature = "kafka")]
 use super::poll::{next_batch, store_offset, Paused};
 use super::settings::{RetryPolicy, Settings};
 use super::shared::Shared;
+#[cfg(feature = "kafka")]
 use crate::error::Result;
+
+/// Where a failed message goes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Destination {
+    /// Tried again at `due_ms` (Kafka: through the retry topic; JetStream: redelivered);
+    /// `attempts` failed so far.
+    Retry { attempts: u32, due_ms: i64 },
+    /// The dead letters.
+    DeadLetter { attempts: u32 },
+}
 
 /// Dedup mode. Messages are handled in batches, one transaction and one commit (one WAL
 /// flush) each (see [`batch::handle`]). A failed message is forwarded (to its retry or
 /// dead-letter topic) before its offset is stored, offsets in order. A message from a
 /// retry topic that is not due yet pauses its partition (rewound to it) until it is.
+#[cfg(feature = "kafka")]
 pub(crate) async fn consume(
     shared: &Shared,
     consumer: &StreamConsumer,
@@ -44,7 +62,7 @@ pub(crate) async fn consume(
         // The message retried in place, and its attempts so far.
         let mut retrying: Option<(usize, u32)> = None;
         while start < checked.len() {
-            let Some(outcome) = handle(shared, &checked[start..], cancel).await else {
+            let Some(outcome) = handle(shared, &checked[start..], cancel, None).await else {
                 return Ok(());
             };
             let settled = &ready[start..start + outcome.done];
@@ -74,7 +92,7 @@ pub(crate) async fn consume(
                 })
                 .collect();
             if shared
-                .forwarder
+                .forwarder()
                 .forward_all(consumer, &forwards, cancel)
                 .await
                 .is_err()
@@ -103,7 +121,7 @@ pub(crate) async fn consume(
                     reason: dead_reason(&failure, tries),
                 };
                 if shared
-                    .forwarder
+                    .forwarder()
                     .forward(consumer, &dead, cancel)
                     .await
                     .is_err()
@@ -136,20 +154,26 @@ pub(crate) async fn consume(
 
 /// Handles checked messages in dedup mode, waiting out database failures (the messages
 /// are not at fault: nothing is stored until it commits, and the dedup rows make doing it
-/// again harmless). `None` once `cancel` fires.
-async fn handle(
+/// again harmless). `None` once `cancel` fires, or if the `fence`'s lease is lost (nothing of
+/// the batch committed).
+pub(crate) async fn handle(
     shared: &Shared,
     messages: &[Checked<'_>],
     cancel: &CancellationToken,
+    fence: Option<&batch::Fence<'_>>,
 ) -> Option<Outcome> {
     let in_place = shared.settings.retry_policy == RetryPolicy::InPlace;
     let mut failures = 0;
     loop {
-        match batch::handle(&shared.pool, &shared.routes, messages, in_place).await {
+        match batch::handle(&shared.pool, &shared.routes, messages, in_place, fence).await {
             Ok(outcome) => {
                 metrics::counter!("outbox_consumer_processed_total").increment(outcome.processed);
                 metrics::counter!("outbox_consumer_duplicates_total").increment(outcome.duplicates);
                 return Some(outcome);
+            }
+            Err(e @ crate::Error::LeaseLost { .. }) => {
+                tracing::warn!(error = %e, "a batch was not handled: another instance has the lease");
+                return None;
             }
             Err(e) => {
                 failures += 1;
@@ -163,7 +187,7 @@ async fn handle(
 }
 
 /// Where a message that failed its `attempts`-th attempt goes.
-fn destination(settings: &Settings, attempts: u32, failure: &Failure) -> Destination {
+pub(crate) fn destination(settings: &Settings, attempts: u32, failure: &Failure) -> Destination {
     if failure.is_permanent()
         || attempts >= settings.max_attempts
         || settings.retry_policy == RetryPolicy::InPlace
@@ -178,7 +202,7 @@ fn destination(settings: &Settings, attempts: u32, failure: &Failure) -> Destina
 }
 
 /// The reason a dead letter carries.
-fn dead_reason(failure: &Failure, attempts: u32) -> String {
+pub(crate) fn dead_reason(failure: &Failure, attempts: u32) -> String {
     format!(
         "{} (after {attempts} attempt{})",
         failure.message(),

@@ -11,6 +11,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::TopicPartitionList;
 use tokio_util::sync::CancellationToken;
 
+use super::dedup::Destination;
 use super::message::{headers, Origin};
 use super::poll::rewind;
 use super::settings::{Settings, Topics};
@@ -20,15 +21,6 @@ use crate::error::{Error, Result};
 /// `cancel` fired before the message was sent: its offset must stay unstored.
 #[derive(Debug)]
 pub(crate) struct Cancelled;
-
-/// Where a failed message goes.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Destination {
-    /// The retry topic, to be tried again at `due_ms`; `attempts` failed so far.
-    Retry { attempts: u32, due_ms: i64 },
-    /// The dead-letter topic.
-    DeadLetter { attempts: u32 },
-}
 
 /// The consumer while a send to `topic` is blocked: every partition paused, still polling (so
 /// it stays in its group), the `outbox_consumer_forward_blocked` gauge at 1. Dropping it

@@ -1,8 +1,9 @@
-//! A message read off Kafka, checked: what every handler needs, and where it came from (its
-//! own topic, or the retry topic it was sent to after a failure).
+//! A message read off a broker, checked: what every handler needs, and where it came from (its
+//! own topic, or, on Kafka, the retry topic it was sent to after a failure).
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
+#[cfg(feature = "kafka")]
 use rdkafka::message::{BorrowedMessage, Headers, Message};
 use uuid::Uuid;
 
@@ -23,9 +24,11 @@ pub(crate) mod headers {
     /// When it may be tried again, in milliseconds since the Unix epoch.
     pub(crate) const DUE_MS: &str = "outbox_retry_due_ms";
     /// The last failure.
+    #[cfg(feature = "kafka")]
     pub(crate) const ERROR: &str = "outbox_retry_error";
     /// Every header the consumer sets on a retried message (replaced, not repeated, on the
     /// next retry).
+    #[cfg(feature = "kafka")]
     pub(crate) const ALL: [&str; 6] = [
         SOURCE_TOPIC,
         SOURCE_PARTITION,
@@ -73,21 +76,29 @@ fn text(value: Option<&[u8]>) -> Option<&str> {
     value.and_then(|v| std::str::from_utf8(v).ok())
 }
 
-/// The headers the consumer reads, and with `application` the application's too, in one pass
-/// (no allocation for a message without application headers).
+/// The headers the consumer reads of a Kafka message, and with `application` the
+/// application's too, in one pass (no allocation for a message without application headers).
+#[cfg(feature = "kafka")]
 fn read<'m>(msg: &'m BorrowedMessage<'_>, application: bool) -> Read<'m> {
+    match msg.headers() {
+        Some(all) => read_headers(all.iter().map(|h| (h.key, h.value)), application),
+        None => Read::default(),
+    }
+}
+
+/// The headers the consumer reads among `all` (name, value), and with `application` the
+/// application's too.
+fn read_headers<'m>(
+    all: impl Iterator<Item = (&'m str, Option<&'m [u8]>)>,
+    application: bool,
+) -> Read<'m> {
     let mut read = Read::default();
-    let Some(all) = msg.headers() else {
-        return read;
-    };
     // Of a header given twice, the first counts.
-    for header in all.iter() {
-        let name = header.key;
+    for (name, value) in all {
         // The application's headers, and a CloudEvent's attributes (`ce_*`: its source, its id
         // as sent, ...), are the handler's to read.
         if application && (name.starts_with("ce_") || !crate::event::is_reserved_header(name)) {
-            read.application
-                .push((name, header.value.unwrap_or_default()));
+            read.application.push((name, value.unwrap_or_default()));
         }
         let slot = match name {
             "event_id" => &mut read.event_id,
@@ -105,13 +116,14 @@ fn read<'m>(msg: &'m BorrowedMessage<'_>, application: bool) -> Read<'m> {
             _ => continue,
         };
         if slot.is_none() {
-            *slot = header.value;
+            *slot = value;
         }
     }
     read
 }
 
 /// When a message from a retry topic may be tried again (`None`: now, or not a retry).
+#[cfg(feature = "kafka")]
 pub(crate) fn due_ms(msg: &BorrowedMessage<'_>) -> Option<i64> {
     text(read(msg, false).due_ms)?.parse().ok()
 }
@@ -132,16 +144,43 @@ pub(crate) struct Origin<'m> {
     /// Its partition there.
     pub partition: i32,
     /// Its offset there.
+    #[cfg_attr(not(feature = "kafka"), allow(dead_code))] // Kafka's dead letters carry it
     pub offset: i64,
     /// Attempts that failed before this one (0 for a message from its own topic).
     pub attempts: u32,
 }
 
+#[cfg(feature = "kafka")]
 pub(crate) fn origin<'m>(msg: &'m BorrowedMessage<'_>) -> Origin<'m> {
-    origin_of(msg, &read(msg, false))
+    origin_of(&Delivered::of(msg), &read(msg, false))
 }
 
-fn origin_of<'m>(msg: &'m BorrowedMessage<'_>, read: &Read<'m>) -> Origin<'m> {
+/// A message as delivered, whatever the broker: where it was read, its key and payload.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Delivered<'m> {
+    pub topic: &'m str,
+    /// Kafka's partition; a JetStream stream is one ordered log: 0.
+    pub partition: i32,
+    /// Kafka's offset, or the JetStream stream sequence.
+    pub offset: i64,
+    pub key: Option<&'m [u8]>,
+    pub payload: &'m [u8],
+}
+
+#[cfg(feature = "kafka")]
+impl<'m> Delivered<'m> {
+    fn of(msg: &'m BorrowedMessage<'_>) -> Self {
+        Delivered {
+            topic: msg.topic(),
+            partition: msg.partition(),
+            offset: msg.offset(),
+            key: msg.key(),
+            payload: msg.payload().unwrap_or_default(),
+        }
+    }
+}
+
+fn origin_of<'m>(msg: &Delivered<'m>, read: &Read<'m>) -> Origin<'m> {
     fn parsed<T: std::str::FromStr>(value: Option<&[u8]>) -> Option<T> {
         text(value).and_then(|v| v.parse().ok())
     }
@@ -151,25 +190,38 @@ fn origin_of<'m>(msg: &'m BorrowedMessage<'_>, read: &Read<'m>) -> Origin<'m> {
         // read stands in.
         Some(topic) => Origin {
             topic,
-            partition: parsed(read.source_partition).unwrap_or(msg.partition()),
-            offset: parsed(read.source_offset).unwrap_or(msg.offset()),
+            partition: parsed(read.source_partition).unwrap_or(msg.partition),
+            offset: parsed(read.source_offset).unwrap_or(msg.offset),
             attempts,
         },
         None => Origin {
-            topic: msg.topic(),
-            partition: msg.partition(),
-            offset: msg.offset(),
+            topic: msg.topic,
+            partition: msg.partition,
+            offset: msg.offset,
             attempts,
         },
     }
 }
 
-/// Checks what every message needs; the error is the dead-letter reason. The payload must be
-/// JSON; whether PostgreSQL's `jsonb` takes it (inbox mode) is its own business, found out when
-/// the message is stored. The metadata's attempt counts the retry topics' failures.
+/// Checks what every Kafka message needs; the error is the dead-letter reason. The payload must
+/// be JSON; whether PostgreSQL's `jsonb` takes it (inbox mode) is its own business, found out
+/// when the message is stored. The metadata's attempt counts the retry topics' failures.
+#[cfg(feature = "kafka")]
 pub(crate) fn check<'m>(msg: &'m BorrowedMessage<'_>) -> Result<Incoming<'m>, String> {
-    let read = read(msg, true);
-    let payload = msg.payload().unwrap_or_default();
+    check_delivered(Delivered::of(msg), read(msg, true))
+}
+
+/// Checks a message of another broker, its headers given as (name, value).
+#[cfg(feature = "nats")]
+pub(crate) fn check_with_headers<'m>(
+    msg: Delivered<'m>,
+    headers: impl Iterator<Item = (&'m str, Option<&'m [u8]>)>,
+) -> Result<Incoming<'m>, String> {
+    check_delivered(msg, read_headers(headers, true))
+}
+
+fn check_delivered<'m>(msg: Delivered<'m>, read: Read<'m>) -> Result<Incoming<'m>, String> {
+    let payload = msg.payload;
     serde_json::from_slice::<serde::de::IgnoredAny>(payload)
         .map_err(|e| format!("payload is not JSON: {e}"))?;
     let (event_id, event_type) = identity(&read)?;
@@ -185,15 +237,15 @@ pub(crate) fn check<'m>(msg: &'m BorrowedMessage<'_>) -> Result<Incoming<'m>, St
                 )
             })?,
     };
-    let origin = origin_of(msg, &read);
+    let origin = origin_of(&msg, &read);
     Ok(Incoming {
         meta: MessageMeta {
             event_id,
             event_type,
             topic: origin.topic,
-            partition: Some(msg.partition()),
-            offset: Some(msg.offset()),
-            key: msg.key(),
+            partition: Some(msg.partition),
+            offset: Some(msg.offset),
+            key: msg.key,
             headers: read.application,
             attempt: origin.attempts.saturating_add(1),
             schema_version,

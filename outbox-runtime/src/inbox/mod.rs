@@ -333,54 +333,58 @@
 //! and the handler's name) or `outbox_inbox_row` in inbox mode (with the event id and the topic),
 //! whose parent, with the `opentelemetry` feature, is the producer's trace ([`crate::trace`]).
 
-#[cfg(feature = "kafka")]
+#[cfg(feature = "_broker")]
 pub(crate) mod batch;
-#[cfg(feature = "kafka")]
+#[cfg(feature = "_broker")]
 mod builder;
-#[cfg(feature = "kafka")]
+#[cfg(feature = "_broker")]
 mod consumer;
-#[cfg(feature = "kafka")]
+#[cfg(feature = "_broker")]
 mod dedup;
-#[cfg(feature = "kafka")]
+#[cfg(feature = "_broker")]
 pub(crate) mod failure;
 #[cfg(feature = "kafka")]
 mod forward;
 mod handler;
-#[cfg(feature = "kafka")]
+#[cfg(feature = "nats")]
+mod jetstream;
+#[cfg(feature = "_broker")]
 mod ladder;
-#[cfg(feature = "kafka")]
+#[cfg(feature = "nats")]
+mod lease;
+#[cfg(feature = "_broker")]
 pub(crate) mod message;
 mod meta;
 #[cfg(feature = "kafka")]
 mod poll;
-#[cfg(feature = "kafka")]
+#[cfg(feature = "_broker")]
 mod processor;
 #[cfg(feature = "kafka")]
 mod receive;
-#[cfg(feature = "kafka")]
+#[cfg(feature = "_broker")]
 pub(crate) mod route;
-#[cfg(feature = "kafka")]
+#[cfg(feature = "_broker")]
 mod settings;
-#[cfg(feature = "kafka")]
+#[cfg(feature = "_broker")]
 mod shared;
-#[cfg(feature = "kafka")]
+#[cfg(feature = "_broker")]
 mod store;
 #[cfg(feature = "kafka")]
 mod topics;
-#[cfg(feature = "kafka")]
+#[cfg(feature = "_broker")]
 mod upcast;
 
-#[cfg(feature = "kafka")]
-#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+#[cfg(feature = "_broker")]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "kafka", feature = "nats"))))]
 pub use builder::ConsumerBuilder;
-#[cfg(feature = "kafka")]
-#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+#[cfg(feature = "_broker")]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "kafka", feature = "nats"))))]
 pub use consumer::Consumer;
 pub use handler::{BoxError, BoxFuture, Handler, HandlerError};
 pub use meta::MessageMeta;
-#[cfg(feature = "kafka")]
-#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+#[cfg(feature = "_broker")]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "kafka", feature = "nats"))))]
 pub use settings::{Mode, RetryPolicy};
-#[cfg(feature = "kafka")]
-#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+#[cfg(feature = "_broker")]
+#[cfg_attr(docsrs, doc(cfg(any(feature = "kafka", feature = "nats"))))]
 pub use store::{inbox_status, InboxStatus};

@@ -6,7 +6,8 @@ use rdkafka::consumer::StreamConsumer;
 use rdkafka::message::Message;
 use tokio_util::sync::CancellationToken;
 
-use super::forward::{Destination, Forward};
+use super::dedup::Destination;
+use super::forward::Forward;
 use super::message;
 use super::poll::{next_batch, store_offset, Paused};
 use super::shared::Shared;
@@ -81,7 +82,7 @@ pub(crate) async fn consume(
             })
             .collect();
         if shared
-            .forwarder
+            .forwarder()
             .forward_all(consumer, &dead, cancel)
             .await
             .is_err()

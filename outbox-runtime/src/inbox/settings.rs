@@ -4,6 +4,7 @@
 
 use std::time::Duration;
 
+#[cfg(feature = "kafka")]
 use rdkafka::ClientConfig;
 
 use crate::config::Backoff;
@@ -38,10 +39,17 @@ pub enum RetryPolicy {
 /// A consumer's settings (see [`ConsumerBuilder`](super::ConsumerBuilder) for each), with
 /// its defaults.
 pub(crate) struct Settings {
-    /// The Kafka consumer's settings, as given (`brokers`, `group_id`, `consumer_config`).
+    /// The consumer group (`group_id`).
+    pub(crate) group: String,
+    /// The Kafka consumer's settings, as given (`brokers`, `consumer_config`).
+    #[cfg(feature = "kafka")]
     pub(crate) config: ClientConfig,
     /// The retry and dead-letter producer's settings, as given (`producer_config`).
+    #[cfg(feature = "kafka")]
     pub(crate) producer_config: ClientConfig,
+    /// JetStream instead of Kafka (`jetstream`).
+    #[cfg(feature = "nats")]
+    pub(crate) jetstream: Option<crate::relay::JetStream>,
     pub(crate) mode: Mode,
     pub(crate) max_attempts: u32,
     pub(crate) backoff: Backoff,
@@ -55,8 +63,13 @@ pub(crate) struct Settings {
 impl Default for Settings {
     fn default() -> Self {
         Settings {
+            group: String::new(),
+            #[cfg(feature = "kafka")]
             config: ClientConfig::new(),
+            #[cfg(feature = "kafka")]
             producer_config: ClientConfig::new(),
+            #[cfg(feature = "nats")]
+            jetstream: None,
             mode: Mode::Dedup,
             max_attempts: 5,
             backoff: Backoff {
@@ -80,16 +93,41 @@ impl Settings {
     /// `Err(Error::Config)` names the first setting that cannot work.
     pub(crate) fn check(&self) -> Result<()> {
         let fail = |msg: String| Err(Error::Config(msg));
+        #[cfg(feature = "kafka")]
+        let brokers = self.config.get("bootstrap.servers");
+        #[cfg(not(feature = "kafka"))]
+        let brokers = None;
+        #[cfg(feature = "nats")]
+        let brokers = match &self.jetstream {
+            Some(_) if brokers.is_some() => {
+                return fail(
+                    "both Kafka brokers and JetStream are set: a consumer reads from one".into(),
+                )
+            }
+            // The client is connected already.
+            Some(jetstream) => {
+                jetstream.check().map_err(Error::Config)?;
+                Some("nats")
+            }
+            None if cfg!(not(feature = "kafka")) => {
+                return fail(
+                    "no broker: call `jetstream(...)` (this build has no Kafka: feature `kafka`)"
+                        .into(),
+                )
+            }
+            None => brokers,
+        };
         crate::config::check_common(
-            self.config.get("bootstrap.servers"),
+            brokers,
             self.batch_size,
             self.poll_interval,
             self.max_attempts,
             self.backoff,
         )?;
-        if self.config.get("group.id").is_none_or(str::is_empty) {
+        if self.group().is_empty() {
             return fail("no consumer group: call `group_id(...)`".into());
         }
+        #[cfg(feature = "kafka")]
         if self
             .config
             .get("enable.auto.offset.store")
@@ -117,15 +155,21 @@ impl Settings {
         Ok(())
     }
 
-    /// The consumer group.
+    /// The consumer group: `group_id`'s, or the `group.id` of the Kafka settings given.
     pub(crate) fn group(&self) -> &str {
-        self.config.get("group.id").unwrap_or_default()
+        #[cfg(feature = "kafka")]
+        if self.group.is_empty() {
+            return self.config.get("group.id").unwrap_or_default();
+        }
+        &self.group
     }
 
-    /// The Kafka consumer's settings: the given ones, offsets stored by the consumer itself,
-    /// and from the earliest offset unless told otherwise.
+    /// The Kafka consumer's settings: the given ones, the group, offsets stored by the consumer
+    /// itself, and from the earliest offset unless told otherwise.
+    #[cfg(feature = "kafka")]
     pub(crate) fn consumer_config(&self) -> ClientConfig {
         let mut config = self.config.clone();
+        config.set("group.id", self.group());
         config.set("enable.auto.offset.store", "false");
         if config.get("auto.offset.reset").is_none() {
             config.set("auto.offset.reset", "earliest");
@@ -136,6 +180,7 @@ impl Settings {
     /// The retry and dead-letter producer's settings: the consumer's `bootstrap.servers` and
     /// its `security.*`, `sasl.*` and `ssl.*` settings, then the defaults, then the given
     /// ones, and always idempotence and `acks=all`.
+    #[cfg(feature = "kafka")]
     pub(crate) fn forwarder_config(&self) -> ClientConfig {
         let mut producer_config = ClientConfig::new();
         for (key, value) in self.config.config_map() {
@@ -166,6 +211,7 @@ impl Settings {
 
     /// The topics a consumer subscribes to: its handlers' (`handled`), and in dedup mode with
     /// retry topics, their retry topics.
+    #[cfg(feature = "kafka")]
     pub(crate) fn subscriptions(&self, handled: Vec<String>) -> Vec<String> {
         let mut topics = handled;
         if self.mode == Mode::Dedup && self.retry_policy == RetryPolicy::Topic {
@@ -183,6 +229,7 @@ impl Settings {
     /// The topics a consumer may send messages of `handled` topics to, each with its source
     /// topic and role (`retry` or `dead_letter`): every source's dead-letter topic, and in
     /// dedup mode with retry topics, its retry topics.
+    #[cfg(feature = "kafka")]
     pub(crate) fn forward_topics(&self, handled: &[String]) -> Vec<(String, String, &'static str)> {
         let retries = self.mode == Mode::Dedup && self.retry_policy == RetryPolicy::Topic;
         handled
@@ -222,6 +269,7 @@ pub(crate) struct Topics {
 
 impl Topics {
     /// The retry topic of source topic `source` for a message that failed `attempts` times.
+    #[cfg(feature = "kafka")]
     pub(crate) fn retry(&self, source: &str, attempts: u32) -> String {
         if self.retry_tiers == 1 {
             format!("{source}{}", self.retry_suffix)

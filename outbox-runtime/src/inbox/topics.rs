@@ -28,7 +28,7 @@ pub(crate) async fn watch(shared: Arc<Shared>, cancel: CancellationToken) {
     let group = shared.settings.group().to_owned();
     let mut reported = BTreeSet::new();
     loop {
-        let producer = shared.forwarder.producer().clone();
+        let producer = shared.forwarder().producer().clone();
         let asked = tokio::task::spawn_blocking(move || {
             crate::broker::existing_topics(producer.client(), WITHIN)
         })

@@ -13,7 +13,9 @@ use super::settings::Settings;
 use super::transport::Transport;
 use crate::admin::{HealthThresholds, Retention};
 use crate::config::Backoff;
-use crate::error::{Error, Result};
+#[cfg(feature = "nats")]
+use crate::error::Error;
+use crate::error::Result;
 
 /// Configures a [`Relay`]. Start with [`Relay::builder`].
 #[derive(Debug, Clone)]

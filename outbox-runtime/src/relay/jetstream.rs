@@ -61,9 +61,10 @@ use crate::error::PublishError;
 /// relay's resend after a failover could then be stored twice.
 #[derive(Debug, Clone)]
 pub struct JetStream {
-    client: async_nats::Client,
-    create_streams: bool,
-    replicas: usize,
+    pub(crate) client: async_nats::Client,
+    pub(crate) create_streams: bool,
+    pub(crate) replicas: usize,
+    pub(crate) ack_wait: Duration,
 }
 
 impl JetStream {
@@ -74,6 +75,7 @@ impl JetStream {
             client,
             create_streams: false,
             replicas: 1,
+            ack_wait: Duration::from_secs(30),
         }
     }
 
@@ -90,7 +92,23 @@ impl JetStream {
         self
     }
 
+    /// Consumers: how long the server waits for a delivered message's acknowledgement before
+    /// it delivers the message again (the durable consumer's `ack_wait`; default 30 s, at least
+    /// 1 s). A consumer that holds a message longer (a slow handler, the database out) tells
+    /// the server it is still at it, so this bounds how soon a crashed consumer's messages
+    /// come again, not how long a handler may take.
+    pub fn ack_wait(mut self, ack_wait: Duration) -> Self {
+        self.ack_wait = ack_wait;
+        self
+    }
+
     pub(crate) fn check(&self) -> Result<(), String> {
+        if self.ack_wait < Duration::from_secs(1) {
+            return Err(format!(
+                "ack_wait must be at least 1 s, not {:?}",
+                self.ack_wait
+            ));
+        }
         if !(1..=5).contains(&self.replicas) {
             return Err(format!(
                 "stream_replicas must be between 1 and 5, not {}",
@@ -179,41 +197,20 @@ impl Publisher {
         if seen_missing {
             return Err(missing());
         }
-        let deferred = |what: &str, e: &(dyn std::error::Error + 'static)| {
-            Outcome::Deferred(PublishError::JetStream(format!(
-                "{what}: {}",
-                crate::error_chain(e)
-            )))
-        };
-        let name = match self.context.stream_by_subject(topic).await {
+        let create = self.create_streams.then_some(StreamSpec {
+            replicas: self.replicas,
+            duplicate_window: DUPLICATE_WINDOW.max(self.failover * 2),
+        });
+        let name = match stream_for(&self.context, topic, create).await {
             Ok(name) => name,
-            Err(e) if e.kind() == GetStreamByNameErrorKind::NotFound && self.create_streams => {
-                let config = jetstream::stream::Config {
-                    name: stream_name(topic),
-                    subjects: vec![topic.to_owned()],
-                    num_replicas: self.replicas,
-                    duplicate_window: DUPLICATE_WINDOW.max(self.failover * 2),
-                    ..Default::default()
-                };
-                self.context
-                    .create_stream(config)
-                    .await
-                    .map_err(|e| deferred("cannot create the stream", &e))?;
-                tracing::info!(
-                    topic,
-                    stream = stream_name(topic),
-                    "created a JetStream stream"
-                );
-                stream_name(topic)
-            }
-            Err(e) if e.kind() == GetStreamByNameErrorKind::NotFound => {
+            Err(Lookup::Missing) => {
                 self.missing
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(topic.to_owned(), Instant::now());
                 return Err(missing());
             }
-            Err(e) => return Err(deferred("cannot look the stream up", &e)),
+            Err(Lookup::Failed(e)) => return Err(Outcome::Deferred(PublishError::JetStream(e))),
         };
         if let Ok(mut stream) = self.context.get_stream(&name).await {
             if let Ok(info) = stream.info().await {
@@ -234,8 +231,63 @@ impl Publisher {
     }
 }
 
+/// How to create a stream for a subject no stream captures.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct StreamSpec {
+    pub(crate) replicas: usize,
+    pub(crate) duplicate_window: Duration,
+}
+
+/// Why no stream was found for a subject.
+#[derive(Debug)]
+pub(crate) enum Lookup {
+    /// No stream captures it (and none was to be created).
+    Missing,
+    /// The server did not answer, or refused: what it said.
+    Failed(String),
+}
+
+/// The name of the stream that captures `subject`; with `create`, one created for it if none
+/// does (named by [`stream_name`], capturing the subject alone, file storage, limits
+/// retention).
+pub(crate) async fn stream_for(
+    context: &jetstream::Context,
+    subject: &str,
+    create: Option<StreamSpec>,
+) -> Result<String, Lookup> {
+    let failed = |what: &str, e: &(dyn std::error::Error + 'static)| {
+        Lookup::Failed(format!("{what}: {}", crate::error_chain(e)))
+    };
+    match context.stream_by_subject(subject).await {
+        Ok(name) => Ok(name),
+        Err(e) if e.kind() == GetStreamByNameErrorKind::NotFound => {
+            let Some(spec) = create else {
+                return Err(Lookup::Missing);
+            };
+            let config = jetstream::stream::Config {
+                name: stream_name(subject),
+                subjects: vec![subject.to_owned()],
+                num_replicas: spec.replicas,
+                duplicate_window: spec.duplicate_window,
+                ..Default::default()
+            };
+            context
+                .create_stream(config)
+                .await
+                .map_err(|e| failed("cannot create the stream", &e))?;
+            tracing::info!(
+                subject,
+                stream = stream_name(subject),
+                "created a JetStream stream"
+            );
+            Ok(stream_name(subject))
+        }
+        Err(e) => Err(failed("cannot look the stream up", &e)),
+    }
+}
+
 /// A stream's default duplicate window (the server's).
-const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
+pub(crate) const DUPLICATE_WINDOW: Duration = Duration::from_secs(120);
 
 impl Sender for Publisher {
     type Delivery = Delivery;
@@ -394,7 +446,7 @@ fn check_subject(subject: &str) -> Result<(), String> {
 
 /// The name of the stream the relay creates for `topic`: what a stream name cannot hold
 /// (`.`, `*`, `>`, path separators, white space) becomes `_`.
-fn stream_name(topic: &str) -> String {
+pub(crate) fn stream_name(topic: &str) -> String {
     topic
         .chars()
         .map(|c| match c {

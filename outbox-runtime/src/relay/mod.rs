@@ -180,7 +180,7 @@ mod health;
 #[cfg(feature = "_broker")]
 mod instance;
 #[cfg(feature = "nats")]
-mod jetstream;
+pub(crate) mod jetstream;
 #[cfg(feature = "kafka")]
 pub(crate) mod kafka;
 #[cfg(feature = "_broker")]

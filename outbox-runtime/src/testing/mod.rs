@@ -263,7 +263,7 @@ where
         meta,
         payload: payload.as_bytes(),
     };
-    let outcome = batch::handle(pool, &routes, &[Ok(message)], false).await?;
+    let outcome = batch::handle(pool, &routes, &[Ok(message)], false, None).await?;
     Ok(match outcome.failed.into_iter().next() {
         Some((_, failure)) => Delivery::Failed {
             retryable: !failure.is_permanent(),

@@ -11,7 +11,7 @@ use crate::sqlstate::DbError;
 /// Commits a transaction this crate began (at depth 1), checked as [`Uow::commit`] does: an
 /// aborted transaction is [`Error::Aborted`], a refused commit [`Error::Commit`], a session lost
 /// on the way [`Error::CommitOutcomeUnknown`].
-#[cfg(feature = "kafka")]
+#[cfg(feature = "_broker")]
 pub(crate) async fn commit_checked(tx: Transaction<'_, Postgres>) -> Result<()> {
     commit_after(tx, String::from("SELECT"), Cow::Borrowed("")).await
 }

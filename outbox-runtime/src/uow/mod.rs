@@ -15,7 +15,7 @@ use uuid::Uuid;
 use crate::error::{Error, Result};
 use crate::event::{IntoRecord, OutboxEvent, OutboxRecord};
 
-#[cfg(feature = "kafka")]
+#[cfg(feature = "_broker")]
 pub(crate) use commit::commit_checked;
 use commit::{commit_after, commit_error};
 pub use insert::{emit, emit_all, emit_with, EmitFuture};

@@ -1,0 +1,743 @@
+//! Consuming from NATS JetStream: a durable pull consumer per topic, its batches handled as
+//! Kafka's are ([`batch`](super::batch) in dedup mode, [`store`] in inbox mode), each message
+//! acknowledged only once the database committed it; a retryable failure redelivered by the
+//! server once its backoff has passed (`nak` with a delay); a dead letter published to
+//! `<topic>.dlq`, stored by its stream, and only then terminated.
+//!
+//! Per-key order: a durable consumer's `max_ack_pending` is the batch size, so the server
+//! hands out one batch at a time, however many instances of the group pull: the next batch
+//! only once the last one is settled. A crashed instance's batch stays pending until
+//! `ack_wait` and is redelivered before anything newer. Only a retry moves a message back
+//! (after its key's later messages), as the retry topic does on Kafka.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use async_nats::header::{HeaderMap, HeaderName, HeaderValue};
+use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy, PullConsumer};
+use async_nats::jetstream::message::PublishMessage;
+use async_nats::jetstream::{self, AckKind};
+use futures_util::StreamExt;
+use tokio_util::sync::CancellationToken;
+
+use super::batch::Checked;
+use super::dedup::{self, Destination};
+use super::lease::{Acquired, Lease};
+use super::message::{self, Delivered};
+use super::settings::{Mode, RetryPolicy};
+use super::shared::Shared;
+use super::store;
+use crate::error::{Error, Result};
+use crate::relay::jetstream::{stream_for, stream_name, Lookup, StreamSpec, DUPLICATE_WINDOW};
+use crate::relay::JetStream;
+
+/// How long the server gets to answer a request of the consumer's (a lookup, a publish).
+const ANSWER_WITHIN: Duration = Duration::from_secs(10);
+
+/// Consumes every handled topic, each from its own durable consumer, until `cancel` fires.
+pub(crate) async fn consume(
+    shared: &Arc<Shared>,
+    jetstream: &JetStream,
+    cancel: &CancellationToken,
+) -> Result<()> {
+    let context = jetstream::ContextBuilder::new()
+        .timeout(ANSWER_WITHIN)
+        .build(jetstream.client.clone());
+    let mut readers = tokio::task::JoinSet::new();
+    for topic in shared.routes.topics() {
+        let settings = &shared.settings;
+        let lease = (settings.mode == Mode::Dedup).then(|| {
+            Lease::new(
+                shared.pool.clone(),
+                settings.group(),
+                &topic,
+                jetstream.ack_wait,
+            )
+        });
+        let reader = Reader {
+            shared: Arc::clone(shared),
+            jetstream: jetstream.clone(),
+            context: context.clone(),
+            topic,
+            lease,
+            cancel: cancel.clone(),
+        };
+        readers.spawn(reader.run());
+    }
+    while let Some(joined) = readers.join_next().await {
+        if let Err(source) = joined {
+            cancel.cancel();
+            return Err(Error::Task {
+                task: "a JetStream topic's reader",
+                source,
+            });
+        }
+    }
+    Ok(())
+}
+
+/// The name of group `group`'s durable consumer of `topic`: `<group>_<topic>`, with what a
+/// consumer name cannot hold (`.`, `*`, `>`, path separators, white space) as `_`.
+pub(crate) fn durable_name(group: &str, topic: &str) -> String {
+    stream_name(&format!("{group}_{topic}"))
+}
+
+/// One topic's reader.
+struct Reader {
+    shared: Arc<Shared>,
+    jetstream: JetStream,
+    context: jetstream::Context,
+    topic: String,
+    /// Dedup mode: the group's lease on the topic, which this instance must hold to read it.
+    lease: Option<Lease>,
+    cancel: CancellationToken,
+}
+
+/// Why a reading session ended.
+enum Ended {
+    /// `cancel` fired.
+    Cancelled,
+    /// The lease lapsed: another instance may read now.
+    Lapsed,
+    /// The stream is missing, or the server did not answer.
+    Failed(Lookup),
+    /// The messages stopped (the server went away); whether a batch was handled.
+    Stopped { handled: bool },
+}
+
+impl Reader {
+    /// Reads until `cancel` fires: in dedup mode waits for the group's lease, then opens the
+    /// durable consumer (while its stream is missing or the server away, says so and tries
+    /// again) and reads it until it fails or the lease lapses.
+    async fn run(self) {
+        let mut failures = 0u32;
+        // Whether a session ended holding messages it did not settle.
+        let mut dropped = false;
+        let missing =
+            metrics::gauge!("outbox_consumer_missing_topic", "topic" => self.topic.clone());
+        loop {
+            let mut taken_over = false;
+            if let Some(lease) = &self.lease {
+                match lease.acquire(&self.cancel).await {
+                    Some(acquired) => taken_over = acquired == Acquired::TakenOver,
+                    None => return,
+                }
+            }
+            let stop = CancellationToken::new();
+            let session = async {
+                let ended = self.session(taken_over || dropped).await;
+                stop.cancel();
+                ended
+            };
+            let keeping = async {
+                if let Some(lease) = &self.lease {
+                    lease.keep(&stop).await;
+                }
+            };
+            let (ended, ()) = tokio::join!(session, keeping);
+            dropped = true;
+            match ended {
+                Ended::Cancelled => {
+                    if let Some(lease) = &self.lease {
+                        lease.release().await;
+                    }
+                    return;
+                }
+                Ended::Lapsed => continue,
+                Ended::Stopped { handled } => {
+                    missing.set(0.0);
+                    if handled {
+                        failures = 0;
+                    }
+                }
+                Ended::Failed(Lookup::Missing) => {
+                    missing.set(1.0);
+                    if failures == 0 {
+                        tracing::warn!(topic = %self.topic, group = %self.shared.settings.group(),
+                            "no JetStream stream captures the consumer's subject `{}`: waiting \
+                             for one (create it, or let the consumer: JetStream::create_streams)",
+                            self.topic);
+                    }
+                }
+                Ended::Failed(Lookup::Failed(e)) => {
+                    if failures == 0 {
+                        tracing::warn!(topic = %self.topic, error = %e, "cannot read from JetStream; trying again");
+                    } else {
+                        tracing::debug!(topic = %self.topic, error = %e, "cannot read from JetStream; trying again");
+                    }
+                }
+            }
+            failures += 1;
+            let wait = self.shared.settings.outage_backoff(failures);
+            tokio::select! {
+                () = self.cancel.cancelled() => {
+                    if let Some(lease) = &self.lease {
+                        lease.release().await;
+                    }
+                    return;
+                }
+                () = tokio::time::sleep(wait) => {}
+            }
+        }
+    }
+
+    /// Opens the durable consumer and reads it until it stops, `cancel` fires or the lease
+    /// lapses. With `held_before` (another instance, or an earlier session, may have left
+    /// messages unsettled), first waits until those are due again, so that they come before
+    /// anything newer.
+    async fn session(&self, held_before: bool) -> Ended {
+        let consumer = match self.open().await {
+            Ok(consumer) => consumer,
+            Err(e) => return Ended::Failed(e),
+        };
+        if held_before {
+            let mut consumer = consumer.clone();
+            let pending = consumer.info().await.map_or(1, |i| i.num_ack_pending);
+            if pending > 0 {
+                let wait = self.jetstream.ack_wait + self.jetstream.ack_wait / 10;
+                tracing::info!(topic = %self.topic, pending, ?wait,
+                    "messages delivered before are not settled: reading once they are due again");
+                tokio::select! {
+                    () = self.cancel.cancelled() => return Ended::Cancelled,
+                    () = self.lapsed() => return Ended::Lapsed,
+                    () = tokio::time::sleep(wait) => {}
+                }
+            }
+        }
+        let messages = consumer
+            .stream()
+            .max_messages_per_batch(self.shared.settings.batch_size)
+            .messages()
+            .await;
+        match messages {
+            Ok(mut messages) => self.read(&mut messages).await,
+            Err(e) => Ended::Failed(Lookup::Failed(format!(
+                "cannot pull messages: {}",
+                crate::error_chain(&e)
+            ))),
+        }
+    }
+
+    /// Returns once the lease lapsed (never without one).
+    async fn lapsed(&self) {
+        match &self.lease {
+            Some(lease) => lease.lapsed().await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// The group's durable consumer of the topic (created, or its settings updated).
+    async fn open(&self) -> std::result::Result<PullConsumer, Lookup> {
+        let settings = &self.shared.settings;
+        let failed = |what: &str, e: &(dyn std::error::Error + 'static)| {
+            Lookup::Failed(format!("{what}: {}", crate::error_chain(e)))
+        };
+        let name = stream_for(&self.context, &self.topic, self.create_streams()).await?;
+        let stream = self
+            .context
+            .get_stream_no_info(&name)
+            .await
+            .map_err(|e| failed("cannot find the stream", &e))?;
+        let config = pull::Config {
+            durable_name: Some(durable_name(settings.group(), &self.topic)),
+            description: Some(format!(
+                "outbox consumer group `{}` of `{}`",
+                settings.group(),
+                self.topic
+            )),
+            filter_subject: self.topic.clone(),
+            deliver_policy: DeliverPolicy::All,
+            ack_policy: AckPolicy::Explicit,
+            ack_wait: self.jetstream.ack_wait,
+            // The consumer dead-letters a message itself, after `max_attempts`.
+            max_deliver: -1,
+            // One batch in flight: what keeps a key's messages in order, whatever the
+            // number of instances.
+            max_ack_pending: settings.batch_size as i64,
+            ..Default::default()
+        };
+        stream
+            .create_consumer(config)
+            .await
+            .map_err(|e| failed("cannot create the durable consumer", &e))
+    }
+
+    /// With `create_streams`, how the consumer creates a missing stream.
+    fn create_streams(&self) -> Option<StreamSpec> {
+        self.jetstream.create_streams.then_some(StreamSpec {
+            replicas: self.jetstream.replicas,
+            duplicate_window: DUPLICATE_WINDOW,
+        })
+    }
+
+    /// Reads batches until the messages stop, `cancel` fires or the lease lapses (a batch in
+    /// hand is then given up: nothing of it settled, it comes again).
+    async fn read(&self, messages: &mut pull::Stream) -> Ended {
+        let batch_size = self.shared.settings.batch_size;
+        let mut handled = false;
+        loop {
+            let first = tokio::select! {
+                () = self.cancel.cancelled() => return Ended::Cancelled,
+                () = self.lapsed() => return Ended::Lapsed,
+                next = messages.next() => next,
+            };
+            let first = match first {
+                None => return Ended::Stopped { handled },
+                Some(Ok(message)) => message,
+                Some(Err(e)) => {
+                    use pull::MessagesErrorKind as Kind;
+                    let e_text = crate::error_chain(&e).to_string();
+                    match e.kind() {
+                        // The server went away, or the consumer with it: open it again.
+                        Kind::MissingHeartbeat | Kind::ConsumerDeleted | Kind::NoResponders => {
+                            tracing::info!(topic = %self.topic, error = %e_text, "the JetStream consumer stopped; opening it again");
+                            return Ended::Stopped { handled };
+                        }
+                        _ => {
+                            tracing::debug!(topic = %self.topic, error = %e_text, "a pull failed");
+                            continue;
+                        }
+                    }
+                }
+            };
+            let mut batch = vec![Received::new(first)];
+            while batch.len() < batch_size {
+                match tokio::time::timeout(Duration::ZERO, messages.next()).await {
+                    Ok(Some(Ok(message))) => batch.push(Received::new(message)),
+                    _ => break,
+                }
+            }
+            let handling = async {
+                match self.shared.settings.mode {
+                    Mode::Dedup => self.dedup(&batch).await,
+                    Mode::Inbox => self.receive(&batch).await,
+                }
+            };
+            let done = tokio::select! {
+                done = handling => done,
+                () = self.lapsed() => return Ended::Lapsed,
+            };
+            if !done {
+                return if self.cancel.is_cancelled() {
+                    Ended::Cancelled
+                } else {
+                    Ended::Lapsed // the fence found the lease gone
+                };
+            }
+            handled = true;
+        }
+    }
+
+    /// Dedup mode: the batch handled in one transaction ([`dedup::handle`]), then each
+    /// message settled: acknowledged once committed, a retryable failure redelivered after its
+    /// backoff (or, [`RetryPolicy::InPlace`], tried again here before what follows it), a dead
+    /// letter published and terminated. `false` once `cancel` fires (what is not settled comes
+    /// again).
+    async fn dedup(&self, batch: &[Received]) -> bool {
+        let shared = &self.shared;
+        let settings = &shared.settings;
+        let mut checked: Vec<Checked<'_>> = batch.iter().map(Received::check).collect();
+        let mut start = 0;
+        // The message retried in place, and its attempts so far.
+        let mut retrying: Option<(usize, u32)> = None;
+        while start < checked.len() {
+            let fence = self.lease.as_ref().map(Lease::fence);
+            let handling = dedup::handle(shared, &checked[start..], &self.cancel, fence.as_ref());
+            let Some(outcome) = self.holding(&batch[start..], handling).await else {
+                return false;
+            };
+            let settled = &batch[start..start + outcome.done];
+            let mut failed = vec![None; settled.len()];
+            for (i, failure) in outcome.failed {
+                failed[i] = Some(failure);
+            }
+            for (msg, failure) in settled.iter().zip(&failed) {
+                if failure.is_none() {
+                    msg.settle(AckKind::Ack).await;
+                }
+            }
+            for (i, failure) in failed.into_iter().enumerate() {
+                let Some(failure) = failure else { continue };
+                let msg = &settled[i];
+                let attempts = match retrying {
+                    Some((r, tries)) if r == start + i => tries + 1,
+                    _ => msg.delivered,
+                };
+                match dedup::destination(settings, attempts, &failure) {
+                    Destination::Retry { attempts, due_ms } => {
+                        metrics::counter!("outbox_consumer_retried_total").increment(1);
+                        tracing::info!(topic = %self.topic, sequence = msg.sequence, attempts,
+                            reason = failure.message(), "handler failed; redelivered after its backoff");
+                        let delay = u64::try_from(due_ms - message::now_ms()).unwrap_or(0);
+                        msg.settle(AckKind::Nak(Some(Duration::from_millis(delay))))
+                            .await;
+                    }
+                    Destination::DeadLetter { attempts } => {
+                        let reason = if checked[start + i].is_err() {
+                            failure.message().to_owned() // bad input was never tried
+                        } else {
+                            dedup::dead_reason(&failure, attempts)
+                        };
+                        if !self.dead_letter(msg, &reason, attempts).await {
+                            return false;
+                        }
+                    }
+                }
+            }
+            start += outcome.done;
+            let Some(failure) = outcome.stopped else {
+                break;
+            };
+            // In place: the message at `start` failed retryably; try it (and what follows it)
+            // again after a backoff, or dead-letter it once out of attempts.
+            let tries = match retrying {
+                Some((r, tries)) if r == start => tries + 1,
+                _ => batch[start].delivered,
+            };
+            if tries >= settings.max_attempts {
+                let reason = dedup::dead_reason(&failure, tries);
+                if !self.dead_letter(&batch[start], &reason, tries).await {
+                    return false;
+                }
+                start += 1;
+                retrying = None;
+                continue;
+            }
+            metrics::counter!("outbox_consumer_retried_total").increment(1);
+            tracing::info!(
+                attempt = tries,
+                error = failure.message(),
+                "handler failed; retrying in place"
+            );
+            retrying = Some((start, tries));
+            if let Ok(incoming) = &mut checked[start] {
+                incoming.meta.attempt = tries + 1;
+            }
+            if !self.wait(&batch[start..], settings.backoff(tries)).await {
+                return false;
+            }
+        }
+        debug_assert!(settings.retry_policy == RetryPolicy::InPlace || retrying.is_none());
+        true
+    }
+
+    /// Inbox mode: the batch stored in `inbox_event` (duplicates ignored), each stored message
+    /// acknowledged once committed, what cannot be stored dead-lettered. `false` once `cancel`
+    /// fires.
+    async fn receive(&self, batch: &[Received]) -> bool {
+        let shared = &self.shared;
+        let checked: Vec<Checked<'_>> = batch.iter().map(Received::check).collect();
+        let mut rows = Vec::with_capacity(batch.len());
+        let mut stored = Vec::with_capacity(batch.len());
+        let mut bad: Vec<Option<String>> = vec![None; batch.len()];
+        for (i, (msg, checked)) in batch.iter().zip(&checked).enumerate() {
+            match checked {
+                Ok(incoming) => {
+                    stored.push(i);
+                    let meta = &incoming.meta;
+                    rows.push(store::InboxRow {
+                        event_id: meta.event_id,
+                        topic: meta.topic,
+                        event_type: meta.event_type.clone().into_owned(),
+                        partition_key: meta.key().map(str::to_owned),
+                        partition: 0,
+                        offset: msg.sequence as i64,
+                        payload: incoming.payload,
+                        headers: message::headers_json(meta),
+                        schema_version: meta.schema_version,
+                    });
+                }
+                Err(reason) => bad[i] = Some(reason.clone()),
+            }
+        }
+        let mut failures = 0;
+        let storing = async {
+            loop {
+                let e = match store::receive(&shared.pool, &rows).await {
+                    Ok(received) => return Some(received),
+                    Err(e) => e,
+                };
+                failures += 1;
+                let table = crate::admin::CleanupTable::Inbox;
+                if !shared.wait_out(&e, table, failures, &self.cancel).await {
+                    return None;
+                }
+            }
+        };
+        let Some(received) = self.holding(batch, storing).await else {
+            return false;
+        };
+        metrics::counter!("outbox_inbox_received_total").increment(received.new);
+        let refused = received.refused.len() as u64;
+        metrics::counter!("outbox_consumer_duplicates_total")
+            .increment(rows.len() as u64 - received.new - refused);
+        for (row, reason) in received.refused {
+            bad[stored[row]] = Some(reason);
+        }
+        for (msg, reason) in batch.iter().zip(&bad) {
+            if reason.is_none() {
+                msg.settle(AckKind::Ack).await;
+            }
+        }
+        for (msg, reason) in batch.iter().zip(bad) {
+            if let Some(reason) = reason {
+                if !self.dead_letter(msg, &reason, 1).await {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    /// Awaits `future` while telling the server, every third of `ack_wait`, that `held` are
+    /// still being worked on (so that it does not deliver them again meanwhile).
+    async fn holding<F: std::future::Future>(&self, held: &[Received], future: F) -> F::Output {
+        tokio::pin!(future);
+        let every = self.jetstream.ack_wait / 3;
+        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        loop {
+            tokio::select! {
+                out = &mut future => return out,
+                _ = tick.tick(), if self.lease.as_ref().is_none_or(Lease::is_valid) => {
+                    for msg in held {
+                        msg.settle(AckKind::Progress).await;
+                    }
+                }
+            }
+        }
+    }
+
+    /// Waits `wait` holding `held`; `false` if `cancel` fires first.
+    async fn wait(&self, held: &[Received], wait: Duration) -> bool {
+        let waited = self.holding(held, async {
+            tokio::select! {
+                () = self.cancel.cancelled() => false,
+                () = tokio::time::sleep(wait) => true,
+            }
+        });
+        waited.await
+    }
+
+    /// Publishes `msg` to its topic's dead-letter subject (its payload and headers, with
+    /// `dlq_error`, `dlq_attempts` and where it was read: `dlq_source_topic`,
+    /// `dlq_source_partition` 0, `dlq_source_offset` its stream sequence, `dlq_source_stream`),
+    /// waits until a stream stored it, then terminates the original. While no stream takes it,
+    /// the topic's reading waits, saying so (`outbox_consumer_forward_blocked`). `false` if
+    /// `cancel` fires first.
+    async fn dead_letter(&self, msg: &Received, reason: &str, attempts: u32) -> bool {
+        let subject = self.shared.settings.topics.dead_letter(&self.topic);
+        let message = msg.dead_letter(&self.topic, reason, attempts);
+        let mut failures = 0u32;
+        let mut blocked: Option<metrics::Gauge> = None;
+        loop {
+            let sent = async {
+                let ack = self
+                    .context
+                    .send_publish(subject.clone(), message.clone())
+                    .await?;
+                ack.await
+            };
+            let e = match self.holding(std::slice::from_ref(msg), sent).await {
+                Ok(_) => break,
+                Err(e) => e,
+            };
+            failures += 1;
+            if blocked.is_none() {
+                tracing::error!(error = %crate::error_chain(&e), subject = %subject,
+                    "cannot publish a message to its dead-letter subject (does a stream capture \
+                     it? may this consumer publish to it?); the topic's reading waits until it \
+                     can");
+                let gauge =
+                    metrics::gauge!("outbox_consumer_forward_blocked", "topic" => subject.clone());
+                gauge.set(1.0);
+                blocked = Some(gauge);
+            }
+            if let Some(create) = self.create_streams() {
+                if let Err(Lookup::Failed(e)) =
+                    stream_for(&self.context, &subject, Some(create)).await
+                {
+                    tracing::debug!(error = %e, "cannot create the dead-letter stream");
+                }
+            }
+            let wait = self.shared.settings.outage_backoff(failures);
+            if !self.wait(std::slice::from_ref(msg), wait).await {
+                return false;
+            }
+        }
+        if let Some(gauge) = blocked {
+            gauge.set(0.0);
+            tracing::info!(subject = %subject, "the dead-letter subject takes messages again; consuming");
+        }
+        msg.settle(AckKind::Term).await;
+        metrics::counter!("outbox_consumer_dead_lettered_total").increment(1);
+        tracing::warn!(topic = %self.topic, sequence = msg.sequence, reason, "message dead-lettered");
+        true
+    }
+}
+
+/// A message off JetStream, its headers read as the Kafka consumer reads a record's:
+/// CloudEvents attributes (`ce-*`, percent-encoded) as `ce_*`, decoded; the key from
+/// `outbox_key`; the server's own (`Nats-*`) left out.
+struct Received {
+    message: jetstream::Message,
+    /// The stream's name and the message's sequence in it.
+    stream: String,
+    sequence: u64,
+    /// Deliveries so far, this one included: the attempt.
+    delivered: u32,
+    key: Option<Vec<u8>>,
+    /// In name order (a NATS header map has no order), each name's values in theirs.
+    headers: Vec<(String, Vec<u8>)>,
+}
+
+impl Received {
+    fn new(message: jetstream::Message) -> Self {
+        let (stream, sequence, delivered) = match message.info() {
+            Ok(info) => (
+                info.stream.to_owned(),
+                info.stream_sequence,
+                u32::try_from(info.delivered).unwrap_or(u32::MAX).max(1),
+            ),
+            Err(_) => (String::new(), 0, 1),
+        };
+        let mut headers = Vec::new();
+        let mut key = None;
+        if let Some(map) = &message.headers {
+            let mut names: Vec<_> = map.iter().collect();
+            names.sort_by(|a, b| AsRef::<str>::as_ref(a.0).cmp(b.0.as_ref()));
+            for (name, values) in names {
+                let name: &str = name.as_ref();
+                if name.starts_with("Nats-") {
+                    continue;
+                }
+                if name == "outbox_key" {
+                    key = values.first().map(|v| v.as_str().as_bytes().to_vec());
+                }
+                for value in values {
+                    let value = value.as_str();
+                    headers.push(match name.strip_prefix("ce-") {
+                        Some(attribute) => (format!("ce_{attribute}"), percent_decoded(value)),
+                        None => (name.to_owned(), value.as_bytes().to_vec()),
+                    });
+                }
+            }
+        }
+        Received {
+            message,
+            stream,
+            sequence,
+            delivered,
+            key,
+            headers,
+        }
+    }
+
+    /// Checked as a Kafka record is; its attempt is its delivery.
+    fn check(&self) -> Checked<'_> {
+        let delivered = Delivered {
+            topic: self.message.subject.as_str(),
+            partition: 0,
+            offset: i64::try_from(self.sequence).unwrap_or(i64::MAX),
+            key: self.key.as_deref(),
+            payload: &self.message.payload,
+        };
+        let headers = self
+            .headers
+            .iter()
+            .map(|(name, value)| (name.as_str(), Some(value.as_slice())));
+        let mut incoming = message::check_with_headers(delivered, headers)?;
+        incoming.meta.attempt = self.delivered;
+        Ok(incoming)
+    }
+
+    /// Acknowledges, refuses or terminates it, or asks for more time. A settlement that does
+    /// not arrive (the server away) leaves the message pending: it comes again after
+    /// `ack_wait`, and is deduplicated.
+    async fn settle(&self, kind: AckKind) {
+        if let Err(e) = self.message.ack_with(kind).await {
+            tracing::debug!(error = %crate::error_chain(e.as_ref()), sequence = self.sequence,
+                "cannot settle a message; it comes again");
+        }
+    }
+
+    /// Its dead letter: its payload and headers (none of the server's), and why.
+    fn dead_letter(&self, topic: &str, reason: &str, attempts: u32) -> PublishMessage {
+        let mut headers = HeaderMap::new();
+        if let Some(original) = &self.message.headers {
+            for (name, values) in original.iter() {
+                let text: &str = name.as_ref();
+                if text.starts_with("Nats-") || text.starts_with("dlq_") {
+                    continue;
+                }
+                for value in values {
+                    headers.append(name.clone(), value.clone());
+                }
+            }
+        }
+        let mut set = |name: &'static str, value: String| {
+            // A header value cannot hold a line break (a panic's message may).
+            let value: String = value
+                .chars()
+                .map(|c| if c == '\r' || c == '\n' { ' ' } else { c })
+                .collect();
+            if let Ok(value) = value.parse::<HeaderValue>() {
+                headers.insert(HeaderName::from_static(name), value);
+            }
+        };
+        set("dlq_error", reason.to_owned());
+        set("dlq_attempts", attempts.to_string());
+        set("dlq_source_topic", topic.to_owned());
+        set("dlq_source_partition", "0".to_owned());
+        set("dlq_source_offset", self.sequence.to_string());
+        set("dlq_source_stream", self.stream.clone());
+        // Published again after a crash before the termination: stored once.
+        let id = format!("dlq:{}:{}", self.stream, self.sequence);
+        PublishMessage::build()
+            .headers(headers)
+            .message_id(&id)
+            .payload(self.message.payload.clone())
+    }
+}
+
+/// A percent-encoded header value (the CloudEvents NATS binding's) decoded; what does not
+/// decode is kept as it came.
+fn percent_decoded(value: &str) -> Vec<u8> {
+    let bytes = value.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = |b: u8| (b as char).to_digit(16);
+        if bytes[i] == b'%' && i + 2 < bytes.len() {
+            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
+                out.push((h * 16 + l) as u8);
+                i += 3;
+                continue;
+            }
+        }
+        out.push(bytes[i]);
+        i += 1;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn percent_encoded_values_are_decoded_and_the_rest_kept() {
+        assert_eq!(percent_decoded("a%20b%22%25%C3%A9"), "a b\"%é".as_bytes());
+        assert_eq!(percent_decoded("/orders-service"), b"/orders-service");
+        assert_eq!(percent_decoded("100%"), b"100%");
+        assert_eq!(percent_decoded("%zz%4"), b"%zz%4");
+    }
+
+    #[test]
+    fn durable_names_hold_no_dots_or_spaces() {
+        assert_eq!(
+            durable_name("orders", "payment.events"),
+            "orders_payment_events"
+        );
+        assert_eq!(durable_name("my group", "a.*.>"), "my_group_a___");
+    }
+}

@@ -1,0 +1,216 @@
+//! A JetStream consumer's lease on a topic (dedup mode): one instance of a group reads a
+//! durable consumer at a time, so that a key's messages are handled in their order. JetStream
+//! hands a durable consumer's messages to whichever instance pulls, and has no partitions to
+//! assign, so the group's instances agree in PostgreSQL, where their work commits:
+//!
+//! - the holder renews its lease (`outbox_consumer_lease.expires_at`) every third of its
+//!   length, and every batch transaction checks it first, `FOR SHARE` ([`Fence`]): an instance
+//!   that lost it (stalled, cut off from the database) commits nothing more;
+//! - the others wait, and take it over once it is released or expired;
+//! - a holder asks JetStream for more time for the messages it holds only while its lease is
+//!   valid, so that once another instance may have taken over, they become due again;
+//!   an instance that takes an expired lease over waits `ack_wait` before it reads, so that the
+//!   messages the last holder did not settle come again before anything newer.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use sqlx::PgPool;
+use tokio_util::sync::CancellationToken;
+use uuid::Uuid;
+
+use super::batch::Fence;
+use crate::error::Result;
+
+/// One instance's lease on a group's topic.
+pub(crate) struct Lease {
+    pool: PgPool,
+    group: String,
+    topic: String,
+    holder: Uuid,
+    length: Duration,
+    /// Until when it is held, by this process's clock (a margin before the database's
+    /// `expires_at`); in the past while not held.
+    valid_until: Arc<Mutex<Instant>>,
+}
+
+/// How the lease was acquired.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Acquired {
+    /// It was free (never held, released) or already this instance's.
+    Free,
+    /// Another instance held it and let it expire (a crash, a stall): its unsettled messages
+    /// are still pending on the server.
+    TakenOver,
+}
+
+impl Lease {
+    pub(crate) fn new(pool: PgPool, group: &str, topic: &str, length: Duration) -> Self {
+        Lease {
+            pool,
+            group: group.to_owned(),
+            topic: topic.to_owned(),
+            holder: Uuid::new_v4(),
+            length,
+            valid_until: Arc::new(Mutex::new(Instant::now())),
+        }
+    }
+
+    /// What a batch transaction checks.
+    pub(crate) fn fence(&self) -> Fence<'_> {
+        Fence {
+            group: &self.group,
+            topic: &self.topic,
+            holder: self.holder,
+        }
+    }
+
+    /// Whether this process may take the lease as held: for asking the server for more time.
+    pub(crate) fn is_valid(&self) -> bool {
+        Instant::now() < *self.valid_until.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Returns once the lease is no longer valid by this process's clock (never renewed in
+    /// time, lost, released).
+    pub(crate) async fn lapsed(&self) {
+        loop {
+            let until = *self.valid_until.lock().unwrap_or_else(|e| e.into_inner());
+            if Instant::now() >= until {
+                return;
+            }
+            tokio::time::sleep_until(until.into()).await;
+        }
+    }
+
+    fn held_from(&self, asked_at: Instant) {
+        *self.valid_until.lock().unwrap_or_else(|e| e.into_inner()) =
+            asked_at + self.length * 9 / 10;
+    }
+
+    fn lost(&self) {
+        *self.valid_until.lock().unwrap_or_else(|e| e.into_inner()) = Instant::now();
+    }
+
+    /// Takes the lease if it is free, released, expired or already this instance's.
+    pub(crate) async fn try_acquire(&self) -> Result<Option<Acquired>> {
+        let asked_at = Instant::now();
+        let mut tx = self.pool.begin().await?;
+        sqlx::query(
+            "INSERT INTO outbox_consumer_lease (group_id, topic) VALUES ($1, $2) \
+             ON CONFLICT DO NOTHING",
+        )
+        .bind(&self.group)
+        .bind(&self.topic)
+        .execute(&mut *tx)
+        .await?;
+        let (holder, expired): (Option<Uuid>, bool) = sqlx::query_as(
+            "SELECT holder, expires_at <= clock_timestamp() FROM outbox_consumer_lease \
+             WHERE group_id = $1 AND topic = $2 FOR UPDATE",
+        )
+        .bind(&self.group)
+        .bind(&self.topic)
+        .fetch_one(&mut *tx)
+        .await?;
+        let acquired = match holder {
+            None => Acquired::Free,
+            Some(holder) if holder == self.holder => Acquired::Free,
+            Some(_) if expired => Acquired::TakenOver,
+            Some(_) => return Ok(None),
+        };
+        sqlx::query(
+            "UPDATE outbox_consumer_lease \
+             SET holder = $3, expires_at = clock_timestamp() + $4 * interval '1 millisecond' \
+             WHERE group_id = $1 AND topic = $2",
+        )
+        .bind(&self.group)
+        .bind(&self.topic)
+        .bind(self.holder)
+        .bind(self.length.as_millis() as f64)
+        .execute(&mut *tx)
+        .await?;
+        tx.commit().await?;
+        self.held_from(asked_at);
+        Ok(Some(acquired))
+    }
+
+    /// Waits until this instance holds the lease, trying every third of its length; `None`
+    /// if `cancel` fires first.
+    pub(crate) async fn acquire(&self, cancel: &CancellationToken) -> Option<Acquired> {
+        let mut said = false;
+        loop {
+            match self.try_acquire().await {
+                Ok(Some(acquired)) => {
+                    tracing::info!(group = %self.group, topic = %self.topic, ?acquired,
+                        "this instance reads the topic for its group");
+                    return Some(acquired);
+                }
+                Ok(None) if !said => {
+                    said = true;
+                    tracing::info!(group = %self.group, topic = %self.topic,
+                        "another instance of the group reads the topic; standing by");
+                }
+                Ok(None) => {}
+                Err(e) => {
+                    tracing::debug!(error = %crate::error_chain(&e), "cannot take the lease; trying again")
+                }
+            }
+            tokio::select! {
+                () = cancel.cancelled() => return None,
+                () = tokio::time::sleep(self.length / 3) => {}
+            }
+        }
+    }
+
+    /// Renews the lease every third of its length until `stop` fires (an expired one too, as
+    /// long as no other instance took it over); stops if another instance has it (the lease
+    /// then [`lapsed`](Self::lapsed)). A database error leaves it to lapse if it lasts.
+    pub(crate) async fn keep(&self, stop: &CancellationToken) {
+        loop {
+            tokio::select! {
+                () = stop.cancelled() => return,
+                () = tokio::time::sleep(self.length / 3) => {}
+            }
+            let asked_at = Instant::now();
+            let renewed = sqlx::query(
+                "UPDATE outbox_consumer_lease \
+                 SET expires_at = clock_timestamp() + $4 * interval '1 millisecond' \
+                 WHERE group_id = $1 AND topic = $2 AND holder = $3",
+            )
+            .bind(&self.group)
+            .bind(&self.topic)
+            .bind(self.holder)
+            .bind(self.length.as_millis() as f64)
+            .execute(&self.pool)
+            .await;
+            match renewed {
+                Ok(done) if done.rows_affected() == 1 => self.held_from(asked_at),
+                Ok(_) => {
+                    tracing::warn!(group = %self.group, topic = %self.topic,
+                        "this instance lost its lease on the topic (it expired): another reads it now");
+                    self.lost();
+                    return;
+                }
+                Err(e) => {
+                    tracing::debug!(error = %crate::error_chain(&e), "cannot renew the lease; trying again")
+                }
+            }
+        }
+    }
+
+    /// Gives the lease up (the instance stops): another takes it at once.
+    pub(crate) async fn release(&self) {
+        self.lost();
+        let released = sqlx::query(
+            "UPDATE outbox_consumer_lease SET holder = NULL, expires_at = clock_timestamp() \
+             WHERE group_id = $1 AND topic = $2 AND holder = $3",
+        )
+        .bind(&self.group)
+        .bind(&self.topic)
+        .bind(self.holder)
+        .execute(&self.pool)
+        .await;
+        if let Err(e) = released {
+            tracing::debug!(error = %crate::error_chain(&e), "cannot release the lease; it expires");
+        }
+    }
+}

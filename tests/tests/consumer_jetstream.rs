@@ -1,0 +1,538 @@
+//! Consumers from NATS JetStream, against real `nats-server` processes (one per test): the same
+//! promises as on Kafka. Exactly-once effects over redelivery, retries redelivered after their
+//! backoff without holding the others, dead letters with their reason, panics, the inbox mode,
+//! per-key order with several consumers, the server killed mid-consumption, and the
+//! broker-loss drill (the stream purged, `replay` restores it, nothing is done twice).
+
+use std::time::Duration;
+
+use outbox_runtime::admin::{Replay, ReplayFilter};
+use outbox_runtime::inbox::{Consumer, ConsumerBuilder, HandlerError, Mode};
+use outbox_runtime::relay::{JetStream, Relay};
+use outbox_tests::deposits::{emit_events, wait_until_published, Deposited, TOPIC};
+use outbox_tests::fixtures::{self, PaymentSucceeded, PAYMENTS};
+use outbox_tests::kafka::Outgoing;
+use outbox_tests::nats::NatsServer;
+use outbox_tests::payments::{not_json, orders_with_payments, paid_counts, records, wait_for};
+use outbox_tests::{count, Running, TestDb};
+use sqlx::PgPool;
+
+/// The payments stream, and its dead letters'.
+const STREAM: &str = "PAYMENTS";
+const DEAD_LETTERS: &str = "PAYMENTS_DLQ";
+
+/// A test's database with the orders table, and its own server with the payments streams.
+async fn setup() -> (TestDb, NatsServer) {
+    let db = TestDb::new().await;
+    fixtures::create_orders(&db.pool).await;
+    let server = NatsServer::start().await;
+    server.create_stream(STREAM, PAYMENTS, |_| {}).await;
+    let dlq = format!("{PAYMENTS}.dlq");
+    server.create_stream(DEAD_LETTERS, &dlq, |_| {}).await;
+    (db, server)
+}
+
+/// A consumer of group `group` reading `server`'s JetStream, quick to retry.
+async fn builder(db: &TestDb, server: &NatsServer, group: &str) -> ConsumerBuilder {
+    Consumer::builder(db.pool.clone())
+        .jetstream(JetStream::new(server.client().await).ack_wait(Duration::from_secs(2)))
+        .group_id(group)
+        .retry_backoff(Duration::from_millis(20), Duration::from_millis(200))
+}
+
+/// Waits until group `group` has settled every message of `stream` (acknowledged or
+/// terminated, none waiting).
+async fn wait_settled(server: &NatsServer, stream: &str, group: &str, topic: &str) {
+    let durable = format!("{group}_{}", topic.replace('.', "_"));
+    wait_for("every message settled", Duration::from_secs(60), || async {
+        server.unsettled(stream, &durable).await == Some((0, 0))
+    })
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_event_delivered_twice_takes_effect_once() {
+    let (db, server) = setup().await;
+    let payments = orders_with_payments(&db.pool, 100).await;
+    let records = records(&payments);
+    // Everything once, then everything again in the opposite order.
+    let mut twice = records.clone();
+    twice.extend(records.iter().rev().cloned());
+    server.publish(PAYMENTS, &twice).await;
+
+    let consumer = builder(&db, &server, "orders")
+        .await
+        .handler(fixtures::mark_order_paid)
+        .build()
+        .unwrap();
+    let running = Running::consumer(&consumer);
+    wait_settled(&server, STREAM, "orders", PAYMENTS).await;
+    running.stop().await;
+    assert_eq!(paid_counts(&db.pool).await, vec![1; 100]);
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM processed_event").await,
+        100
+    );
+    assert!(server.read_stream(DEAD_LETTERS).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_message_is_redelivered_after_its_backoff_without_holding_the_others() {
+    let (db, server) = setup().await;
+    let payments = outbox_tests::payments::orders_with_special_payments(
+        &db.pool,
+        30,
+        |i| i % 10 == 0,
+        7, // fails twice, then succeeds
+    )
+    .await;
+    server.publish(PAYMENTS, &records(&payments)).await;
+    let consumer = builder(&db, &server, "orders")
+        .await
+        .handler(fixtures::sometimes_failing_mark_paid)
+        .build()
+        .unwrap();
+    let running = Running::consumer(&consumer);
+    wait_settled(&server, STREAM, "orders", PAYMENTS).await;
+    running.stop().await;
+    assert_eq!(paid_counts(&db.pool).await, vec![1; 30]);
+    for (i, (_, payment)) in payments.iter().enumerate() {
+        let calls = fixtures::flaky_calls(payment.order_id);
+        assert_eq!(calls, if i % 10 == 0 { 3 } else { 0 }, "payment {i}");
+    }
+    // Each failing payment was handled after the one published right after it: redelivered
+    // later, it held nothing up.
+    let handled = fixtures::HANDLED.lock().unwrap().clone();
+    let at = |order| handled.iter().position(|o| *o == order).unwrap();
+    for i in [0, 10, 20] {
+        assert!(
+            at(payments[i].1.order_id) > at(payments[i + 1].1.order_id),
+            "payment {i} was handled before the next one"
+        );
+    }
+    assert!(server.read_stream(DEAD_LETTERS).await.is_empty());
+}
+
+/// The headers a dead letter must carry, as on Kafka.
+fn assert_dead_letter(letter: &outbox_tests::kafka::Received, reason: &str, attempts: &str) {
+    assert!(
+        letter.header("dlq_error").contains(reason),
+        "{} does not say {reason}",
+        letter.header("dlq_error")
+    );
+    assert_eq!(letter.header("dlq_attempts"), attempts);
+    assert_eq!(letter.header("dlq_source_topic"), PAYMENTS);
+    assert_eq!(letter.header("dlq_source_partition"), "0");
+    assert_eq!(letter.header("dlq_source_stream"), STREAM);
+    assert!(letter.header("dlq_source_offset").parse::<u64>().unwrap() >= 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn failures_are_dead_lettered_with_their_reason_and_terminated() {
+    let (db, server) = setup().await;
+    let payments = orders_with_payments(&db.pool, 6).await;
+    let mut records = records(&payments);
+    // Permanent: a negative amount.
+    let negative = PaymentSucceeded {
+        amount: -5,
+        ..payments[0].1.clone()
+    };
+    records[0] = Outgoing::event(&negative, payments[0].0);
+    // Bad input: not JSON; a schema version no handler takes.
+    records.push(not_json());
+    records[1]
+        .headers
+        .push(("outbox_schema_version".into(), "9".into()));
+    server.publish(PAYMENTS, &records).await;
+
+    // A handler that always fails retryably on order 2: dead after max_attempts.
+    let always_failing = payments[2].1.order_id;
+    let consumer = builder(&db, &server, "orders")
+        .await
+        .handler(fixtures::mark_order_paid)
+        .handler(FailsOn(always_failing))
+        .max_attempts(3)
+        .build()
+        .unwrap();
+    let running = Running::consumer(&consumer);
+    wait_settled(&server, STREAM, "orders", PAYMENTS).await;
+    running.stop().await;
+
+    let letters = server.read_stream(DEAD_LETTERS).await;
+    assert_eq!(letters.len(), 4, "{letters:?}");
+    let of = |event_id: &uuid::Uuid| {
+        letters
+            .iter()
+            .find(|l| l.headers.get("event_id") == Some(&event_id.to_string()))
+            .unwrap_or_else(|| panic!("no dead letter of {event_id}"))
+    };
+    assert_dead_letter(of(&payments[0].0), "negative amount -5", "1");
+    assert_dead_letter(of(&payments[1].0), "schema version 9", "1");
+    assert_dead_letter(of(&payments[2].0), "the ledger is closed", "3");
+    let not_json = letters
+        .iter()
+        .find(|l| !l.headers.contains_key("event_id"))
+        .unwrap();
+    assert_dead_letter(not_json, "payload is not JSON", "1");
+    // Each keeps its payload and headers.
+    assert_eq!(of(&payments[2].0).header("event_type"), "PaymentSucceeded");
+    assert_eq!(
+        of(&payments[2].0).payload["order_id"],
+        serde_json::json!(always_failing)
+    );
+    // The others took effect once; the dead ones none.
+    let paid: Vec<i32> =
+        sqlx::query_scalar("SELECT paid FROM orders WHERE id = ANY($1) ORDER BY id")
+            .bind(payments.iter().map(|(_, p)| p.order_id).collect::<Vec<_>>())
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    // Orders 2 to 5 paid once (order 2's payment too: its other handler's work committed on
+    // the first attempt and was deduplicated on the next), orders 0 and 1 never.
+    assert_eq!(paid, {
+        let mut expected: Vec<(uuid::Uuid, i32)> = payments
+            .iter()
+            .enumerate()
+            .map(|(i, (_, p))| (p.order_id, i32::from(i >= 2)))
+            .collect();
+        expected.sort();
+        expected
+            .into_iter()
+            .map(|(_, paid)| paid)
+            .collect::<Vec<_>>()
+    });
+}
+
+/// A handler that fails retryably on one order (and records nothing).
+struct FailsOn(uuid::Uuid);
+
+impl outbox_runtime::inbox::Handler for FailsOn {
+    type Event = PaymentSucceeded;
+
+    fn name(&self) -> &str {
+        "fails_on"
+    }
+
+    fn handle<'a>(
+        &'a self,
+        event: PaymentSucceeded,
+        _tx: &'a mut sqlx::PgConnection,
+        _state: &'a (),
+        _meta: &'a outbox_runtime::inbox::MessageMeta<'a>,
+    ) -> outbox_runtime::inbox::BoxFuture<'a, Result<(), HandlerError>> {
+        Box::pin(async move {
+            if event.order_id == self.0 {
+                return Err(HandlerError::retryable("the ledger is closed"));
+            }
+            Ok(())
+        })
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_panicking_handler_is_retried_and_the_consumer_goes_on() {
+    let (db, server) = setup().await;
+    let payments =
+        outbox_tests::payments::orders_with_special_payments(&db.pool, 20, |i| i == 3, 13).await;
+    server.publish(PAYMENTS, &records(&payments)).await;
+    let consumer = builder(&db, &server, "orders")
+        .await
+        .handler(fixtures::panicky_mark_paid)
+        .build()
+        .unwrap();
+    let running = Running::consumer(&consumer);
+    wait_settled(&server, STREAM, "orders", PAYMENTS).await;
+    running.stop().await;
+    assert_eq!(paid_counts(&db.pool).await, vec![1; 20]);
+    assert!(server.read_stream(DEAD_LETTERS).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_mode_stores_acknowledges_and_processes() {
+    let (db, server) = setup().await;
+    let payments = orders_with_payments(&db.pool, 50).await;
+    let mut records = records(&payments);
+    records.extend(records.clone()); // each twice
+    records.push(not_json());
+    server.publish(PAYMENTS, &records).await;
+    let consumer = builder(&db, &server, "orders")
+        .await
+        .handler(fixtures::mark_order_paid)
+        .mode(Mode::Inbox)
+        .build()
+        .unwrap();
+    let running = Running::consumer(&consumer);
+    wait_settled(&server, STREAM, "orders", PAYMENTS).await;
+    let pool = db.pool.clone();
+    wait_for("the inbox processed", Duration::from_secs(60), || async {
+        count(&pool, "SELECT count(*) FROM inbox_event WHERE processed").await == 50
+    })
+    .await;
+    running.stop().await;
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM inbox_event").await,
+        50
+    );
+    let offsets: Vec<i64> =
+        sqlx::query_scalar("SELECT source_offset FROM inbox_event ORDER BY source_offset")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(offsets, (1..=50).collect::<Vec<i64>>(), "stream sequences");
+    assert_eq!(paid_counts(&db.pool).await, vec![1; 50]);
+    let letters = server.read_stream(DEAD_LETTERS).await;
+    assert_eq!(letters.len(), 1);
+    assert_dead_letter(&letters[0], "payload is not JSON", "1");
+}
+
+/// The steps of the order test: which account's event was handled in which order.
+async fn create_steps(pool: &PgPool) {
+    sqlx::query(
+        "CREATE TABLE steps (n bigserial PRIMARY KEY, account text NOT NULL, seq bigint NOT NULL)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// Records the step; slowly for a few of account 0's (a slow call), so that a batch holding one
+/// of them takes long enough for later events of the account to reach another consumer.
+#[outbox_runtime::inbox_handler]
+async fn record_step(event: Deposited, tx: &mut sqlx::PgConnection) -> Result<(), HandlerError> {
+    if event.account == "acct-0" && event.seq % 10 == 0 {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    sqlx::query("INSERT INTO steps (account, seq) VALUES ($1, $2)")
+        .bind(&event.account)
+        .bind(event.seq as i64)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+/// Whether [`record_step_saying_when_slow`] is in one of its slow calls.
+static IN_SLOW_CALL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// [`record_step`], saying when it is in a slow call (for the crash test's timing).
+#[outbox_runtime::inbox_handler]
+async fn record_step_saying_when_slow(
+    event: Deposited,
+    tx: &mut sqlx::PgConnection,
+) -> Result<(), HandlerError> {
+    use std::sync::atomic::Ordering;
+    if event.account == "acct-0" && event.seq % 10 == 0 {
+        IN_SLOW_CALL.store(true, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        IN_SLOW_CALL.store(false, Ordering::SeqCst);
+    }
+    sqlx::query("INSERT INTO steps (account, seq) VALUES ($1, $2)")
+        .bind(&event.account)
+        .bind(event.seq as i64)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+/// Each account's steps, in the order they were handled.
+async fn steps(pool: &PgPool) -> std::collections::BTreeMap<String, Vec<i64>> {
+    let rows: Vec<(String, i64)> = sqlx::query_as("SELECT account, seq FROM steps ORDER BY n")
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    let mut by_account = std::collections::BTreeMap::<String, Vec<i64>>::new();
+    for (account, seq) in rows {
+        by_account.entry(account).or_default().push(seq);
+    }
+    by_account
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_consumers_of_a_group_keep_each_keys_order() {
+    let db = TestDb::new().await;
+    create_steps(&db.pool).await;
+    let server = NatsServer::start().await;
+    server.create_stream("ACCOUNTS", TOPIC, |_| {}).await;
+    // 10 accounts' events interleaved (account 0's first, account 1's first, ...): a batch
+    // (25) holds events of one account.
+    let mut records = Vec::new();
+    for seq in 0..30 {
+        for account in 0..10 {
+            let event = outbox_tests::deposits::deposit(account, seq);
+            records.push(Outgoing::event(&event, uuid::Uuid::now_v7()));
+        }
+    }
+    let mut running = Vec::new();
+    for _ in 0..3 {
+        let consumer = builder(&db, &server, "ledger")
+            .await
+            .handler(record_step)
+            .batch_size(25)
+            .build()
+            .unwrap();
+        running.push(Running::consumer(&consumer));
+    }
+    server.publish(TOPIC, &records).await;
+    wait_settled(&server, "ACCOUNTS", "ledger", TOPIC).await;
+    for r in running {
+        r.stop().await;
+    }
+    let steps = steps(&db.pool).await;
+    assert_eq!(steps.len(), 10);
+    for (account, seqs) in steps {
+        assert_eq!(seqs, (0..30).collect::<Vec<i64>>(), "account {account}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_consumer_is_replaced_and_what_it_held_comes_first() {
+    let db = TestDb::new().await;
+    create_steps(&db.pool).await;
+    let server = NatsServer::start().await;
+    server.create_stream("ACCOUNTS", TOPIC, |_| {}).await;
+    let consumer = || async {
+        builder(&db, &server, "ledger")
+            .await
+            .handler(record_step_saying_when_slow)
+            .batch_size(25)
+            .build()
+            .unwrap()
+    };
+    let first = Running::consumer(&consumer().await);
+    // Events keep coming (ten at a time, as a service writes them) while the first consumer
+    // works, crashes, and the second takes over: its batches are partly full.
+    let publishing = {
+        let url = server.url();
+        tokio::spawn(async move {
+            let client = async_nats::connect(url).await.unwrap();
+            let js = async_nats::jetstream::new(client);
+            for seq in 0..60 {
+                for account in 0..10 {
+                    let event = outbox_tests::deposits::deposit(account, seq);
+                    let record = Outgoing::event(&event, uuid::Uuid::now_v7());
+                    let mut headers = async_nats::HeaderMap::new();
+                    headers.insert("outbox_key", record.key.as_str());
+                    for (name, value) in &record.headers {
+                        headers.insert(name.as_str(), value.as_str());
+                    }
+                    js.publish_with_headers(TOPIC, headers, record.payload.into())
+                        .await
+                        .unwrap()
+                        .await
+                        .unwrap();
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await; // the service's pace
+            }
+        })
+    };
+    let pool = db.pool.clone();
+    let second = Running::consumer(&consumer().await); // stands by
+    wait_for(
+        "the first consumer at work",
+        Duration::from_secs(30),
+        || async {
+            count(&pool, "SELECT count(*) FROM steps").await >= 100
+                && IN_SLOW_CALL.load(std::sync::atomic::Ordering::SeqCst)
+        },
+    )
+    .await;
+    first.abort(); // mid-batch: its lease and the messages it holds are left as they are
+    publishing.await.unwrap();
+    wait_settled(&server, "ACCOUNTS", "ledger", TOPIC).await;
+    second.stop().await;
+    let steps = steps(&db.pool).await;
+    assert_eq!(steps.len(), 10);
+    for (account, seqs) in steps {
+        assert_eq!(seqs, (0..60).collect::<Vec<i64>>(), "account {account}");
+    }
+    // The lease was taken over, and given up by the second when it stopped.
+    let holder: Option<uuid::Uuid> =
+        sqlx::query_scalar("SELECT holder FROM outbox_consumer_lease WHERE group_id = 'ledger'")
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(holder, None);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_server_killed_mid_consumption_loses_nothing_and_repeats_nothing() {
+    let (db, mut server) = setup().await;
+    let payments = orders_with_payments(&db.pool, 400).await;
+    server.publish(PAYMENTS, &records(&payments)).await;
+    let consumer = builder(&db, &server, "orders")
+        .await
+        .handler(fixtures::mark_order_paid)
+        .batch_size(20)
+        .build()
+        .unwrap();
+    let running = Running::consumer(&consumer);
+    let pool = db.pool.clone();
+    for round in 1..=2 {
+        let at_least = 100 * round;
+        wait_for("some payments handled", Duration::from_secs(60), || async {
+            count(&pool, "SELECT count(*) FROM orders WHERE paid > 0").await >= at_least
+        })
+        .await;
+        server.kill(); // acknowledgements on their way are lost
+        server.spawn().await;
+    }
+    wait_settled(&server, STREAM, "orders", PAYMENTS).await;
+    running.stop().await;
+    assert_eq!(paid_counts(&db.pool).await, vec![1; 400]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_purged_stream_replayed_is_handled_once() {
+    let db = TestDb::new().await;
+    create_steps(&db.pool).await;
+    let server = NatsServer::start().await;
+    server.create_stream("ACCOUNTS", TOPIC, |_| {}).await;
+    let relay = Relay::builder(db.pool.clone())
+        .jetstream(JetStream::new(server.client().await))
+        .poll_interval(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let relaying = Running::relay(&relay);
+    let n = emit_events(&db.pool, 10, 10, 50).await;
+    wait_until_published(&db.pool, Duration::from_secs(60)).await;
+    relaying.stop().await;
+    let consumer = builder(&db, &server, "ledger")
+        .await
+        .handler(record_step)
+        .build()
+        .unwrap();
+    let running = Running::consumer(&consumer);
+    wait_settled(&server, "ACCOUNTS", "ledger", TOPIC).await;
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM steps").await,
+        n as i64
+    );
+
+    // The broker loses the stream's messages; the database, the source of truth, has them.
+    let js = server.jetstream().await;
+    js.get_stream("ACCOUNTS")
+        .await
+        .unwrap()
+        .purge()
+        .await
+        .unwrap();
+    let replay = Replay::jetstream(db.pool.clone(), JetStream::new(server.client().await)).unwrap();
+    let replayed = replay
+        .run(&ReplayFilter::topic(TOPIC), None, |_| {})
+        .await
+        .unwrap();
+    assert_eq!(replayed.published as usize, n);
+    let held = server
+        .read_stream_when("ACCOUNTS", n as u64, Duration::from_secs(30))
+        .await;
+    assert_eq!(held.len(), n, "the stream holds the replay");
+    wait_settled(&server, "ACCOUNTS", "ledger", TOPIC).await;
+    running.stop().await;
+    // Every replayed event was a duplicate: handled once, before the loss.
+    assert_eq!(
+        count(&db.pool, "SELECT count(*) FROM steps").await,
+        n as i64
+    );
+    for (account, seqs) in steps(&db.pool).await {
+        assert_eq!(seqs, (0..10).collect::<Vec<i64>>(), "account {account}");
+    }
+}
