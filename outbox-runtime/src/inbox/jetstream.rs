@@ -738,6 +738,6 @@ mod tests {
             durable_name("orders", "payment.events"),
             "orders_payment_events"
         );
-        assert_eq!(durable_name("my group", "a.*.>"), "my_group_a___");
+        assert_eq!(durable_name("my group", "a.*.>"), "my_group_a____");
     }
 }
