@@ -299,7 +299,7 @@ async fn create_steps(pool: &PgPool) {
 /// of them takes long enough for later events of the account to reach another consumer.
 #[outbox_runtime::inbox_handler]
 async fn record_step(event: Deposited, tx: &mut sqlx::PgConnection) -> Result<(), HandlerError> {
-    if event.account == "acct-0" && event.seq % 10 == 0 {
+    if event.account == "acct-0" && event.seq.is_multiple_of(10) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     sqlx::query("INSERT INTO steps (account, seq) VALUES ($1, $2)")
@@ -320,7 +320,7 @@ async fn record_step_saying_when_slow(
     tx: &mut sqlx::PgConnection,
 ) -> Result<(), HandlerError> {
     use std::sync::atomic::Ordering;
-    if event.account == "acct-0" && event.seq % 10 == 0 {
+    if event.account == "acct-0" && event.seq.is_multiple_of(10) {
         IN_SLOW_CALL.store(true, Ordering::SeqCst);
         tokio::time::sleep(Duration::from_millis(300)).await;
         IN_SLOW_CALL.store(false, Ordering::SeqCst);
