@@ -1,5 +1,6 @@
-//! Quickstart: an orders service and a payments service that talk through Kafka, each with its
-//! own database and its own outbox, in one process.
+//! Quickstart: an orders service and a payments service that talk through Kafka (or NATS
+//! JetStream: `--transport nats`), each with its own database and its own outbox, in one
+//! process.
 //!
 //! ```sh
 //! cargo run --example quickstart                           # serve on 127.0.0.1:3000, until Ctrl-C
@@ -7,6 +8,7 @@
 //! cargo run --example quickstart -- --demo 200            # post 200 orders, wait until paid, exit
 //! cargo run --example quickstart -- --demo 1 --trace      # and print every span: one trace per order
 //! cargo run --example quickstart -- --console 127.0.0.1:3001  # and the operator console
+//! cargo run --example quickstart -- --transport nats       # through nats-server -js (NATS_URL)
 //! ```
 //!
 //! It prints the address it listens on and `curl` commands to try.
@@ -21,7 +23,8 @@
 //!                            client) ─► provider charge (idempotency key: the event id),
 //!                            then the payments database: `payments` row (with the charge and
 //!                            the attempt) + `PaymentSucceeded` outbox row, one transaction
-//!                            (a provider timeout: retried through `order.events.retry`)
+//!                            (a provider timeout: retried through `order.events.retry`,
+//!                            on NATS redelivered after a delay)
 //!                   ┌───────────────────────────────────────────┘ payments relay
 //!                   ▼
 //!  Kafka `payment.events` ─► orders consumer (inbox mode) ─► orders.payment_status = 'paid'
@@ -47,6 +50,11 @@
 //!   not exist, and both get the outbox migrations and their own tables.
 //! - `KAFKA_BROKERS`: a Kafka to use; by default an embedded one (librdkafka's mock cluster,
 //!   inside this process, gone when it exits).
+//! - `NATS_URL`: with `--transport nats`, the `nats-server` (with JetStream: `-js`) to use,
+//!   default `nats://127.0.0.1:4222`. The relays and consumers create the streams they need
+//!   (`JetStream::create_streams`); a retry is the server's redelivery, so there is no retry
+//!   subject. The application's code is the same on either broker: only the builders' broker
+//!   setting differs.
 //!
 //! Ctrl-C shuts down gracefully: the HTTP server finishes the requests in flight, then the
 //! relays and consumers finish their batch in hand and stop.
@@ -74,8 +82,8 @@ use tracing_opentelemetry::OpenTelemetrySpanExt as _;
 use uuid::Uuid;
 
 use support::args::{Args, USAGE};
+use support::broker::Broker;
 use support::http::{print_try_it, ApiError, Server};
-use support::kafka::Kafka;
 use support::provider::PaymentProvider;
 use support::shutdown::{shutdown_on_ctrl_c, Worker};
 use support::{Report, Result};
@@ -312,7 +320,7 @@ async fn charge_order(
 }
 
 // ---------------------------------------------------------------------------------------------
-// Wiring: databases, Kafka, background workers, the server, and the shutdown.
+// Wiring: databases, the broker, background workers, the server, and the shutdown.
 
 #[tokio::main]
 async fn main() -> Result<(), Report> {
@@ -331,7 +339,10 @@ async fn run(args: Args) -> Result<()> {
     // Both databases, created if need be, with the outbox migrations and their tables.
     let (orders_db, payments_db) = support::db::databases().await?;
 
-    // Kafka, with the topics, the payments consumer's retry topic and the dead-letter topics.
+    // The broker: Kafka, with the topics, the payments consumer's retry topic and the
+    // dead-letter topics; or NATS JetStream (`--transport nats`), whose streams are created as
+    // needed. `broker.relay(...)` and `broker.consumer(...)` set `.brokers(...)` or
+    // `.jetstream(...)`: nothing else depends on the broker.
     let topics = [
         OrderCreated::TOPIC,
         "order.events.retry",
@@ -339,24 +350,21 @@ async fn run(args: Args) -> Result<()> {
         PaymentSucceeded::TOPIC,
         "payment.events.dlq",
     ];
-    let kafka = Kafka::start(&topics).await?;
-    let brokers = kafka.bootstrap_servers();
+    let broker = Broker::start(args.transport, &topics).await?;
 
     // Background workers: one relay per outbox, one consumer per service.
-    let orders_relay = Relay::builder(orders_db.clone()).brokers(brokers).build()?;
-    let payments_relay = Relay::builder(payments_db.clone())
-        .brokers(brokers)
-        .build()?;
-    let payments_consumer = Consumer::builder(payments_db.clone())
-        .brokers(brokers)
+    let orders_relay = broker.relay(Relay::builder(orders_db.clone())).build()?;
+    let payments_relay = broker.relay(Relay::builder(payments_db.clone())).build()?;
+    let payments_consumer = broker
+        .consumer(Consumer::builder(payments_db.clone()))
         .group_id("quickstart-payments")
         .state(Payments {
             provider: PaymentProvider::default(),
         })
         .handler(charge_order) // Mode::Dedup, the default
         .build()?;
-    let orders_consumer = Consumer::builder(orders_db.clone())
-        .brokers(brokers)
+    let orders_consumer = broker
+        .consumer(Consumer::builder(orders_db.clone()))
         .group_id("quickstart-orders")
         .handler(mark_order_paid)
         .mode(Mode::Inbox)
@@ -428,7 +436,7 @@ async fn run(args: Args) -> Result<()> {
             problems.push(e);
         }
     }
-    drop(kafka); // the embedded mock cluster, if any, goes last
+    drop(broker); // the embedded mock cluster, if any, goes last
     if problems.is_empty() {
         println!("stopped");
         Ok(())

@@ -54,21 +54,23 @@ struct Running {
 
 impl Running {
     fn start(name: &str, database_url: Option<&str>, args: &[&str]) -> Running {
-        Self::start_on(name, database_url, None, args)
+        Self::start_on(name, database_url, &[], args)
     }
 
-    /// [`start`](Self::start) with `KAFKA_BROKERS` = `brokers` (the embedded Kafka if `None`).
+    /// [`start`](Self::start) with these environment variables (`KAFKA_BROKERS`, `NATS_URL`;
+    /// without `KAFKA_BROKERS`, the embedded Kafka).
     fn start_on(
         name: &str,
         database_url: Option<&str>,
-        brokers: Option<&str>,
+        env: &[(&str, &str)],
         args: &[&str],
     ) -> Running {
         let mut command = Command::new(example(name));
-        command.args(args).env_remove("KAFKA_BROKERS");
-        if let Some(brokers) = brokers {
-            command.env("KAFKA_BROKERS", brokers);
-        }
+        command
+            .args(args)
+            .env_remove("KAFKA_BROKERS")
+            .env_remove("NATS_URL")
+            .envs(env.iter().copied());
         command
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
@@ -168,7 +170,7 @@ impl Running {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_pays_every_order_then_exits() {
-    demo(200, None).await;
+    demo(200, &[], &[]).await;
 }
 
 /// The same on a Kafka-protocol broker process (tansu) given as `KAFKA_BROKERS`: topics created
@@ -176,21 +178,40 @@ async fn demo_pays_every_order_then_exits() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn demo_runs_on_a_broker_process_too() {
     let kafka = outbox_tests::kafka::Kafka::tansu().await;
-    demo(30, Some(&kafka.bootstrap())).await;
+    demo(30, &[("KAFKA_BROKERS", &kafka.bootstrap())], &[]).await;
+}
+
+/// The same through NATS JetStream (`--transport nats`, a nats-server of the test's own at
+/// `NATS_URL`): the streams created by the relays and consumers, nothing else changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_runs_on_nats_jetstream() {
+    let server = outbox_tests::nats::NatsServer::start().await;
+    demo(50, &[("NATS_URL", &server.url())], &["--transport", "nats"]).await;
+    let js = server.jetstream().await;
+    for stream in ["order_events", "payment_events"] {
+        let mut stream = js
+            .get_stream(stream)
+            .await
+            .expect("the stream the relay created");
+        let held = stream.info().await.unwrap().state.messages;
+        assert_eq!(
+            held,
+            50,
+            "{} holds every order's event",
+            stream.cached_info().config.name
+        );
+    }
 }
 
 /// `--demo n`: exits successfully with every order paid, and the databases agree.
-async fn demo(n: i64, brokers: Option<&str>) {
+async fn demo(n: i64, env: &[(&str, &str)], args: &[&str]) {
     let db = TestDb::empty().await;
     let payments = payments_db(&db);
     let started = Instant::now();
     let demo = n.to_string();
-    let mut quickstart = Running::start_on(
-        "quickstart",
-        Some(&db.url),
-        brokers,
-        &["--demo", &demo, "--listen", "127.0.0.1:0", "--trace"],
-    );
+    let mut all_args = vec!["--demo", &demo, "--listen", "127.0.0.1:0", "--trace"];
+    all_args.extend_from_slice(args);
+    let mut quickstart = Running::start_on("quickstart", Some(&db.url), env, &all_args);
     let status = quickstart.wait(Duration::from_secs(120));
     let output = quickstart.transcript();
     assert!(

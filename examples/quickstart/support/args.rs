@@ -4,18 +4,23 @@ use std::net::{Ipv4Addr, SocketAddr};
 
 pub const USAGE: &str = "\
 usage: cargo run --example quickstart -- [--listen ADDR] [--demo N] [--trace] [--console ADDR]
+                                         [--transport kafka|nats]
 
   --listen ADDR   serve the orders API on ADDR (default 127.0.0.1:3000; port 0: a free port)
   --demo N        post N orders to the API, wait until all are paid, print the time, stop
   --trace         print every span as it ends (stderr): each order's spans share a trace id
   --console ADDR  serve the operator console of both databases on ADDR (e.g. 127.0.0.1:3001):
                   read-only, or with actions if OUTBOX_CONSOLE_TOKEN is set
+  --transport T   the broker between the services: kafka (default) or nats (NATS JetStream at
+                  NATS_URL; the streams are created)
   --help          this text
 
 environment:
   DATABASE_URL    orders database (default postgres://postgres@127.0.0.1:5432/outbox_quickstart);
                   the payments service uses the same name + `_payments`; both are created
   KAFKA_BROKERS   a Kafka to use (default: an embedded mock cluster)
+  NATS_URL        with --transport nats: the nats-server (default nats://127.0.0.1:4222),
+                  with JetStream enabled (`nats-server -js`)
   OUTBOX_CONSOLE_TOKEN  with --console: allows its actions to whoever signs in with it";
 
 #[derive(Debug)]
@@ -28,6 +33,15 @@ pub struct Args {
     pub trace: bool,
     /// `--console ADDR`: serve the operator console there.
     pub console: Option<SocketAddr>,
+    /// `--transport`: the broker between the services.
+    pub transport: Transport,
+}
+
+/// The broker between the services.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Transport {
+    Kafka,
+    Nats,
 }
 
 impl Args {
@@ -38,6 +52,7 @@ impl Args {
             demo: None,
             trace: false,
             console: None,
+            transport: Transport::Kafka,
         };
         while let Some(arg) = args.next() {
             let (flag, inline) = match arg.split_once('=') {
@@ -69,6 +84,15 @@ impl Args {
                     }
                 }
                 "--trace" if inline.is_none() => parsed.trace = true,
+                "--transport" => {
+                    parsed.transport = match value()?.as_str() {
+                        "kafka" => Transport::Kafka,
+                        "nats" => Transport::Nats,
+                        other => {
+                            return Err(format!("`--transport {other}`: kafka or nats"));
+                        }
+                    };
+                }
                 "--console" => {
                     let value = value()?;
                     parsed.console = Some(value.parse().map_err(|_| {

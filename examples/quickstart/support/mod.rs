@@ -1,10 +1,11 @@
 //! What the quickstart needs and does not teach: the command line ([`args`]), the databases
-//! and their tables ([`db`]), where Kafka comes from ([`kafka`]), the span printer and the log
+//! and their tables ([`db`]), the broker ([`broker`]: Kafka from [`kafka`], or NATS JetStream), the span printer and the log
 //! ([`trace`]), the `--demo` load ([`demo`]), the orders API's HTTP plumbing ([`http`]), the
 //! payment provider's stand-in ([`provider`]), the operator console of `--console`
 //! ([`console`]), and stopping ([`shutdown`]).
 
 pub mod args;
+pub mod broker;
 pub mod console;
 pub mod db;
 pub mod demo;

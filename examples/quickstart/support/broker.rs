@@ -1,0 +1,62 @@
+//! The broker between the services: Kafka ([`Kafka`]: `KAFKA_BROKERS` or an embedded mock
+//! cluster), or NATS JetStream (`--transport nats`, at `NATS_URL`). Relays and consumers are
+//! built the same way on either: only their broker setting differs ([`Broker::relay`],
+//! [`Broker::consumer`]).
+
+use std::time::Duration;
+
+use outbox_runtime::inbox::ConsumerBuilder;
+use outbox_runtime::relay::{JetStream, RelayBuilder};
+
+use super::args::Transport;
+use super::kafka::Kafka;
+use super::Result;
+
+pub enum Broker {
+    Kafka(Kafka),
+    JetStream(JetStream),
+}
+
+impl Broker {
+    /// The broker `transport` names: Kafka with `topics` created, or JetStream at `NATS_URL`,
+    /// whose streams the relays and consumers create as they need them.
+    pub async fn start(transport: Transport, topics: &[&str]) -> Result<Broker> {
+        match transport {
+            Transport::Kafka => Ok(Broker::Kafka(Kafka::start(topics).await?)),
+            Transport::Nats => {
+                let url = std::env::var("NATS_URL")
+                    .ok()
+                    .filter(|url| !url.is_empty())
+                    .unwrap_or_else(|| "nats://127.0.0.1:4222".to_owned());
+                let connecting = outbox_runtime::async_nats::connect(url.as_str());
+                let client = tokio::time::timeout(Duration::from_secs(10), connecting)
+                    .await
+                    .map_err(|_| format!("nats-server at {url} did not answer within 10 s"))?
+                    .map_err(|e| format!("cannot connect to nats-server at {url}: {e}"))?;
+                println!("NATS JetStream at {url}");
+                Ok(Broker::JetStream(
+                    JetStream::new(client).create_streams(true),
+                ))
+            }
+        }
+    }
+
+    /// A relay publishing to this broker.
+    pub fn relay(&self, relay: RelayBuilder) -> RelayBuilder {
+        match self {
+            Broker::Kafka(kafka) => relay.brokers(kafka.bootstrap_servers()),
+            Broker::JetStream(jetstream) => relay.jetstream(jetstream.clone()),
+        }
+    }
+
+    /// A consumer reading from this broker.
+    pub fn consumer<S: Send + Sync + 'static>(
+        &self,
+        consumer: ConsumerBuilder<S>,
+    ) -> ConsumerBuilder<S> {
+        match self {
+            Broker::Kafka(kafka) => consumer.brokers(kafka.bootstrap_servers()),
+            Broker::JetStream(jetstream) => consumer.jetstream(jetstream.clone()),
+        }
+    }
+}
