@@ -15,12 +15,11 @@ use std::sync::Mutex;
 
 use outbox_runtime::inbox::{Consumer, HandlerError, Mode, RetryPolicy};
 use outbox_runtime::{inbox_handler, OutboxEvent};
-use outbox_tests::bench::{env, median, rate};
+use outbox_tests::bench::{env, median, rate, rate_until};
 use outbox_tests::kafka::{produce, Kafka, Outgoing};
-use outbox_tests::{count, Running, TestDb};
+use outbox_tests::{Running, TestDb};
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::ClientConfig;
-use sqlx::PgPool;
 use uuid::Uuid;
 
 const TOPIC: &str = "bench.payments";
@@ -66,23 +65,6 @@ async fn failing_once_in_a_hundred(
         return Err(HandlerError::retryable("fails once"));
     }
     Ok(())
-}
-
-/// Waits until `sql` counts `n` and returns the rate from the first count above zero it saw:
-/// joining the consumer group (a broker's timing, noisy) is not the framework's cost.
-async fn rate_until(pool: &PgPool, sql: &str, n: i64) -> f64 {
-    let mut first: Option<(Instant, i64)> = None;
-    loop {
-        let seen = count(pool, sql).await;
-        if first.is_none() && seen > 0 {
-            first = Some((Instant::now(), seen));
-        }
-        if seen >= n {
-            let (at, from) = first.expect("seen above zero");
-            return rate((n - from).max(1) as u64, at.elapsed());
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
 }
 
 async fn raw_consumer(bootstrap: &str, group: &str, n: usize) -> Duration {

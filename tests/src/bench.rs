@@ -28,6 +28,31 @@ pub fn rate(n: u64, elapsed: Duration) -> f64 {
     n as f64 / elapsed.as_secs_f64()
 }
 
+/// Waits until `sql` counts `n` on `pool` and returns the rate from the first count above zero
+/// it saw: joining a consumer group (a broker's timing, noisy) is not the framework's cost.
+pub async fn rate_until(pool: &sqlx::PgPool, sql: &str, n: i64) -> f64 {
+    let mut first: Option<(std::time::Instant, i64)> = None;
+    loop {
+        let seen = crate::count(pool, sql).await;
+        if first.is_none() && seen > 0 {
+            first = Some((std::time::Instant::now(), seen));
+        }
+        if seen >= n {
+            let (at, from) = first.expect("seen above zero");
+            return rate((n - from).max(1) as u64, at.elapsed());
+        }
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+}
+
+/// The server's `autovacuum` setting (a benchmark of sustained load says which it ran with).
+pub async fn autovacuum(pool: &sqlx::PgPool) -> String {
+    sqlx::query_scalar("SHOW autovacuum")
+        .fetch_one(pool)
+        .await
+        .expect("SHOW autovacuum")
+}
+
 /// The machine's CPU time so far, busy and total (jiffies, all cores), from `/proc/stat`.
 pub fn cpu_times() -> (u64, u64) {
     let stat = std::fs::read_to_string("/proc/stat").unwrap_or_default();

@@ -7,7 +7,7 @@
 use std::time::Duration;
 
 use outbox_runtime::admin::{Replay, ReplayFilter};
-use outbox_runtime::inbox::{Consumer, ConsumerBuilder, HandlerError, Mode};
+use outbox_runtime::inbox::{Consumer, ConsumerBuilder, HandlerError, Mode, RetryPolicy};
 use outbox_runtime::relay::{JetStream, Relay};
 use outbox_tests::deposits::{emit_events, wait_until_published, Deposited, TOPIC};
 use outbox_tests::fixtures::{self, PaymentSucceeded, PAYMENTS};
@@ -111,6 +111,133 @@ async fn a_failing_message_is_redelivered_after_its_backoff_without_holding_the_
         );
     }
     assert!(server.read_stream(DEAD_LETTERS).await.is_empty());
+}
+
+/// Marks the order paid and records it in `handled` (what commits, in the order it commits);
+/// fails its first two attempts at a payment of 7.
+#[outbox_runtime::inbox_handler]
+async fn pay_failing_twice_on_seven(
+    event: PaymentSucceeded,
+    tx: &mut sqlx::PgConnection,
+    meta: &outbox_runtime::inbox::MessageMeta<'_>,
+) -> Result<(), HandlerError> {
+    if event.amount == 7 && meta.attempt() <= 2 {
+        return Err(HandlerError::retryable("the payment service is busy"));
+    }
+    sqlx::query("UPDATE orders SET paid = paid + 1 WHERE id = $1")
+        .bind(event.order_id)
+        .execute(&mut *tx)
+        .await?;
+    sqlx::query("INSERT INTO handled (order_id, attempt) VALUES ($1, $2)")
+        .bind(event.order_id)
+        .bind(meta.attempt() as i32)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn in_place_retries_keep_the_order_they_came_in() {
+    let (db, server) = setup().await;
+    sqlx::query(
+        "CREATE TABLE handled (n bigserial PRIMARY KEY, order_id uuid NOT NULL, attempt int NOT NULL)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let payments = outbox_tests::payments::orders_with_special_payments(
+        &db.pool,
+        30,
+        |i| i % 10 == 4,
+        7, // fails twice, then succeeds
+    )
+    .await;
+    server.publish(PAYMENTS, &records(&payments)).await;
+    let consumer = builder(&db, &server, "orders")
+        .await
+        .handler(pay_failing_twice_on_seven)
+        .retry_policy(RetryPolicy::InPlace)
+        .build()
+        .unwrap();
+    let running = Running::consumer(&consumer);
+    wait_settled(&server, STREAM, "orders", PAYMENTS).await;
+    running.stop().await;
+    assert_eq!(paid_counts(&db.pool).await, vec![1; 30]);
+    let handled: Vec<(uuid::Uuid, i32)> =
+        sqlx::query_as("SELECT order_id, attempt FROM handled ORDER BY n")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+    let expected: Vec<(uuid::Uuid, i32)> = payments
+        .iter()
+        .enumerate()
+        .map(|(i, (_, p))| (p.order_id, if i % 10 == 4 { 3 } else { 1 }))
+        .collect();
+    assert_eq!(
+        handled, expected,
+        "in the order published, on the third attempt at 7s"
+    );
+    assert!(server.read_stream(DEAD_LETTERS).await.is_empty());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_waits_for_its_stream() {
+    let db = TestDb::new().await;
+    fixtures::create_orders(&db.pool).await;
+    let server = NatsServer::start().await;
+    let consumer = builder(&db, &server, "orders")
+        .await
+        .handler(fixtures::mark_order_paid)
+        .build()
+        .unwrap();
+    let running = Running::consumer(&consumer);
+    // No stream yet: the consumer waits (and says so); nothing fails.
+    let payments = orders_with_payments(&db.pool, 10).await;
+    server.create_stream(STREAM, PAYMENTS, |_| {}).await;
+    server.publish(PAYMENTS, &records(&payments)).await;
+    wait_settled(&server, STREAM, "orders", PAYMENTS).await;
+    assert!(!running.is_finished());
+    running.stop().await;
+    assert_eq!(paid_counts(&db.pool).await, vec![1; 10]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letter_without_a_stream_waits_for_one_and_nothing_is_lost() {
+    let blocked = outbox_tests::payments::forward_blocked_gauge(Some(format!("{PAYMENTS}.dlq")));
+    let db = TestDb::new().await;
+    fixtures::create_orders(&db.pool).await;
+    let server = NatsServer::start().await;
+    server.create_stream(STREAM, PAYMENTS, |_| {}).await;
+    let payments = orders_with_payments(&db.pool, 6).await;
+    let mut records = records(&payments);
+    records.insert(3, not_json());
+    server.publish(PAYMENTS, &records).await;
+    let consumer = builder(&db, &server, "orders")
+        .await
+        .handler(fixtures::mark_order_paid)
+        .build()
+        .unwrap();
+    let running = Running::consumer(&consumer);
+    wait_for(
+        "the dead letter blocked",
+        Duration::from_secs(30),
+        || async { blocked() == Some(1.0) },
+    )
+    .await;
+    // The bad message is held (not terminated) while its dead letter has nowhere to go.
+    let durable = format!("orders_{}", PAYMENTS.replace('.', "_"));
+    let (_, held) = server.unsettled(STREAM, &durable).await.unwrap();
+    assert!(held >= 1, "the bad message is still pending");
+    server
+        .create_stream(DEAD_LETTERS, &format!("{PAYMENTS}.dlq"), |_| {})
+        .await;
+    wait_settled(&server, STREAM, "orders", PAYMENTS).await;
+    running.stop().await;
+    assert_eq!(blocked(), Some(0.0));
+    let letters = server.read_stream(DEAD_LETTERS).await;
+    assert_eq!(letters.len(), 1);
+    assert_dead_letter(&letters[0], "payload is not JSON", "1");
+    assert_eq!(paid_counts(&db.pool).await, vec![1; 6]);
 }
 
 /// The headers a dead letter must carry, as on Kafka.

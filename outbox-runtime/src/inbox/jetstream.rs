@@ -4,11 +4,11 @@
 //! server once its backoff has passed (`nak` with a delay); a dead letter published to
 //! `<topic>.dlq`, stored by its stream, and only then terminated.
 //!
-//! Per-key order: a durable consumer's `max_ack_pending` is the batch size, so the server
-//! hands out one batch at a time, however many instances of the group pull: the next batch
-//! only once the last one is settled. A crashed instance's batch stays pending until
-//! `ack_wait` and is redelivered before anything newer. Only a retry moves a message back
-//! (after its key's later messages), as the retry topic does on Kafka.
+//! Per-key order (dedup mode): one instance of a group reads a topic at a time, under its
+//! [`Lease`], and handles its batches one after the other. What a crashed or stalled instance
+//! held stays pending until `ack_wait` and is redelivered before anything newer (the server
+//! serves redeliveries first; the successor waits for them to be due). Only a retry moves a
+//! message back (after its key's later messages), as the retry topic does on Kafka.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -30,6 +30,10 @@ use super::store;
 use crate::error::{Error, Result};
 use crate::relay::jetstream::{stream_for, stream_name, Lookup, StreamSpec, DUPLICATE_WINDOW};
 use crate::relay::JetStream;
+
+/// Batches the server may deliver ahead of the one being handled (`max_ack_pending` is this
+/// many batch sizes).
+const AHEAD: usize = 4;
 
 /// How long the server gets to answer a request of the consumer's (a lookup, a publish).
 const ANSWER_WITHIN: Duration = Duration::from_secs(10);
@@ -251,9 +255,8 @@ impl Reader {
             ack_wait: self.jetstream.ack_wait,
             // The consumer dead-letters a message itself, after `max_attempts`.
             max_deliver: -1,
-            // One batch in flight: what keeps a key's messages in order, whatever the
-            // number of instances.
-            max_ack_pending: settings.batch_size as i64,
+            // The batch in hand and a few being fetched meanwhile.
+            max_ack_pending: (settings.batch_size * AHEAD) as i64,
             ..Default::default()
         };
         stream

@@ -323,6 +323,72 @@
 //! - [`upcast`](ConsumerBuilder::upcast) lists what `build` refuses. Bad `version` values in the
 //!   derive or the handler attribute are compile errors.
 //!
+//! # NATS JetStream
+//!
+//! With the `nats` feature, [`jetstream`](ConsumerBuilder::jetstream) reads from JetStream
+//! instead of Kafka (a build with only `nats` has consumers and no librdkafka). The handlers,
+//! state, metadata, modes, upcasters, dedup keys and CloudEvents (the relay's `ce-*` headers,
+//! read as `ce_*`) are the same; what differs is the broker's half:
+//!
+//! - **A durable pull consumer per topic**, named `<group>_<topic>` (what a consumer name cannot
+//!   hold, `.` `*` `>` white space and path separators, as `_`), filtering the topic's subject,
+//!   explicit acknowledgement, `max_ack_pending` four [`batch_size`](ConsumerBuilder::batch_size)s.
+//!   It is created at start, or its settings updated. A stream must capture the subject (or the
+//!   consumer creates one: [`JetStream::create_streams`](crate::relay::JetStream::create_streams));
+//!   while none does, the consumer waits and says so (a warning, the gauge
+//!   `outbox_consumer_missing_topic{topic}` at 1).
+//! - **Acknowledged after the commit**: a message is acknowledged once the transaction of its
+//!   handlers (or its inbox row) committed. One the server delivers again (a crash, an
+//!   acknowledgement lost with the server) is a duplicate, skipped as on Kafka. While a batch
+//!   takes long (a slow handler, the database out), the consumer tells the server it is still at
+//!   it every third of [`ack_wait`](crate::relay::JetStream::ack_wait) (30 s by default).
+//! - **Retries are the server's redeliveries**: a retryable failure is refused (`nak`) with the
+//!   backoff as its delay; the server delivers it again then, and nothing else waits for it (the
+//!   retry topic's behaviour, without a retry topic: [`retry_suffix`](ConsumerBuilder::retry_suffix)
+//!   and [`retry_tiers`](ConsumerBuilder::retry_tiers) do not apply).
+//!   [`MessageMeta::attempt`] is the server's delivery count, so a delivery a crash interrupted
+//!   counts as an attempt. [`RetryPolicy::InPlace`] retries in the consumer, as on Kafka.
+//! - **Dead letters** go to `<topic>.dlq` (a stream must capture it, or `create_streams`), with
+//!   the payload and headers and the Kafka dead letters' fields: `dlq_error`, `dlq_attempts`,
+//!   `dlq_source_topic`, `dlq_source_partition` (0: a stream is one ordered log),
+//!   `dlq_source_offset` (the stream sequence), and `dlq_source_stream`. The original is
+//!   terminated only once a stream stored its dead letter (`Nats-Msg-Id`
+//!   `dlq:<stream>:<sequence>`, so one sent again after a crash is stored once). While no stream
+//!   takes it, the topic's reading waits, with an error in the log and the gauge
+//!   `outbox_consumer_forward_blocked{topic}` at 1.
+//! - **Per-key order** (dedup mode): JetStream hands a durable consumer's messages to whichever
+//!   instance pulls, and has no partitions to assign, so one instance of a group reads a topic at
+//!   a time, under a lease in PostgreSQL (`outbox_consumer_lease`, as long as `ack_wait`, renewed
+//!   every third of it). Every batch transaction checks the lease first (`FOR SHARE`): an instance
+//!   that lost it commits nothing more. The others stand by and take it over once it is released
+//!   (a consumer that stops) or expired (a crash); one that takes an expired lease over first
+//!   waits `ack_wait`, so that what the crashed instance held comes again before anything newer.
+//!   So a key's messages are handled in order, except a retried one (after its key's later
+//!   messages, as with Kafka's retry topic). Throughput per topic is one instance's; topics are
+//!   read in parallel. Inbox mode keeps no per-key order (as on Kafka), so every instance
+//!   receives.
+//!
+//! ```no_run
+//! # #[cfg(feature = "nats")]
+//! # async fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//! # #[derive(serde::Deserialize, serde::Serialize, outbox_runtime::OutboxEvent)]
+//! # #[outbox(topic = "payment.events", aggregate_type = "Payment")]
+//! # struct PaymentSucceeded { #[outbox(aggregate_id)] payment_id: uuid::Uuid }
+//! # #[outbox_runtime::inbox_handler]
+//! # async fn mark_order_paid(event: PaymentSucceeded, tx: &mut sqlx::PgConnection)
+//! #     -> Result<(), outbox_runtime::inbox::HandlerError> { let _ = (event, tx); Ok(()) }
+//! use outbox_runtime::inbox::Consumer;
+//! use outbox_runtime::relay::JetStream;
+//!
+//! let client = async_nats::connect("nats://127.0.0.1:4222").await?;
+//! let consumer = Consumer::builder(pool)
+//!     .jetstream(JetStream::new(client))   // instead of .brokers(...)
+//!     .group_id("orders-service")
+//!     .handler(mark_order_paid)
+//!     .build()?;
+//! # let _ = consumer; Ok(()) }
+//! ```
+//!
 //! # Status and metrics
 //!
 //! [`inbox_status`] (or [`Consumer::inbox_status`]) gives the inbox backlog figures. Consumers

@@ -1,0 +1,236 @@
+//! Consumers from NATS JetStream beside consumers from Kafka (librdkafka's mock cluster), in one
+//! run on one database, so that the ratios mean something on a noisy machine. Each figure counts
+//! from the first message handled (joining a group, taking a lease are not the steady state):
+//!
+//! 1. async-nats alone pulling and acknowledging the N messages of a durable consumer:
+//!    JetStream's ceiling on this machine (the raw Kafka consumer's figure is in the `consumer`
+//!    benchmark);
+//! 2. dedup mode, a trivial handler, from Kafka (the baseline) and from JetStream;
+//! 3. inbox receipt from each;
+//! 4. the bad case: dedup mode with 1% of the messages failing once (10 ms backoff), retried
+//!    through the retry topic on Kafka and redelivered by the server (`nak` with a delay) on
+//!    JetStream: the rate until 99% are handled.
+//!
+//! `cargo bench -p outbox-tests --bench consumer_jetstream` (env: `N`, default 20000;
+//! `ROUNDS`, default 3). It starts its own nats-server (a file store in a temporary directory).
+
+use std::time::{Duration, Instant};
+
+use async_nats::jetstream::consumer::{pull, AckPolicy};
+use futures_util::StreamExt as _;
+use outbox_runtime::inbox::{Consumer, ConsumerBuilder, HandlerError, Mode};
+use outbox_runtime::relay::JetStream;
+use outbox_runtime::{inbox_handler, OutboxEvent};
+use outbox_tests::bench::{env, median, rate, rate_until};
+use outbox_tests::kafka::{produce, Kafka, Outgoing};
+use outbox_tests::nats::NatsServer;
+use outbox_tests::{Running, TestDb};
+use uuid::Uuid;
+
+const TOPIC: &str = "bench.payments";
+const STREAM: &str = "BENCH_PAYMENTS";
+const PARTITIONS: i32 = 12;
+
+#[derive(serde::Serialize, serde::Deserialize, OutboxEvent)]
+#[outbox(
+    topic = "bench.payments",
+    aggregate_type = "Payment",
+    event_type = "PaymentSucceeded"
+)]
+struct PaymentSucceeded {
+    #[outbox(aggregate_id)]
+    payment_id: Uuid,
+    order_id: Uuid,
+    amount: i64,
+}
+
+/// Does nothing: the figures are the framework's cost.
+#[inbox_handler]
+async fn trivial(event: PaymentSucceeded, tx: &mut sqlx::PgConnection) -> Result<(), HandlerError> {
+    let _ = (event, tx);
+    Ok(())
+}
+
+/// Does nothing, but fails its first attempt at 1% of the payments (amount 1).
+#[inbox_handler]
+async fn failing_once_in_a_hundred(
+    event: PaymentSucceeded,
+    tx: &mut sqlx::PgConnection,
+    meta: &outbox_runtime::inbox::MessageMeta<'_>,
+) -> Result<(), HandlerError> {
+    let _ = tx;
+    if event.amount == 1 && meta.attempt() == 1 {
+        return Err(HandlerError::retryable("fails once"));
+    }
+    Ok(())
+}
+
+/// async-nats alone: a durable consumer of its own, every message pulled and acknowledged.
+async fn raw_jetstream(server: &NatsServer, name: &str, n: usize) -> f64 {
+    let js = server.jetstream().await;
+    let stream = js.get_stream(STREAM).await.unwrap();
+    let consumer = stream
+        .create_consumer(pull::Config {
+            durable_name: Some(name.to_owned()),
+            ack_policy: AckPolicy::Explicit,
+            max_ack_pending: 500,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut messages = consumer
+        .stream()
+        .max_messages_per_batch(500)
+        .messages()
+        .await
+        .unwrap();
+    messages.next().await.unwrap().unwrap().ack().await.unwrap();
+    let start = Instant::now();
+    for _ in 1..n {
+        messages.next().await.unwrap().unwrap().ack().await.unwrap();
+    }
+    rate(n as u64 - 1, start.elapsed())
+}
+
+/// Where a consumer reads from.
+enum From<'a> {
+    Kafka(&'a str),
+    JetStream(&'a NatsServer),
+}
+
+async fn builder(db: &TestDb, from: &From<'_>, group: &str) -> ConsumerBuilder {
+    let builder = Consumer::builder(db.pool.clone()).group_id(group);
+    match from {
+        From::Kafka(bootstrap) => builder.brokers(*bootstrap),
+        From::JetStream(server) => builder.jetstream(JetStream::new(server.client().await)),
+    }
+}
+
+/// Dedup or inbox receipt with the trivial handler: messages per second.
+async fn consume(db: &TestDb, from: &From<'_>, group: &str, mode: Mode, n: usize) -> f64 {
+    sqlx::query("TRUNCATE processed_event, inbox_event")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let consumer = builder(db, from, group)
+        .await
+        .handler(trivial)
+        .mode(mode)
+        .processors(0)
+        .build()
+        .unwrap();
+    let running = Running::consumer(&consumer);
+    let table = match mode {
+        Mode::Dedup => "processed_event",
+        Mode::Inbox => "inbox_event",
+    };
+    let rate = rate_until(&db.pool, &format!("SELECT count(*) FROM {table}"), n as i64).await;
+    running.stop().await;
+    rate
+}
+
+/// Dedup mode, 1% failing once: the rate until 99% are handled.
+async fn one_percent_retried(db: &TestDb, from: &From<'_>, group: &str, n: usize) -> f64 {
+    sqlx::query("TRUNCATE processed_event")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let consumer = builder(db, from, group)
+        .await
+        .handler(failing_once_in_a_hundred)
+        .retry_backoff(Duration::from_millis(10), Duration::from_millis(10))
+        .build()
+        .unwrap();
+    let running = Running::consumer(&consumer);
+    let sql = "SELECT count(*) FROM processed_event";
+    let flow = rate_until(&db.pool, sql, (n - n / 100) as i64).await;
+    running.stop().await;
+    flow
+}
+
+#[tokio::main]
+async fn main() {
+    let n: usize = env("N", 20_000);
+    let rounds: usize = env("ROUNDS", 3);
+    let records: Vec<Outgoing> = (0..n)
+        .map(|i| {
+            let e = PaymentSucceeded {
+                payment_id: Uuid::now_v7(),
+                order_id: Uuid::now_v7(),
+                amount: if i % 100 == 7 { 1 } else { 100 },
+            };
+            Outgoing::event(&e, Uuid::now_v7())
+        })
+        .collect();
+    let kafka = Kafka::mock();
+    let bootstrap = kafka.bootstrap();
+    kafka.create_topic(TOPIC, PARTITIONS).await;
+    kafka
+        .create_topic(&format!("{TOPIC}.retry"), PARTITIONS)
+        .await;
+    kafka.create_topic(&format!("{TOPIC}.dlq"), 1).await;
+    produce(&bootstrap, TOPIC, &records).await;
+    let server = NatsServer::start().await;
+    server.create_stream(STREAM, TOPIC, |_| {}).await;
+    server
+        .create_stream("BENCH_PAYMENTS_DLQ", &format!("{TOPIC}.dlq"), |_| {})
+        .await;
+    server.publish(TOPIC, &records).await;
+    let db = TestDb::new().await;
+    let (on_kafka, on_jetstream) = (From::Kafka(&bootstrap), From::JetStream(&server));
+    println!(
+        "consumer benchmark, Kafka (mock cluster, {PARTITIONS} partitions) vs JetStream \
+         (nats-server, file store): {n} messages, trivial handler, {rounds} rounds, autovacuum {}",
+        outbox_tests::bench::autovacuum(&db.pool).await
+    );
+    let mut results: [Vec<f64>; 7] = Default::default();
+    for round in 0..rounds {
+        let figures = [
+            raw_jetstream(&server, &format!("raw-{round}"), n).await,
+            consume(&db, &on_kafka, &format!("k-dedup-{round}"), Mode::Dedup, n).await,
+            consume(
+                &db,
+                &on_jetstream,
+                &format!("j-dedup-{round}"),
+                Mode::Dedup,
+                n,
+            )
+            .await,
+            consume(&db, &on_kafka, &format!("k-inbox-{round}"), Mode::Inbox, n).await,
+            consume(
+                &db,
+                &on_jetstream,
+                &format!("j-inbox-{round}"),
+                Mode::Inbox,
+                n,
+            )
+            .await,
+            one_percent_retried(&db, &on_kafka, &format!("k-retry-{round}"), n).await,
+            one_percent_retried(&db, &on_jetstream, &format!("j-retry-{round}"), n).await,
+        ];
+        println!(
+            "round {round}: raw {:.0}/s; dedup kafka {:.0}/s, jetstream {:.0}/s; inbox receipt \
+             kafka {:.0}/s, jetstream {:.0}/s; 1% retried kafka {:.0}/s, jetstream {:.0}/s",
+            figures[0], figures[1], figures[2], figures[3], figures[4], figures[5], figures[6]
+        );
+        for (all, figure) in results.iter_mut().zip(figures) {
+            all.push(figure);
+        }
+    }
+    let [raw, k_dedup, j_dedup, k_inbox, j_inbox, k_retry, j_retry] = results.map(median);
+    println!("medians of {rounds} rounds (msg/s):");
+    println!("  async-nats alone, pull + ack      {raw:>9.0}");
+    println!(
+        "  dedup        kafka {k_dedup:>9.0}   jetstream {j_dedup:>9.0}   ratio {:.2}",
+        j_dedup / k_dedup
+    );
+    println!(
+        "  inbox receipt kafka {k_inbox:>8.0}   jetstream {j_inbox:>9.0}   ratio {:.2}",
+        j_inbox / k_inbox
+    );
+    println!(
+        "  1% retried   kafka {k_retry:>9.0}   jetstream {j_retry:>9.0}   ratio {:.2}",
+        j_retry / k_retry
+    );
+    println!("  jetstream dedup / async-nats alone: {:.2}", j_dedup / raw);
+}
