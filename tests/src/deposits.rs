@@ -184,3 +184,44 @@ pub async fn wait_until_published(pool: &PgPool, timeout: Duration) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
 }
+
+/// The steps of the consumer order tests: which account's event was handled in which order.
+pub async fn create_steps(pool: &PgPool) {
+    sqlx::query(
+        "CREATE TABLE steps (n bigserial PRIMARY KEY, account text NOT NULL, seq bigint NOT NULL)",
+    )
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// Records the step; slowly for a few of account 0's (a slow call), so that a batch holding one
+/// of them takes long enough for later events of the account to reach another consumer.
+#[outbox_runtime::inbox_handler]
+pub async fn record_step(
+    event: Deposited,
+    tx: &mut sqlx::PgConnection,
+) -> Result<(), outbox_runtime::inbox::HandlerError> {
+    if event.account == "acct-0" && event.seq.is_multiple_of(10) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    sqlx::query("INSERT INTO steps (account, seq) VALUES ($1, $2)")
+        .bind(&event.account)
+        .bind(event.seq as i64)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+/// Each account's steps, in the order they were handled.
+pub async fn steps(pool: &PgPool) -> std::collections::BTreeMap<String, Vec<i64>> {
+    let rows: Vec<(String, i64)> = sqlx::query_as("SELECT account, seq FROM steps ORDER BY n")
+        .fetch_all(pool)
+        .await
+        .unwrap();
+    let mut by_account = std::collections::BTreeMap::<String, Vec<i64>>::new();
+    for (account, seq) in rows {
+        by_account.entry(account).or_default().push(seq);
+    }
+    by_account
+}

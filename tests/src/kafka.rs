@@ -70,6 +70,22 @@ impl Kafka {
         }
     }
 
+    /// Deletes `topic` (as a broker that lost it, or an operator's mistake) and waits until the
+    /// broker no longer lists it.
+    pub async fn delete_topic(&self, topic: &str) {
+        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
+            .set("bootstrap.servers", self.bootstrap())
+            .create()
+            .expect("admin client");
+        let results = admin
+            .delete_topics(&[topic], &AdminOptions::new())
+            .await
+            .expect("delete topic");
+        for r in results {
+            r.expect("topic deleted");
+        }
+    }
+
     /// The mock cluster answers the next produce requests with these errors, one per request
     /// (then normally again).
     pub fn fail_produce_requests(&self, errors: &[rdkafka::types::RDKafkaRespErr]) {

@@ -9,13 +9,14 @@ use std::time::Duration;
 use outbox_runtime::admin::{Replay, ReplayFilter};
 use outbox_runtime::inbox::{Consumer, ConsumerBuilder, HandlerError, Mode, RetryPolicy};
 use outbox_runtime::relay::{JetStream, Relay};
-use outbox_tests::deposits::{emit_events, wait_until_published, Deposited, TOPIC};
+use outbox_tests::deposits::{
+    create_steps, emit_events, record_step, steps, wait_until_published, Deposited, TOPIC,
+};
 use outbox_tests::fixtures::{self, PaymentSucceeded, PAYMENTS};
 use outbox_tests::kafka::Outgoing;
 use outbox_tests::nats::NatsServer;
 use outbox_tests::payments::{not_json, orders_with_payments, paid_counts, records, wait_for};
 use outbox_tests::{count, Running, TestDb};
-use sqlx::PgPool;
 
 /// The payments stream, and its dead letters'.
 const STREAM: &str = "PAYMENTS";
@@ -412,31 +413,6 @@ async fn inbox_mode_stores_acknowledges_and_processes() {
     assert_dead_letter(&letters[0], "payload is not JSON", "1");
 }
 
-/// The steps of the order test: which account's event was handled in which order.
-async fn create_steps(pool: &PgPool) {
-    sqlx::query(
-        "CREATE TABLE steps (n bigserial PRIMARY KEY, account text NOT NULL, seq bigint NOT NULL)",
-    )
-    .execute(pool)
-    .await
-    .unwrap();
-}
-
-/// Records the step; slowly for a few of account 0's (a slow call), so that a batch holding one
-/// of them takes long enough for later events of the account to reach another consumer.
-#[outbox_runtime::inbox_handler]
-async fn record_step(event: Deposited, tx: &mut sqlx::PgConnection) -> Result<(), HandlerError> {
-    if event.account == "acct-0" && event.seq.is_multiple_of(10) {
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    sqlx::query("INSERT INTO steps (account, seq) VALUES ($1, $2)")
-        .bind(&event.account)
-        .bind(event.seq as i64)
-        .execute(&mut *tx)
-        .await?;
-    Ok(())
-}
-
 /// Whether [`record_step_saying_when_slow`] is in one of its slow calls.
 static IN_SLOW_CALL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
 
@@ -458,19 +434,6 @@ async fn record_step_saying_when_slow(
         .execute(&mut *tx)
         .await?;
     Ok(())
-}
-
-/// Each account's steps, in the order they were handled.
-async fn steps(pool: &PgPool) -> std::collections::BTreeMap<String, Vec<i64>> {
-    let rows: Vec<(String, i64)> = sqlx::query_as("SELECT account, seq FROM steps ORDER BY n")
-        .fetch_all(pool)
-        .await
-        .unwrap();
-    let mut by_account = std::collections::BTreeMap::<String, Vec<i64>>::new();
-    for (account, seq) in rows {
-        by_account.entry(account).or_default().push(seq);
-    }
-    by_account
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
