@@ -534,13 +534,18 @@ async fn a_crashed_consumer_is_replaced_and_what_it_held_comes_first() {
     for (account, seqs) in steps {
         assert_eq!(seqs, (0..60).collect::<Vec<i64>>(), "account {account}");
     }
-    // The lease was taken over, and given up by the second when it stopped.
-    let holder: Option<uuid::Uuid> =
-        sqlx::query_scalar("SELECT holder FROM outbox_consumer_lease WHERE group_id = 'ledger'")
-            .fetch_one(&db.pool)
-            .await
-            .unwrap();
-    assert_eq!(holder, None);
+    // The lease was taken over, and given up by the second when it stopped: `outbox status`
+    // says so.
+    let leases = outbox_runtime::admin::status(&db.pool)
+        .await
+        .unwrap()
+        .consumer_leases;
+    assert_eq!(leases.len(), 1, "{leases:?}");
+    assert_eq!(
+        (leases[0].group.as_str(), leases[0].topic.as_str()),
+        ("ledger", TOPIC)
+    );
+    assert_eq!((leases[0].held, leases[0].expires_in_secs), (false, None));
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -138,6 +138,23 @@ fn print_status(status: &Status) {
     }
     out!();
     out!("processed_event rows: {}", status.processed_event_rows);
+    if !status.consumer_leases.is_empty() {
+        out!();
+        out!("JetStream consumers (one instance of a group reads a topic)");
+        let rows: Vec<Vec<String>> = status
+            .consumer_leases
+            .iter()
+            .map(|l| {
+                let state = match l.expires_in_secs {
+                    None => "released".to_owned(),
+                    Some(s) if l.held => format!("held, {s:.0}s left"),
+                    Some(s) => format!("expired {:.0}s ago", -s),
+                };
+                vec![l.group.clone(), l.topic.clone(), state]
+            })
+            .collect();
+        ui::table(&["GROUP", "TOPIC", "LEASE"], &[false, false, false], &rows);
+    }
 }
 
 fn print_health(health: &Health) {

@@ -47,7 +47,7 @@ pub use poison::{
 #[cfg(feature = "_broker")]
 #[cfg_attr(docsrs, doc(cfg(any(feature = "kafka", feature = "nats"))))]
 pub use replay::{Replay, ReplayCounts, ReplayFilter};
-pub use status::{status, InboxTopicStatus, Status, TopicStatus};
+pub use status::{status, ConsumerLease, InboxTopicStatus, Status, TopicStatus};
 #[cfg(feature = "kafka")]
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub use topics::{EnsureTopics, EnsuredTopic, TopicAction, TopicRole};

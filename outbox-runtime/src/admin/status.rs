@@ -22,6 +22,24 @@ pub struct Status {
     pub processed_event_rows: i64,
     /// Live relay instances on this database.
     pub relay_instances: i64,
+    /// The JetStream consumers' leases (dedup mode: which instance of a group reads a topic);
+    /// by group and topic.
+    pub consumer_leases: Vec<ConsumerLease>,
+}
+
+/// A JetStream consumer group's lease on a topic: one instance reads it at a time.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct ConsumerLease {
+    /// The consumer group.
+    pub group: String,
+    /// The topic.
+    pub topic: String,
+    /// Whether an instance holds it now (not released, not expired).
+    pub held: bool,
+    /// Seconds until it expires unless renewed (negative: expired that long ago, its holder
+    /// crashed or stalled; another instance takes it over); `None` once released.
+    pub expires_in_secs: Option<f64>,
 }
 
 /// The outbox figures of one topic.
@@ -153,11 +171,30 @@ pub(super) async fn status_on(conn: &mut PgConnection, count: Count) -> Result<S
     })
     .fetch_one(&mut *conn)
     .await?;
-    let relay_instances = crate::relay::store::members(conn).await?;
+    let relay_instances = crate::relay::store::members(&mut *conn).await?;
+    let consumer_leases = sqlx::query(
+        "SELECT group_id, topic, holder IS NOT NULL AND expires_at > now() AS held, \
+                CASE WHEN holder IS NOT NULL \
+                     THEN extract(epoch FROM expires_at - now())::float8 END AS expires_in \
+         FROM outbox_consumer_lease ORDER BY group_id, topic",
+    )
+    .fetch_all(&mut *conn)
+    .await?
+    .into_iter()
+    .map(|r| {
+        Ok(ConsumerLease {
+            group: r.try_get("group_id")?,
+            topic: r.try_get("topic")?,
+            held: r.try_get("held")?,
+            expires_in_secs: r.try_get("expires_in")?,
+        })
+    })
+    .collect::<Result<_>>()?;
     Ok(Status {
         outbox,
         inbox,
         processed_event_rows,
         relay_instances,
+        consumer_leases,
     })
 }
