@@ -11,7 +11,7 @@ use rdkafka::message::BorrowedMessage;
 use tokio_util::sync::CancellationToken;
 
 use super::batch::{self, Checked, Outcome};
-use super::failure::Failure;
+use super::failure::{Destination, Failure};
 #[cfg(feature = "kafka")]
 use super::forward::Forward;
 use super::message;
@@ -21,16 +21,6 @@ use super::settings::{RetryPolicy, Settings};
 use super::shared::Shared;
 #[cfg(feature = "kafka")]
 use crate::error::Result;
-
-/// Where a failed message goes.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Destination {
-    /// Tried again at `due_ms` (Kafka: through the retry topic; JetStream: redelivered);
-    /// `attempts` failed so far.
-    Retry { attempts: u32, due_ms: i64 },
-    /// The dead letters.
-    DeadLetter { attempts: u32 },
-}
 
 /// Dedup mode. Messages are handled in batches, one transaction and one commit (one WAL
 /// flush) each (see [`batch::handle`]). A failed message is forwarded (to its retry or

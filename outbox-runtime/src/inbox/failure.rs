@@ -1,7 +1,18 @@
-//! [`Failure`]: why a message could not be handled, as the consumer records and routes it.
+//! [`Failure`]: why a message could not be handled, as the consumer records and routes it, and
+//! where it goes ([`Destination`]).
 
 use super::handler::HandlerError;
 use crate::sqlstate::DbError;
+
+/// Where a failed message goes.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Destination {
+    /// Tried again at `due_ms` (Kafka: through the retry topic; JetStream: redelivered);
+    /// `attempts` failed so far.
+    Retry { attempts: u32, due_ms: i64 },
+    /// The dead letters.
+    DeadLetter { attempts: u32 },
+}
 
 /// Why a message could not be handled.
 #[derive(Debug, Clone)]

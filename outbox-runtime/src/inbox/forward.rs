@@ -11,7 +11,7 @@ use rdkafka::producer::{FutureProducer, FutureRecord};
 use rdkafka::TopicPartitionList;
 use tokio_util::sync::CancellationToken;
 
-use super::dedup::Destination;
+use super::failure::Destination;
 use super::message::{headers, Origin};
 use super::poll::rewind;
 use super::settings::{Settings, Topics};

@@ -21,7 +21,8 @@ use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
 use super::batch::Checked;
-use super::dedup::{self, Destination};
+use super::dedup;
+use super::failure::Destination;
 use super::lease::{Acquired, Lease};
 use super::message::{self, Delivered};
 use super::settings::{Mode, RetryPolicy};

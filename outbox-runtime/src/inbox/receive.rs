@@ -6,7 +6,7 @@ use rdkafka::consumer::StreamConsumer;
 use rdkafka::message::Message;
 use tokio_util::sync::CancellationToken;
 
-use super::dedup::Destination;
+use super::failure::Destination;
 use super::forward::Forward;
 use super::message;
 use super::poll::{next_batch, store_offset, Paused};
