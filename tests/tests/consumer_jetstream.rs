@@ -548,6 +548,54 @@ async fn a_crashed_consumer_is_replaced_and_what_it_held_comes_first() {
     assert_eq!((leases[0].held, leases[0].expires_in_secs), (false, None));
 }
 
+/// Records the step; takes 3 s over account 1's third event (longer than the tests' `ack_wait`
+/// of 2 s, and than the lease).
+#[outbox_runtime::inbox_handler]
+async fn record_step_slowly_once(
+    event: Deposited,
+    tx: &mut sqlx::PgConnection,
+) -> Result<(), HandlerError> {
+    if event.account == "acct-1" && event.seq == 2 {
+        tokio::time::sleep(Duration::from_secs(3)).await;
+    }
+    sqlx::query("INSERT INTO steps (account, seq) VALUES ($1, $2)")
+        .bind(&event.account)
+        .bind(event.seq as i64)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_batch_longer_than_ack_wait_keeps_its_lease_beside_a_standby() {
+    let db = TestDb::new().await;
+    create_steps(&db.pool).await;
+    let server = NatsServer::start().await;
+    server.create_stream("ACCOUNTS", TOPIC, |_| {}).await;
+    let mut records = Vec::new();
+    for seq in 0..5 {
+        for account in 0..4 {
+            let event = outbox_tests::deposits::deposit(account, seq);
+            records.push(Outgoing::event(&event, uuid::Uuid::now_v7()));
+        }
+    }
+    server.publish(TOPIC, &records).await;
+    let mut running = Vec::new();
+    for _ in 0..2 {
+        let consumer = builder(&db, &server, "ledger")
+            .await
+            .handler(record_step_slowly_once)
+            .build()
+            .unwrap();
+        running.push(Running::consumer(&consumer));
+    }
+    wait_settled(&server, "ACCOUNTS", "ledger", TOPIC).await;
+    Running::stop_all(running).await;
+    for (account, seqs) in steps(&db.pool).await {
+        assert_eq!(seqs, (0..5).collect::<Vec<i64>>(), "account {account}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_killed_mid_consumption_loses_nothing_and_repeats_nothing() {
     let (db, mut server) = setup().await;

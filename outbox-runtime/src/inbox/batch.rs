@@ -117,8 +117,9 @@ pub(crate) async fn handle(
 }
 
 /// A lease ([`outbox_consumer_lease`](crate::inbox)) a batch's transactions must hold: checked
-/// in each before any work, `FOR SHARE`, so that no instance takes it over before the
-/// transaction ends.
+/// in each before any work, `FOR KEY SHARE`, so that no instance takes it over (`FOR UPDATE`)
+/// before the transaction ends, while its holder still renews it (an update of no key column)
+/// during a batch longer than the lease.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Fence<'a> {
     pub group: &'a str,
@@ -358,7 +359,7 @@ async fn begin(batch: Messages<'_, '_>) -> Result<sqlx::Transaction<'static, sql
             "SELECT 1 FROM outbox_consumer_lease \
              WHERE group_id = $1 AND topic = $2 AND holder = $3 \
                AND expires_at > clock_timestamp() \
-             FOR SHARE",
+             FOR KEY SHARE",
         )
         .bind(fence.group)
         .bind(fence.topic)

@@ -584,9 +584,11 @@ impl Reader {
 /// `outbox_key`; the server's own (`Nats-*`) left out.
 struct Received {
     message: jetstream::Message,
-    /// The stream's name and the message's sequence in it.
+    /// The stream's name, the message's sequence in it, and when the stream stored it
+    /// (nanoseconds since the Unix epoch).
     stream: String,
     sequence: u64,
+    stored_ns: i128,
     /// Deliveries so far, this one included: the attempt.
     delivered: u32,
     key: Option<Vec<u8>>,
@@ -596,13 +598,14 @@ struct Received {
 
 impl Received {
     fn new(message: jetstream::Message) -> Self {
-        let (stream, sequence, delivered) = match message.info() {
+        let (stream, sequence, stored_ns, delivered) = match message.info() {
             Ok(info) => (
                 info.stream.to_owned(),
                 info.stream_sequence,
+                info.published.unix_timestamp_nanos(),
                 u32::try_from(info.delivered).unwrap_or(u32::MAX).max(1),
             ),
-            Err(_) => (String::new(), 0, 1),
+            Err(_) => (String::new(), 0, 0, 1),
         };
         let mut headers = Vec::new();
         let mut key = None;
@@ -630,6 +633,7 @@ impl Received {
             message,
             stream,
             sequence,
+            stored_ns,
             delivered,
             key,
             headers,
@@ -694,8 +698,9 @@ impl Received {
         set("dlq_source_partition", "0".to_owned());
         set("dlq_source_offset", self.sequence.to_string());
         set("dlq_source_stream", self.stream.clone());
-        // Published again after a crash before the termination: stored once.
-        let id = format!("dlq:{}:{}", self.stream, self.sequence);
+        // Published again after a crash before the termination: stored once. (The time it
+        // was stored tells a stream deleted and created again, its sequence from 1 again.)
+        let id = format!("dlq:{}:{}:{}", self.stream, self.sequence, self.stored_ns);
         PublishMessage::build()
             .headers(headers)
             .message_id(&id)

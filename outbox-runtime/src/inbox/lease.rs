@@ -4,8 +4,9 @@
 //! assign, so the group's instances agree in PostgreSQL, where their work commits:
 //!
 //! - the holder renews its lease (`outbox_consumer_lease.expires_at`) every third of its
-//!   length, and every batch transaction checks it first, `FOR SHARE` ([`Fence`]): an instance
-//!   that lost it (stalled, cut off from the database) commits nothing more;
+//!   length, and every batch transaction checks it first, `FOR KEY SHARE` ([`Fence`]): an
+//!   instance that lost it (stalled, cut off from the database) commits nothing more, and none
+//!   takes it over (`FOR UPDATE`) while a batch of the holder runs, however long;
 //! - the others wait, and take it over once it is released or expired;
 //! - a holder asks JetStream for more time for the messages it holds only while its lease is
 //!   valid, so that once another instance may have taken over, they become due again;
@@ -103,14 +104,19 @@ impl Lease {
         .bind(&self.topic)
         .execute(&mut *tx)
         .await?;
-        let (holder, expired): (Option<Uuid>, bool) = sqlx::query_as(
+        // A batch transaction of the holder has the row (`FOR KEY SHARE`): it is held, and
+        // waiting for it would queue the holder's renewals behind this.
+        let row: Option<(Option<Uuid>, bool)> = sqlx::query_as(
             "SELECT holder, expires_at <= clock_timestamp() FROM outbox_consumer_lease \
-             WHERE group_id = $1 AND topic = $2 FOR UPDATE",
+             WHERE group_id = $1 AND topic = $2 FOR UPDATE SKIP LOCKED",
         )
         .bind(&self.group)
         .bind(&self.topic)
-        .fetch_one(&mut *tx)
+        .fetch_optional(&mut *tx)
         .await?;
+        let Some((holder, expired)) = row else {
+            return Ok(None);
+        };
         let acquired = match holder {
             None => Acquired::Free,
             Some(holder) if holder == self.holder => Acquired::Free,

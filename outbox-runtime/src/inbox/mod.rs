@@ -353,13 +353,14 @@
 //!   `dlq_source_topic`, `dlq_source_partition` (0: a stream is one ordered log),
 //!   `dlq_source_offset` (the stream sequence), and `dlq_source_stream`. The original is
 //!   terminated only once a stream stored its dead letter (`Nats-Msg-Id`
-//!   `dlq:<stream>:<sequence>`, so one sent again after a crash is stored once). While no stream
+//!   `dlq:<stream>:<sequence>:<when it was stored>`, so one sent again after a crash is stored
+//!   once). While no stream
 //!   takes it, the topic's reading waits, with an error in the log and the gauge
 //!   `outbox_consumer_forward_blocked{topic}` at 1.
 //! - **Per-key order** (dedup mode): JetStream hands a durable consumer's messages to whichever
 //!   instance pulls, and has no partitions to assign, so one instance of a group reads a topic at
 //!   a time, under a lease in PostgreSQL (`outbox_consumer_lease`, as long as `ack_wait`, renewed
-//!   every third of it). Every batch transaction checks the lease first (`FOR SHARE`): an instance
+//!   every third of it). Every batch transaction checks the lease first (`FOR KEY SHARE`): an instance
 //!   that lost it commits nothing more. The others stand by and take it over once it is released
 //!   (a consumer that stops) or expired (a crash); one that takes an expired lease over first
 //!   waits `ack_wait`, so that what the crashed instance held comes again before anything newer.
