@@ -475,6 +475,24 @@ async fn three_consumers_of_a_group_keep_each_keys_order() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_crashed_consumer_is_replaced_and_what_it_held_comes_first() {
+    // Mid-batch: its lease and the messages it holds are left as they are.
+    handover(Running::abort).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_consumer_hands_over_and_what_it_fetched_comes_first() {
+    // It finishes its batch and gives the lease up; what it had fetched beyond that batch is
+    // still delivered to it, not settled.
+    handover(|first| {
+        first.cancel();
+        tokio::spawn(first.stop());
+    })
+    .await;
+}
+
+/// A consumer that ends (`end`) in the middle of a slow batch, while events keep coming and a
+/// second one stands by: every account's events are handled once each, in order.
+async fn handover(end: impl FnOnce(Running)) {
     let db = TestDb::new().await;
     create_steps(&db.pool).await;
     let server = NatsServer::start().await;
@@ -525,7 +543,7 @@ async fn a_crashed_consumer_is_replaced_and_what_it_held_comes_first() {
         },
     )
     .await;
-    first.abort(); // mid-batch: its lease and the messages it holds are left as they are
+    end(first);
     publishing.await.unwrap();
     wait_settled(&server, "ACCOUNTS", "ledger", TOPIC).await;
     second.stop().await;
@@ -534,8 +552,7 @@ async fn a_crashed_consumer_is_replaced_and_what_it_held_comes_first() {
     for (account, seqs) in steps {
         assert_eq!(seqs, (0..60).collect::<Vec<i64>>(), "account {account}");
     }
-    // The lease was taken over, and given up by the second when it stopped: `outbox status`
-    // says so.
+    // The second had the lease, and gave it up when it stopped: `outbox status` says so.
     let leases = outbox_runtime::admin::status(&db.pool)
         .await
         .unwrap()

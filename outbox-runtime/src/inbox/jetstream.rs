@@ -23,7 +23,7 @@ use tokio_util::sync::CancellationToken;
 use super::batch::Checked;
 use super::dedup;
 use super::failure::Destination;
-use super::lease::{Acquired, Lease};
+use super::lease::Lease;
 use super::message::{self, Delivered};
 use super::settings::{Mode, RetryPolicy};
 use super::shared::Shared;
@@ -116,21 +116,17 @@ impl Reader {
     /// again) and reads it until it fails or the lease lapses.
     async fn run(self) {
         let mut failures = 0u32;
-        // Whether a session ended holding messages it did not settle.
-        let mut dropped = false;
         let missing =
             metrics::gauge!("outbox_consumer_missing_topic", "topic" => self.topic.clone());
         loop {
-            let mut taken_over = false;
             if let Some(lease) = &self.lease {
-                match lease.acquire(&self.cancel).await {
-                    Some(acquired) => taken_over = acquired == Acquired::TakenOver,
-                    None => return,
+                if lease.acquire(&self.cancel).await.is_none() {
+                    return;
                 }
             }
             let stop = CancellationToken::new();
             let session = async {
-                let ended = self.session(taken_over || dropped).await;
+                let ended = self.session().await;
                 stop.cancel();
                 ended
             };
@@ -140,7 +136,6 @@ impl Reader {
                 }
             };
             let (ended, ()) = tokio::join!(session, keeping);
-            dropped = true;
             match ended {
                 Ended::Cancelled => {
                     if let Some(lease) = &self.lease {
@@ -187,15 +182,16 @@ impl Reader {
     }
 
     /// Opens the durable consumer and reads it until it stops, `cancel` fires or the lease
-    /// lapses. With `held_before` (another instance, or an earlier session, may have left
-    /// messages unsettled), first waits until those are due again, so that they come before
-    /// anything newer.
-    async fn session(&self, held_before: bool) -> Ended {
+    /// lapses. In dedup mode, if messages delivered before are not settled (another instance's,
+    /// crashed or stopped with messages fetched beyond its last batch; an earlier session's;
+    /// retries waiting for their redelivery), first waits until they are due again, so that
+    /// they come before anything newer (the server serves redeliveries first).
+    async fn session(&self) -> Ended {
         let consumer = match self.open().await {
             Ok(consumer) => consumer,
             Err(e) => return Ended::Failed(e),
         };
-        if held_before {
+        if self.lease.is_some() {
             let mut consumer = consumer.clone();
             let pending = consumer.info().await.map_or(1, |i| i.num_ack_pending);
             if pending > 0 {

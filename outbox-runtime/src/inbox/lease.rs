@@ -9,9 +9,9 @@
 //!   takes it over (`FOR UPDATE`) while a batch of the holder runs, however long;
 //! - the others wait, and take it over once it is released or expired;
 //! - a holder asks JetStream for more time for the messages it holds only while its lease is
-//!   valid, so that once another instance may have taken over, they become due again;
-//!   an instance that takes an expired lease over waits `ack_wait` before it reads, so that the
-//!   messages the last holder did not settle come again before anything newer.
+//!   valid, so that once another instance may have taken over, they become due again; an
+//!   instance that starts reading while messages delivered before are unsettled waits
+//!   `ack_wait` first (see `jetstream.rs`), so that they come again before anything newer.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};

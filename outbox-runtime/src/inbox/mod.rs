@@ -362,8 +362,10 @@
 //!   a time, under a lease in PostgreSQL (`outbox_consumer_lease`, as long as `ack_wait`, renewed
 //!   every third of it). Every batch transaction checks the lease first (`FOR KEY SHARE`): an instance
 //!   that lost it commits nothing more. The others stand by and take it over once it is released
-//!   (a consumer that stops) or expired (a crash); one that takes an expired lease over first
-//!   waits `ack_wait`, so that what the crashed instance held comes again before anything newer.
+//!   (a consumer that stops) or expired (a crash). An instance that starts reading while
+//!   messages delivered before are not settled (what a crashed instance held, what a stopped
+//!   one had fetched beyond its last batch, retries waiting) first waits `ack_wait`, so that
+//!   they come again before anything newer (the server serves redeliveries first).
 //!   So a key's messages are handled in order, except a retried one (after its key's later
 //!   messages, as with Kafka's retry topic). Throughput per topic is one instance's; topics are
 //!   read in parallel. Inbox mode keeps no per-key order (as on Kafka), so every instance
