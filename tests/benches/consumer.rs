@@ -14,8 +14,8 @@ use std::collections::HashSet;
 use std::sync::Mutex;
 
 use outbox_runtime::inbox::{Consumer, HandlerError, Mode, RetryPolicy};
-use outbox_runtime::{inbox_handler, OutboxEvent};
-use outbox_tests::bench::{env, median, rate, rate_until};
+use outbox_runtime::inbox_handler;
+use outbox_tests::bench::{env, median, rate, rate_until, trivial, PaymentSucceeded};
 use outbox_tests::kafka::{produce, Kafka, Outgoing};
 use outbox_tests::{Running, TestDb};
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
@@ -24,26 +24,6 @@ use uuid::Uuid;
 
 const TOPIC: &str = "bench.payments";
 const PARTITIONS: i32 = 12;
-
-#[derive(serde::Serialize, serde::Deserialize, OutboxEvent)]
-#[outbox(
-    topic = "bench.payments",
-    aggregate_type = "Payment",
-    event_type = "PaymentSucceeded"
-)]
-struct PaymentSucceeded {
-    #[outbox(aggregate_id)]
-    payment_id: Uuid,
-    order_id: Uuid,
-    amount: i64,
-}
-
-/// Does nothing: the figures are the framework's cost.
-#[inbox_handler]
-async fn trivial(event: PaymentSucceeded, tx: &mut sqlx::PgConnection) -> Result<(), HandlerError> {
-    let _ = (event, tx);
-    Ok(())
-}
 
 /// Payments that failed once already.
 static FAILED: Mutex<Option<HashSet<Uuid>>> = Mutex::new(None);

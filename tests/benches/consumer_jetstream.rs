@@ -19,9 +19,9 @@ use std::time::{Duration, Instant};
 use async_nats::jetstream::consumer::{pull, AckPolicy};
 use futures_util::StreamExt as _;
 use outbox_runtime::inbox::{Consumer, ConsumerBuilder, HandlerError, Mode};
+use outbox_runtime::inbox_handler;
 use outbox_runtime::relay::JetStream;
-use outbox_runtime::{inbox_handler, OutboxEvent};
-use outbox_tests::bench::{env, median, rate, rate_until};
+use outbox_tests::bench::{env, median, rate, rate_until, trivial, PaymentSucceeded};
 use outbox_tests::kafka::{produce, Kafka, Outgoing};
 use outbox_tests::nats::NatsServer;
 use outbox_tests::{Running, TestDb};
@@ -30,26 +30,6 @@ use uuid::Uuid;
 const TOPIC: &str = "bench.payments";
 const STREAM: &str = "BENCH_PAYMENTS";
 const PARTITIONS: i32 = 12;
-
-#[derive(serde::Serialize, serde::Deserialize, OutboxEvent)]
-#[outbox(
-    topic = "bench.payments",
-    aggregate_type = "Payment",
-    event_type = "PaymentSucceeded"
-)]
-struct PaymentSucceeded {
-    #[outbox(aggregate_id)]
-    payment_id: Uuid,
-    order_id: Uuid,
-    amount: i64,
-}
-
-/// Does nothing: the figures are the framework's cost.
-#[inbox_handler]
-async fn trivial(event: PaymentSucceeded, tx: &mut sqlx::PgConnection) -> Result<(), HandlerError> {
-    let _ = (event, tx);
-    Ok(())
-}
 
 /// Does nothing, but fails its first attempt at 1% of the payments (amount 1).
 #[inbox_handler]

@@ -3,6 +3,30 @@
 use std::str::FromStr;
 use std::time::Duration;
 
+/// The consumer benchmarks' event (topic `bench.payments`).
+#[derive(serde::Serialize, serde::Deserialize, outbox_runtime::OutboxEvent)]
+#[outbox(
+    topic = "bench.payments",
+    aggregate_type = "Payment",
+    event_type = "PaymentSucceeded"
+)]
+pub struct PaymentSucceeded {
+    #[outbox(aggregate_id)]
+    pub payment_id: uuid::Uuid,
+    pub order_id: uuid::Uuid,
+    pub amount: i64,
+}
+
+/// Does nothing: the consumer benchmarks' figures are the framework's cost.
+#[outbox_runtime::inbox_handler]
+pub async fn trivial(
+    event: PaymentSucceeded,
+    tx: &mut sqlx::PgConnection,
+) -> Result<(), outbox_runtime::inbox::HandlerError> {
+    let _ = (event, tx);
+    Ok(())
+}
+
 /// The median of the samples (upper median for an even count).
 pub fn median(mut samples: Vec<f64>) -> f64 {
     samples.sort_by(|a, b| a.total_cmp(b));

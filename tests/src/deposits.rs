@@ -205,12 +205,29 @@ pub async fn record_step(
     if event.account == "acct-0" && event.seq.is_multiple_of(10) {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+    insert_step(tx, &event).await
+}
+
+/// Records the step of `event` in `steps`, in the handler's transaction.
+pub async fn insert_step(
+    tx: &mut sqlx::PgConnection,
+    event: &Deposited,
+) -> Result<(), outbox_runtime::inbox::HandlerError> {
     sqlx::query("INSERT INTO steps (account, seq) VALUES ($1, $2)")
         .bind(&event.account)
         .bind(event.seq as i64)
-        .execute(&mut *tx)
+        .execute(tx)
         .await?;
     Ok(())
+}
+
+/// Events `0..seqs` of `accounts` accounts, interleaved (every account's first, then every
+/// account's second, ...), as records the relay would send, each with an id of its own.
+pub fn interleaved(accounts: usize, seqs: u64) -> Vec<crate::kafka::Outgoing> {
+    (0..seqs)
+        .flat_map(|seq| (0..accounts).map(move |account| deposit(account, seq)))
+        .map(|event| crate::kafka::Outgoing::event(&event, uuid::Uuid::now_v7()))
+        .collect()
 }
 
 /// Each account's steps, in the order they were handled.

@@ -141,19 +141,7 @@ impl NatsServer {
     /// `outbox_key`; no `Nats-Msg-Id`, so that a record sent twice is stored twice), and waits
     /// for each acknowledgement.
     pub async fn publish(&self, subject: &str, records: &[crate::kafka::Outgoing]) {
-        let js = self.jetstream().await;
-        for record in records {
-            let mut headers = async_nats::HeaderMap::new();
-            headers.insert("outbox_key", record.key.as_str());
-            for (name, value) in &record.headers {
-                headers.append(name.as_str(), value.as_str());
-            }
-            js.publish_with_headers(subject.to_owned(), headers, record.payload.clone().into())
-                .await
-                .expect("publish")
-                .await
-                .expect("publish acknowledged");
-        }
+        publish_with(&self.jetstream().await, subject, records).await;
     }
 
     /// Messages of the stream `stream` that the durable consumer `durable` has not settled:
@@ -205,6 +193,26 @@ impl NatsServer {
             }
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
+    }
+}
+
+/// [`NatsServer::publish`] through `js` (a connection of the caller's own, e.g. in a task).
+pub async fn publish_with(
+    js: &jetstream::Context,
+    subject: &str,
+    records: &[crate::kafka::Outgoing],
+) {
+    for record in records {
+        let mut headers = async_nats::HeaderMap::new();
+        headers.insert("outbox_key", record.key.as_str());
+        for (name, value) in &record.headers {
+            headers.append(name.as_str(), value.as_str());
+        }
+        js.publish_with_headers(subject.to_owned(), headers, record.payload.clone().into())
+            .await
+            .expect("publish")
+            .await
+            .expect("publish acknowledged");
     }
 }
 

@@ -10,11 +10,12 @@ use outbox_runtime::admin::{Replay, ReplayFilter};
 use outbox_runtime::inbox::{Consumer, ConsumerBuilder, HandlerError, Mode, RetryPolicy};
 use outbox_runtime::relay::{JetStream, Relay};
 use outbox_tests::deposits::{
-    create_steps, emit_events, record_step, steps, wait_until_published, Deposited, TOPIC,
+    create_steps, emit_events, insert_step, interleaved, record_step, steps, wait_until_published,
+    Deposited, TOPIC,
 };
 use outbox_tests::fixtures::{self, PaymentSucceeded, PAYMENTS};
 use outbox_tests::kafka::Outgoing;
-use outbox_tests::nats::NatsServer;
+use outbox_tests::nats::{publish_with, NatsServer};
 use outbox_tests::payments::{not_json, orders_with_payments, paid_counts, records, wait_for};
 use outbox_tests::{count, Running, TestDb};
 
@@ -428,12 +429,7 @@ async fn record_step_saying_when_slow(
         tokio::time::sleep(Duration::from_millis(300)).await;
         IN_SLOW_CALL.store(false, Ordering::SeqCst);
     }
-    sqlx::query("INSERT INTO steps (account, seq) VALUES ($1, $2)")
-        .bind(&event.account)
-        .bind(event.seq as i64)
-        .execute(&mut *tx)
-        .await?;
-    Ok(())
+    insert_step(tx, &event).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -444,13 +440,7 @@ async fn three_consumers_of_a_group_keep_each_keys_order() {
     server.create_stream("ACCOUNTS", TOPIC, |_| {}).await;
     // 10 accounts' events interleaved (account 0's first, account 1's first, ...): a batch
     // (25) holds events of one account.
-    let mut records = Vec::new();
-    for seq in 0..30 {
-        for account in 0..10 {
-            let event = outbox_tests::deposits::deposit(account, seq);
-            records.push(Outgoing::event(&event, uuid::Uuid::now_v7()));
-        }
-    }
+    let records = interleaved(10, 30);
     let mut running = Vec::new();
     for _ in 0..3 {
         let consumer = builder(&db, &server, "ledger")
@@ -513,21 +503,8 @@ async fn handover(end: impl FnOnce(Running)) {
         tokio::spawn(async move {
             let client = async_nats::connect(url).await.unwrap();
             let js = async_nats::jetstream::new(client);
-            for seq in 0..60 {
-                for account in 0..10 {
-                    let event = outbox_tests::deposits::deposit(account, seq);
-                    let record = Outgoing::event(&event, uuid::Uuid::now_v7());
-                    let mut headers = async_nats::HeaderMap::new();
-                    headers.insert("outbox_key", record.key.as_str());
-                    for (name, value) in &record.headers {
-                        headers.insert(name.as_str(), value.as_str());
-                    }
-                    js.publish_with_headers(TOPIC, headers, record.payload.into())
-                        .await
-                        .unwrap()
-                        .await
-                        .unwrap();
-                }
+            for ten in interleaved(10, 60).chunks(10) {
+                publish_with(&js, TOPIC, ten).await;
                 tokio::time::sleep(Duration::from_millis(20)).await; // the service's pace
             }
         })
@@ -575,12 +552,7 @@ async fn record_step_slowly_once(
     if event.account == "acct-1" && event.seq == 2 {
         tokio::time::sleep(Duration::from_secs(3)).await;
     }
-    sqlx::query("INSERT INTO steps (account, seq) VALUES ($1, $2)")
-        .bind(&event.account)
-        .bind(event.seq as i64)
-        .execute(&mut *tx)
-        .await?;
-    Ok(())
+    insert_step(tx, &event).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -589,13 +561,7 @@ async fn a_batch_longer_than_ack_wait_keeps_its_lease_beside_a_standby() {
     create_steps(&db.pool).await;
     let server = NatsServer::start().await;
     server.create_stream("ACCOUNTS", TOPIC, |_| {}).await;
-    let mut records = Vec::new();
-    for seq in 0..5 {
-        for account in 0..4 {
-            let event = outbox_tests::deposits::deposit(account, seq);
-            records.push(Outgoing::event(&event, uuid::Uuid::now_v7()));
-        }
-    }
+    let records = interleaved(4, 5);
     server.publish(TOPIC, &records).await;
     let mut running = Vec::new();
     for _ in 0..2 {

@@ -62,17 +62,9 @@ pub(crate) async fn consume(
                 .map(|(i, failure)| {
                     let msg = settled[i];
                     let origin = message::origin(msg);
-                    let attempts = match retrying {
-                        Some((r, tries)) if r == start + i => tries + 1,
-                        _ => origin.attempts + 1,
-                    };
-                    let destination = destination(settings, attempts, &failure);
-                    let reason = match destination {
-                        // Bad input was never tried.
-                        _ if checked[start + i].is_err() => failure.message().to_owned(),
-                        Destination::DeadLetter { .. } => dead_reason(&failure, attempts),
-                        Destination::Retry { .. } => failure.message().to_owned(),
-                    };
+                    let attempts = attempts(retrying, start + i, origin.attempts + 1);
+                    let bad = checked[start + i].is_err();
+                    let (destination, reason) = verdict(settings, attempts, &failure, bad);
                     Forward {
                         msg,
                         origin,
@@ -98,10 +90,7 @@ pub(crate) async fn consume(
             };
             // In place: the message at `start` failed retryably; try it (and what follows
             // it) again after a backoff, or dead-letter it once out of attempts.
-            let tries = match retrying {
-                Some((r, tries)) if r == start => tries + 1,
-                _ => 1,
-            };
+            let tries = attempts(retrying, start, 1);
             if tries >= settings.max_attempts {
                 let msg = ready[start];
                 let dead = Forward {
@@ -123,16 +112,7 @@ pub(crate) async fn consume(
                 retrying = None;
                 continue;
             }
-            metrics::counter!("outbox_consumer_retried_total").increment(1);
-            tracing::info!(
-                attempt = tries,
-                error = failure.message(),
-                "handler failed; retrying in place"
-            );
-            retrying = Some((start, tries));
-            if let Ok(incoming) = &mut checked[start] {
-                incoming.meta.attempt = tries + 1;
-            }
+            retrying = retry_in_place(&mut checked, start, tries, &failure);
             tokio::select! {
                 () = cancel.cancelled() => return Ok(()),
                 () = tokio::time::sleep(settings.backoff(tries)) => {}
@@ -176,8 +156,55 @@ pub(crate) async fn handle(
     }
 }
 
+/// The attempts at the message at `index` of a batch so far, its failure included: one more
+/// than before if it is the one `retrying` in place (index, attempts), else `otherwise`.
+pub(crate) fn attempts(retrying: Option<(usize, u32)>, index: usize, otherwise: u32) -> u32 {
+    match retrying {
+        Some((r, tries)) if r == index => tries + 1,
+        _ => otherwise,
+    }
+}
+
+/// In place: the message at `start` failed retryably for the `tries`-th time and is tried
+/// again (with what follows it) after a backoff; counts and logs it, and makes the next
+/// attempt's metadata say so. What `retrying` becomes.
+pub(crate) fn retry_in_place(
+    checked: &mut [Checked<'_>],
+    start: usize,
+    tries: u32,
+    failure: &Failure,
+) -> Option<(usize, u32)> {
+    metrics::counter!("outbox_consumer_retried_total").increment(1);
+    tracing::info!(
+        attempt = tries,
+        error = failure.message(),
+        "handler failed; retrying in place"
+    );
+    if let Ok(incoming) = &mut checked[start] {
+        incoming.meta.attempt = tries + 1;
+    }
+    Some((start, tries))
+}
+
+/// Where a message that failed its `attempts`-th attempt goes, and the reason it carries
+/// there; `bad`: it was bad input, never tried.
+pub(crate) fn verdict(
+    settings: &Settings,
+    attempts: u32,
+    failure: &Failure,
+    bad: bool,
+) -> (Destination, String) {
+    let destination = destination(settings, attempts, failure);
+    let reason = match destination {
+        _ if bad => failure.message().to_owned(),
+        Destination::DeadLetter { .. } => dead_reason(failure, attempts),
+        Destination::Retry { .. } => failure.message().to_owned(),
+    };
+    (destination, reason)
+}
+
 /// Where a message that failed its `attempts`-th attempt goes.
-pub(crate) fn destination(settings: &Settings, attempts: u32, failure: &Failure) -> Destination {
+fn destination(settings: &Settings, attempts: u32, failure: &Failure) -> Destination {
     if failure.is_permanent()
         || attempts >= settings.max_attempts
         || settings.retry_policy == RetryPolicy::InPlace

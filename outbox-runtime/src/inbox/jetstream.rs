@@ -359,12 +359,10 @@ impl Reader {
             for (i, failure) in failed.into_iter().enumerate() {
                 let Some(failure) = failure else { continue };
                 let msg = &settled[i];
-                let attempts = match retrying {
-                    Some((r, tries)) if r == start + i => tries + 1,
-                    _ => msg.delivered,
-                };
-                match dedup::destination(settings, attempts, &failure) {
-                    Destination::Retry { attempts, due_ms } => {
+                let attempts = dedup::attempts(retrying, start + i, msg.delivered);
+                let bad = checked[start + i].is_err();
+                match dedup::verdict(settings, attempts, &failure, bad) {
+                    (Destination::Retry { attempts, due_ms }, _) => {
                         metrics::counter!("outbox_consumer_retried_total").increment(1);
                         tracing::info!(topic = %self.topic, sequence = msg.sequence, attempts,
                             reason = failure.message(), "handler failed; redelivered after its backoff");
@@ -372,12 +370,7 @@ impl Reader {
                         msg.settle(AckKind::Nak(Some(Duration::from_millis(delay))))
                             .await;
                     }
-                    Destination::DeadLetter { attempts } => {
-                        let reason = if checked[start + i].is_err() {
-                            failure.message().to_owned() // bad input was never tried
-                        } else {
-                            dedup::dead_reason(&failure, attempts)
-                        };
+                    (Destination::DeadLetter { attempts }, reason) => {
                         if !self.dead_letter(msg, &reason, attempts).await {
                             return false;
                         }
@@ -390,10 +383,7 @@ impl Reader {
             };
             // In place: the message at `start` failed retryably; try it (and what follows it)
             // again after a backoff, or dead-letter it once out of attempts.
-            let tries = match retrying {
-                Some((r, tries)) if r == start => tries + 1,
-                _ => batch[start].delivered,
-            };
+            let tries = dedup::attempts(retrying, start, batch[start].delivered);
             if tries >= settings.max_attempts {
                 let reason = dedup::dead_reason(&failure, tries);
                 if !self.dead_letter(&batch[start], &reason, tries).await {
@@ -403,16 +393,7 @@ impl Reader {
                 retrying = None;
                 continue;
             }
-            metrics::counter!("outbox_consumer_retried_total").increment(1);
-            tracing::info!(
-                attempt = tries,
-                error = failure.message(),
-                "handler failed; retrying in place"
-            );
-            retrying = Some((start, tries));
-            if let Ok(incoming) = &mut checked[start] {
-                incoming.meta.attempt = tries + 1;
-            }
+            retrying = dedup::retry_in_place(&mut checked, start, tries, &failure);
             if !self.wait(&batch[start..], settings.backoff(tries)).await {
                 return false;
             }
@@ -425,55 +406,11 @@ impl Reader {
     /// acknowledged once committed, what cannot be stored dead-lettered. `false` once `cancel`
     /// fires.
     async fn receive(&self, batch: &[Received]) -> bool {
-        let shared = &self.shared;
         let checked: Vec<Checked<'_>> = batch.iter().map(Received::check).collect();
-        let mut rows = Vec::with_capacity(batch.len());
-        let mut stored = Vec::with_capacity(batch.len());
-        let mut bad: Vec<Option<String>> = vec![None; batch.len()];
-        for (i, (msg, checked)) in batch.iter().zip(&checked).enumerate() {
-            match checked {
-                Ok(incoming) => {
-                    stored.push(i);
-                    let meta = &incoming.meta;
-                    rows.push(store::InboxRow {
-                        event_id: meta.event_id,
-                        topic: meta.topic,
-                        event_type: meta.event_type.clone().into_owned(),
-                        partition_key: meta.key().map(str::to_owned),
-                        partition: 0,
-                        offset: msg.sequence as i64,
-                        payload: incoming.payload,
-                        headers: message::headers_json(meta),
-                        schema_version: meta.schema_version,
-                    });
-                }
-                Err(reason) => bad[i] = Some(reason.clone()),
-            }
-        }
-        let mut failures = 0;
-        let storing = async {
-            loop {
-                let e = match store::receive(&shared.pool, &rows).await {
-                    Ok(received) => return Some(received),
-                    Err(e) => e,
-                };
-                failures += 1;
-                let table = crate::admin::CleanupTable::Inbox;
-                if !shared.wait_out(&e, table, failures, &self.cancel).await {
-                    return None;
-                }
-            }
-        };
-        let Some(received) = self.holding(batch, storing).await else {
+        let storing = store::receive_checked(&self.shared, &checked, &self.cancel);
+        let Some(bad) = self.holding(batch, storing).await else {
             return false;
         };
-        metrics::counter!("outbox_inbox_received_total").increment(received.new);
-        let refused = received.refused.len() as u64;
-        metrics::counter!("outbox_consumer_duplicates_total")
-            .increment(rows.len() as u64 - received.new - refused);
-        for (row, reason) in received.refused {
-            bad[stored[row]] = Some(reason);
-        }
         for (msg, reason) in batch.iter().zip(&bad) {
             if reason.is_none() {
                 msg.settle(AckKind::Ack).await;

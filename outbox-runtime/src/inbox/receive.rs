@@ -3,7 +3,6 @@
 //! processors ([`processor`](super::processor)) handle the rows.
 
 use rdkafka::consumer::StreamConsumer;
-use rdkafka::message::Message;
 use tokio_util::sync::CancellationToken;
 
 use super::failure::Destination;
@@ -24,50 +23,10 @@ pub(crate) async fn consume(
     let settings = &shared.settings;
     let mut paused = Paused::default();
     while let Some(batch) = next_batch(consumer, settings.batch_size, &mut paused, cancel).await {
-        let mut rows = Vec::with_capacity(batch.len());
-        let mut stored = Vec::with_capacity(batch.len());
-        let mut bad: Vec<Option<String>> = vec![None; batch.len()];
-        for (i, msg) in batch.iter().enumerate() {
-            match message::check(msg) {
-                Ok(incoming) => {
-                    stored.push(i);
-                    let meta = &incoming.meta;
-                    rows.push(store::InboxRow {
-                        event_id: meta.event_id,
-                        topic: meta.topic,
-                        event_type: meta.event_type.clone().into_owned(),
-                        partition_key: msg.key().map(|k| String::from_utf8_lossy(k).into_owned()),
-                        partition: msg.partition(),
-                        offset: msg.offset(),
-                        payload: incoming.payload,
-                        headers: message::headers_json(meta),
-                        schema_version: meta.schema_version,
-                    });
-                }
-                Err(reason) => bad[i] = Some(reason),
-            }
-        }
-        let mut failures = 0;
-        let received = loop {
-            let e = match store::receive(&shared.pool, &rows).await {
-                Ok(received) => break received,
-                Err(e) => e,
-            };
-            failures += 1;
-            if !shared
-                .wait_out(&e, crate::admin::CleanupTable::Inbox, failures, cancel)
-                .await
-            {
-                return Ok(());
-            }
+        let checked: Vec<_> = batch.iter().map(message::check).collect();
+        let Some(bad) = store::receive_checked(shared, &checked, cancel).await else {
+            return Ok(());
         };
-        metrics::counter!("outbox_inbox_received_total").increment(received.new);
-        let refused = received.refused.len() as u64;
-        metrics::counter!("outbox_consumer_duplicates_total")
-            .increment(rows.len() as u64 - received.new - refused);
-        for (row, reason) in received.refused {
-            bad[stored[row]] = Some(reason);
-        }
         let dead: Vec<Forward<'_, '_>> = batch
             .iter()
             .zip(bad)
