@@ -53,6 +53,33 @@ async fn wait_settled(server: &NatsServer, stream: &str, group: &str, topic: &st
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settings_that_cannot_work_are_refused_with_what_to_change() {
+    let db = TestDb::new().await;
+    let server = NatsServer::start().await;
+    let refused = |result: outbox_runtime::Result<Consumer>| match result {
+        Err(outbox_runtime::Error::Config(message)) => message,
+        other => panic!("expected a configuration error, got {other:?}"),
+    };
+    let both = builder(&db, &server, "orders")
+        .await
+        .brokers("127.0.0.1:9092")
+        .handler(fixtures::mark_order_paid)
+        .build();
+    assert!(refused(both).contains("both Kafka brokers and JetStream"));
+    let short = Consumer::builder(db.pool.clone())
+        .jetstream(JetStream::new(server.client().await).ack_wait(Duration::from_millis(500)))
+        .group_id("orders")
+        .handler(fixtures::mark_order_paid)
+        .build();
+    assert!(refused(short).contains("ack_wait must be at least 1 s"));
+    let no_group = Consumer::builder(db.pool.clone())
+        .jetstream(JetStream::new(server.client().await))
+        .handler(fixtures::mark_order_paid)
+        .build();
+    assert!(refused(no_group).contains("group_id"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_event_delivered_twice_takes_effect_once() {
     let (db, server) = setup().await;
     let payments = orders_with_payments(&db.pool, 100).await;
