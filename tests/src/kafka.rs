@@ -58,20 +58,48 @@ impl Kafka {
                     .set("bootstrap.servers", self.bootstrap())
                     .create()
                     .expect("admin client");
-                let topic = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
-                let results = admin
-                    .create_topics([&topic], &AdminOptions::new())
-                    .await
-                    .expect("create topic");
-                for r in results {
-                    r.expect("topic created");
+                let new = NewTopic::new(topic, partitions, TopicReplication::Fixed(1));
+                // A broker still deleting the topic (or busy) answers late or refuses: asked
+                // again until it creates it.
+                let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+                let mut timed_out = false;
+                loop {
+                    let options = AdminOptions::new()
+                        .operation_timeout(Some(Duration::from_secs(10)))
+                        .request_timeout(Some(Duration::from_secs(15)));
+                    let answer = match admin.create_topics([&new], &options).await {
+                        Ok(results) => results.into_iter().next().expect("one result").map(|_| ()),
+                        Err(e) => Err((
+                            topic.to_owned(),
+                            e.rdkafka_error_code()
+                                .unwrap_or(rdkafka::types::RDKafkaErrorCode::OperationTimedOut),
+                        )),
+                    };
+                    match answer {
+                        Ok(()) => break,
+                        // An earlier attempt that timed out created it after all.
+                        Err((_, rdkafka::types::RDKafkaErrorCode::TopicAlreadyExists))
+                            if timed_out =>
+                        {
+                            break
+                        }
+                        Err((_, code)) if tokio::time::Instant::now() < deadline => {
+                            timed_out |= code
+                                == rdkafka::types::RDKafkaErrorCode::OperationTimedOut
+                                || code == rdkafka::types::RDKafkaErrorCode::RequestTimedOut;
+                            eprintln!("creating {topic} on tansu: {code}; asking again");
+                            tokio::time::sleep(Duration::from_millis(500)).await;
+                        }
+                        Err((_, code)) => panic!("topic {topic} not created within 60 s: {code}"),
+                    }
                 }
             }
         }
     }
 
-    /// Deletes `topic` (as a broker that lost it, or an operator's mistake) and waits until the
-    /// broker no longer lists it.
+    /// Deletes `topic` (as a broker that lost it, or an operator's mistake); the broker may
+    /// still be deleting it when this returns ([`create_topic`](Self::create_topic) asks again
+    /// until it can create it).
     pub async fn delete_topic(&self, topic: &str) {
         let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
             .set("bootstrap.servers", self.bootstrap())
