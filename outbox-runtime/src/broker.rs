@@ -1,23 +1,117 @@
-//! What the relay, the consumers and the operator's tools ask a Kafka broker alike.
+//! The broker a builder is given, whichever it is: a relay, a consumer and a replay are each
+//! built with one [`BrokerSettings`] value, which turns into that broker's transport (the
+//! relay's [`Transport`]; a consumer's source, through the maker its builder method stored
+//! beside it). Each broker's folder implements it and adds its builder methods (`brokers`,
+//! `jetstream`, ...); nothing here names a broker, so the builders never import a broker's
+//! folder (which builds on them). Adding a broker: a folder with its settings value and its
+//! builder methods.
 
-use std::collections::BTreeMap;
+use std::any::Any;
 use std::time::Duration;
 
-use rdkafka::client::{Client, ClientContext};
-use rdkafka::error::KafkaResult;
+use crate::error::{Error, Result};
+use crate::publish::Transport;
 
-/// The topics the broker has, with their partition counts, from the cluster's metadata (all
-/// topics: asking for one by name would create it on a broker that auto-creates topics).
-/// Blocks for up to `timeout`: call it from `spawn_blocking`.
-pub(crate) fn existing_topics<C: ClientContext>(
-    client: &Client<C>,
-    timeout: Duration,
-) -> KafkaResult<BTreeMap<String, i32>> {
-    let metadata = client.fetch_metadata(None, timeout)?;
-    Ok(metadata
-        .topics()
-        .iter()
-        .filter(|t| t.error().is_none())
-        .map(|t| (t.name().to_owned(), t.partitions().len() as i32))
-        .collect())
+/// A broker's settings, as given to a builder.
+pub(crate) trait BrokerSettings: Any + Send + Sync + std::fmt::Debug {
+    /// How a message names it: "Kafka brokers", "JetStream".
+    fn name(&self) -> &'static str;
+
+    /// Where it comes in a list of several (the order in which an error names them).
+    fn rank(&self) -> u8;
+
+    /// Checks its own settings; `Err(Error::Config)` names the first that cannot work.
+    fn check(&self) -> Result<()>;
+
+    /// The consumer group its settings name (Kafka's `group.id`), if any.
+    fn group(&self) -> Option<&str> {
+        None
+    }
+
+    /// A relay's (or replay's) transport to it: `timeout` bounds each wait for the broker,
+    /// `failover` is the relay's failover timeout.
+    fn transport(&self, timeout: Duration, failover: Duration) -> Result<Box<dyn Transport>>;
+
+    /// A copy (builders are `Clone`).
+    fn clone_box(&self) -> Box<dyn BrokerSettings>;
+
+    /// Itself, for its builder methods to find their own settings.
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+
+    /// Itself, for what its builder methods stored beside it to read it.
+    fn as_any(&self) -> &dyn Any;
 }
+
+/// The brokers a builder was given, each with what its builder method stored beside it (`M`:
+/// a consumer's source maker; nothing for a relay): `build` takes exactly one.
+#[derive(Debug)]
+pub(crate) struct Brokers<M = ()>(Vec<(Box<dyn BrokerSettings>, M)>);
+
+impl<M> Default for Brokers<M> {
+    fn default() -> Self {
+        Brokers(Vec::new())
+    }
+}
+
+impl<M: Clone> Clone for Brokers<M> {
+    fn clone(&self) -> Self {
+        Brokers(
+            self.0
+                .iter()
+                .map(|(b, m)| (b.clone_box(), m.clone()))
+                .collect(),
+        )
+    }
+}
+
+impl<M> Brokers<M> {
+    /// The settings of broker `T` given so far (created with its defaults on first use), for
+    /// a broker whose builder methods add to its settings one by one (Kafka's).
+    #[allow(dead_code)] // not every build has such a broker
+    pub(crate) fn get_or_default<T: BrokerSettings + Default>(&mut self, maker: M) -> &mut T {
+        let i = match self.0.iter().position(|(b, _)| b.as_any().is::<T>()) {
+            Some(i) => i,
+            None => {
+                self.0.push((Box::new(T::default()), maker));
+                self.0.len() - 1
+            }
+        };
+        self.0[i]
+            .0
+            .as_any_mut()
+            .downcast_mut::<T>()
+            .expect("found as T")
+    }
+
+    /// Sets broker `T`'s settings, in place of those given before, for a broker whose builder
+    /// method takes them whole (JetStream's).
+    #[allow(dead_code)] // not every build has such a broker
+    pub(crate) fn set<T: BrokerSettings>(&mut self, settings: T, maker: M) {
+        self.0.retain(|(b, _)| !b.as_any().is::<T>());
+        self.0.push((Box::new(settings), maker));
+    }
+
+    /// The one broker given; `role` says what a worker does with it ("a relay publishes to
+    /// one"). The error names what to call.
+    pub(crate) fn one(&self, role: &str) -> Result<(&dyn BrokerSettings, &M)> {
+        match self.0.as_slice() {
+            [(broker, maker)] => Ok((&**broker, maker)),
+            [] => Err(Error::Config(NONE.into())),
+            several => {
+                let mut names: Vec<_> = several.iter().map(|(b, _)| (b.rank(), b.name())).collect();
+                names.sort_unstable();
+                let names: Vec<&str> = names.into_iter().map(|(_, name)| name).collect();
+                Err(Error::Config(format!(
+                    "both {} are set: {role}",
+                    names.join(" and ")
+                )))
+            }
+        }
+    }
+}
+
+/// What `build` says when no broker was given.
+#[cfg(feature = "kafka")]
+const NONE: &str = "no Kafka brokers: call `brokers(...)` or set bootstrap.servers";
+#[cfg(not(feature = "kafka"))]
+const NONE: &str = "no broker: call `jetstream(...)` (this build has no Kafka: feature `kafka`)";

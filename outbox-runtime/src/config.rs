@@ -32,15 +32,12 @@ impl Backoff {
 
 /// Checks the settings every worker builder has; `Err(Error::Config)` names the first problem.
 pub(crate) fn check_common(
-    brokers: Option<&str>,
     batch_size: usize,
     poll_interval: Duration,
     max_attempts: u32,
     backoff: Backoff,
 ) -> Result<()> {
-    let problem = if brokers.is_none_or(str::is_empty) {
-        "no Kafka brokers: call `brokers(...)` or set bootstrap.servers".to_owned()
-    } else if batch_size == 0 || batch_size > 100_000 {
+    let problem = if batch_size == 0 || batch_size > 100_000 {
         format!("batch_size must be between 1 and 100000, not {batch_size}")
     } else if poll_interval.is_zero() {
         "poll_interval must be more than zero".to_owned()

@@ -151,13 +151,11 @@ pub enum Error {
     /// Records were not acknowledged by the broker (Kafka, JetStream) for a passing reason
     /// (broker down, timeout); they stay unpublished and are retried.
     #[cfg(feature = "_broker")]
-    #[cfg_attr(docsrs, doc(cfg(any(feature = "kafka", feature = "nats"))))]
     #[error("publishing to the broker failed, will retry")]
     Publish(#[source] PublishError),
 
     /// A replay stopped: a record was not acknowledged. The records before it were sent.
     #[cfg(feature = "_broker")]
-    #[cfg_attr(docsrs, doc(cfg(any(feature = "kafka", feature = "nats"))))]
     #[error(
         "replay stopped: outbox row {id} (event {event_id}) was not acknowledged, after {sent} \
          records"
@@ -222,7 +220,6 @@ pub enum Error {
 
 /// Why a record was not acknowledged by the broker.
 #[cfg(feature = "_broker")]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "kafka", feature = "nats"))))]
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[non_exhaustive]
 pub enum PublishError {

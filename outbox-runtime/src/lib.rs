@@ -6,9 +6,14 @@
     unreachable_pub
 )]
 #![cfg_attr(docsrs, feature(doc_cfg))]
+// A build with a broker's machinery (`prometheus` turns it on) but no broker to use it.
+#![cfg_attr(
+    not(any(feature = "kafka", feature = "nats")),
+    allow(dead_code, unused_imports)
+)]
 
 pub mod admin;
-#[cfg(feature = "kafka")]
+#[cfg(feature = "_broker")]
 mod broker;
 #[cfg(feature = "_broker")]
 mod config;
@@ -18,24 +23,31 @@ pub mod console;
 mod error;
 mod event;
 pub mod inbox;
+#[cfg(feature = "kafka")]
+mod kafka;
 pub mod migrate;
+#[cfg(feature = "nats")]
+#[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+pub mod nats;
 #[cfg(feature = "prometheus")]
 mod prometheus;
+#[cfg(feature = "_broker")]
+mod publish;
 pub mod relay;
 mod sqlstate;
+mod store;
 #[cfg(feature = "testing")]
 #[cfg_attr(docsrs, doc(cfg(feature = "testing")))]
 pub mod testing;
 pub mod trace;
 mod uow;
 
-/// The NATS client this crate publishes with ([`relay::JetStream`] takes its `Client`): use
+/// The NATS client this crate publishes with ([`nats::JetStream`] takes its `Client`): use
 /// this one, or the same version of `async-nats`.
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub use async_nats;
 #[cfg(feature = "_broker")]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "kafka", feature = "nats"))))]
 pub use error::PublishError;
 pub use error::{error_chain, Error, Result};
 pub use event::{is_reserved_header, IntoRecord, OutboxEvent, OutboxRecord, SCHEMA_VERSION_HEADER};

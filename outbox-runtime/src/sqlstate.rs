@@ -62,7 +62,7 @@ impl DbError {
 
     /// The class of the first sqlx error in `error`'s chain of sources (a handler's error may
     /// wrap the database's, in this crate's [`Error`](crate::Error) or the application's own).
-    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
+    #[cfg_attr(not(feature = "_broker"), allow(dead_code))]
     pub(crate) fn find(error: &(dyn std::error::Error + 'static)) -> Option<DbError> {
         let mut next = Some(error);
         while let Some(e) = next {
@@ -93,7 +93,7 @@ impl DbError {
 
     /// The transaction failed rather than the statement: in a transaction shared by several
     /// messages, possibly another message's doing.
-    #[cfg_attr(not(feature = "kafka"), allow(dead_code))]
+    #[cfg_attr(not(feature = "_broker"), allow(dead_code))]
     pub(crate) fn is_transaction_failure(self) -> bool {
         matches!(
             self,

@@ -197,22 +197,6 @@ pub(crate) fn remote_context(
     opentelemetry::Context::new().with_remote_span_context(sc)
 }
 
-/// `span`, a handler's span, with the message's trace context as its parent (with the
-/// `opentelemetry` feature and a context in the message; else as it is).
-#[cfg(feature = "_broker")]
-#[inline]
-pub(crate) fn parented(span: tracing::Span, meta: &crate::inbox::MessageMeta<'_>) -> tracing::Span {
-    #[cfg(feature = "opentelemetry")]
-    if let Some(parent) = meta.trace_parent() {
-        use tracing_opentelemetry::OpenTelemetrySpanExt as _;
-        // Fails only without an OpenTelemetry layer: nothing to parent then.
-        let _ = span.set_parent(remote_context(Some(parent), meta.tracestate()));
-    }
-    #[cfg(not(feature = "opentelemetry"))]
-    let _ = meta;
-    span
-}
-
 #[cfg(test)]
 mod tests {
     use super::TraceParent;

@@ -46,7 +46,7 @@ pub struct HeldKey {
 
 /// The live relay instances of the outbox on the `search_path`, by member slot.
 pub async fn relay_instances(pool: &PgPool) -> Result<Vec<RelayInstance>> {
-    let members = crate::relay::store::member_list(&mut *pool.acquire().await?).await?;
+    let members = crate::store::relay::member_list(&mut *pool.acquire().await?).await?;
     Ok(members
         .into_iter()
         .map(|m| RelayInstance {

@@ -5,7 +5,7 @@
 //! where things are ([`relay_instances`], [`held_keys`], [`find_event`]).
 //!
 //! Everything here works on the database alone, except [`replay`](crate::admin::Replay), which
-//! publishes (feature `kafka`). Every function is safe to run while relays and consumers run:
+//! publishes (feature `kafka` or `nats`). Every function is safe to run while relays and consumers run:
 //! retention deletes in small batches and skips rows another transaction holds, and the poison
 //! tools only touch parked or dead rows, which no relay or processor works on.
 //!
@@ -22,9 +22,10 @@ mod poison;
 #[cfg(feature = "_broker")]
 mod replay;
 pub(crate) mod status;
-#[cfg(feature = "kafka")]
-mod topics;
 
+#[cfg(feature = "kafka")]
+#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+pub use crate::kafka::{EnsureTopics, EnsuredTopic, TopicAction, TopicRole};
 pub use cleanup::{Cleanup, CleanupTable, Retention, RetentionReport};
 #[doc(hidden)]
 pub use health::health_estimated;
@@ -45,9 +46,5 @@ pub use poison::{
     retry_parked, DeadInboxEvent, ParkedEvent, PoisonFilter,
 };
 #[cfg(feature = "_broker")]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "kafka", feature = "nats"))))]
 pub use replay::{Replay, ReplayCounts, ReplayFilter};
 pub use status::{status, ConsumerLease, InboxTopicStatus, Status, TopicStatus};
-#[cfg(feature = "kafka")]
-#[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
-pub use topics::{EnsureTopics, EnsuredTopic, TopicAction, TopicRole};

@@ -665,7 +665,7 @@ pub async fn convert_to_partitions(pool: &PgPool, table: CleanupTable) -> Result
     }
     if shape.relays_lock_it {
         let mut conn = pool.acquire().await?;
-        let relays = crate::relay::store::members(&mut conn).await?;
+        let relays = crate::store::relay::members(&mut conn).await?;
         if relays > 0 {
             return Err(Error::Config(format!(
                 "{relays} relay instance(s) run on this outbox: stop them before converting \

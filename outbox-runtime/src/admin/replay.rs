@@ -3,14 +3,11 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use chrono::{DateTime, Utc};
-#[cfg(feature = "kafka")]
-use rdkafka::config::ClientConfig;
 use sqlx::{PgPool, Row};
 
 use crate::error::{Error, Result};
-use crate::relay::publish::{Outcome, PerKey};
-use crate::relay::store::{claimed_columns, Claimed};
-use crate::relay::{Settings, Transport};
+use crate::publish::{CloudEvents, Options, Outcome, PerKey, Transport};
+use crate::store::relay::{claimed_columns, Claimed};
 
 /// Which stored events a replay publishes: published rows of one topic, narrowed by creation
 /// time (`since` inclusive, `until` exclusive), aggregate type and event type.
@@ -121,10 +118,10 @@ macro_rules! bind_filter {
 /// ```
 pub struct Replay {
     pool: PgPool,
-    transport: Transport,
+    transport: Box<dyn Transport>,
     batch_size: i64,
     publish_timeout: Duration,
-    cloud_events: Option<crate::relay::CloudEvents>,
+    cloud_events: Option<CloudEvents>,
 }
 
 impl std::fmt::Debug for Replay {
@@ -137,39 +134,9 @@ impl std::fmt::Debug for Replay {
 }
 
 impl Replay {
-    /// A replay to the Kafka cluster at `brokers`.
-    #[cfg(feature = "kafka")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
-    pub fn new(pool: PgPool, brokers: &str) -> Result<Replay> {
-        let mut config = ClientConfig::new();
-        config.set("bootstrap.servers", brokers);
-        Self::with_producer_config(pool, config)
-    }
-
-    /// A replay with these producer settings (`bootstrap.servers`, security, ...); they must
-    /// allow an idempotent producer, like the relay's.
-    #[cfg(feature = "kafka")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
-    pub fn with_producer_config(pool: PgPool, config: ClientConfig) -> Result<Replay> {
-        if config.get("bootstrap.servers").is_none_or(str::is_empty) {
-            return Err(Error::Config("no Kafka brokers for the replay".into()));
-        }
-        let producer = crate::relay::ProducerSlot::new(config)?;
-        Ok(Self::on(pool, Transport::Kafka(producer)))
-    }
-
-    /// A replay to JetStream, with the relay's mapping (see
-    /// [`JetStream`](crate::relay::JetStream)); a topic no stream captures stops it.
-    #[cfg(feature = "nats")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
-    pub fn jetstream(pool: PgPool, jetstream: crate::relay::JetStream) -> Result<Replay> {
-        jetstream.check().map_err(Error::Config)?;
-        let timeout = Duration::from_secs(30);
-        let publisher = jetstream.publisher(timeout, timeout);
-        Ok(Self::on(pool, Transport::JetStream(Box::new(publisher))))
-    }
-
-    fn on(pool: PgPool, transport: Transport) -> Replay {
+    /// A replay through `transport` (the brokers' constructors: `new`,
+    /// `with_producer_config`, `jetstream`).
+    pub(crate) fn on(pool: PgPool, transport: Box<dyn Transport>) -> Replay {
         Replay {
             pool,
             transport,
@@ -190,7 +157,7 @@ impl Replay {
     /// [`RelayBuilder::cloud_events`](crate::relay::RelayBuilder::cloud_events) does: give a
     /// replay the relay's setting, so its consumers read the replay too. An invalid setting
     /// (an empty source or topic list) is an error.
-    pub fn cloud_events(mut self, cloud_events: crate::relay::CloudEvents) -> Result<Self> {
+    pub fn cloud_events(mut self, cloud_events: CloudEvents) -> Result<Self> {
         cloud_events.check().map_err(Error::Config)?;
         self.cloud_events = Some(cloud_events);
         Ok(self)
@@ -273,13 +240,12 @@ impl Replay {
                     row.topic = topic.to_owned();
                 }
             }
-            let settings = Settings {
-                publish_timeout: self.publish_timeout,
+            let options = Options {
+                timeout: self.publish_timeout,
                 per_key: PerKey::Pipelined,
-                cloud_events: self.cloud_events.clone(),
-                ..Settings::default()
+                cloud_events: self.cloud_events.as_ref(),
             };
-            let outcomes = self.transport.publish(&batch, &settings).await;
+            let outcomes = self.transport.publish(&batch, options).await;
             for (row, outcome) in batch.iter().zip(outcomes) {
                 let source = match outcome {
                     Outcome::Published => {

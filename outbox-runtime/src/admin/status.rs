@@ -171,7 +171,7 @@ pub(super) async fn status_on(conn: &mut PgConnection, count: Count) -> Result<S
     })
     .fetch_one(&mut *conn)
     .await?;
-    let relay_instances = crate::relay::store::members(&mut *conn).await?;
+    let relay_instances = crate::store::relay::members(&mut *conn).await?;
     let consumer_leases = sqlx::query(
         "SELECT group_id, topic, holder IS NOT NULL AND expires_at > now() AS held, \
                 CASE WHEN holder IS NOT NULL \

@@ -470,7 +470,7 @@ async fn optimistic_in(
             outcome.duplicates += 1;
             continue;
         }
-        let span = crate::trace::parented(
+        let span = super::meta::parented(
             tracing::info_span!("outbox_consume", event_id = %incoming.meta.event_id,
                 handler = route.handler.name()),
             &incoming.meta,
@@ -540,7 +540,7 @@ async fn isolated_in(
                     outcome.duplicates += 1;
                     continue;
                 }
-                let span = crate::trace::parented(
+                let span = super::meta::parented(
                     tracing::info_span!("outbox_consume",
                         event_id = %incoming.meta.event_id, handler = route.handler.name()),
                     &incoming.meta,

@@ -3,18 +3,15 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-#[cfg(feature = "kafka")]
-use rdkafka::ClientConfig;
 use sqlx::PgPool;
 
 use super::consumer::Consumer;
-#[cfg(feature = "kafka")]
-use super::forward::Forwarder;
 use super::handler::Handler;
 use super::route::Routes;
 use super::settings::{Mode, RetryPolicy, Settings};
-use super::shared::Broker;
+use super::source::MakeSource;
 use super::upcast::Upcasters;
+use crate::broker::Brokers;
 use crate::config::Backoff;
 use crate::error::{Error, Result};
 
@@ -30,6 +27,9 @@ pub struct ConsumerBuilder<S = ()> {
     upcasters: Upcasters,
     /// Problems found while registering handlers and upcasters: `build` reports the first.
     errors: Vec<String>,
+    /// The broker: set by each broker's builder methods (`brokers`, `jetstream`, ...), with
+    /// how to make its source.
+    brokers: Brokers<MakeSource>,
     settings: Settings,
 }
 
@@ -42,6 +42,7 @@ impl Consumer {
             routes: Routes::default(),
             upcasters: Upcasters::default(),
             errors: Vec::new(),
+            brokers: Brokers::default(),
             settings: Settings::default(),
         }
     }
@@ -109,60 +110,17 @@ impl ConsumerBuilder<()> {
             routes: self.routes,
             upcasters: self.upcasters,
             errors: self.errors,
+            brokers: self.brokers,
             settings: self.settings,
         }
     }
 }
 
 impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
-    /// Kafka bootstrap servers.
-    #[cfg(feature = "kafka")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
-    pub fn brokers(mut self, brokers: impl Into<String>) -> Self {
-        self.settings
-            .config
-            .set("bootstrap.servers", brokers.into());
-        self
-    }
-
-    /// Consumes from NATS JetStream instead of Kafka: see the [module documentation](super)'s
-    /// JetStream section for the mapping (a durable pull consumer per topic, named after the
-    /// group) and the promises. `build` refuses both this and [`brokers`](Self::brokers).
-    #[cfg(feature = "nats")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
-    pub fn jetstream(mut self, jetstream: crate::relay::JetStream) -> Self {
-        self.settings.jetstream = Some(jetstream);
-        self
-    }
-
     /// The consumer group (required): Kafka's consumer group; on JetStream, the durable
     /// consumers' name. Also the first part of every handler's deduplication key.
     pub fn group_id(mut self, group: impl Into<String>) -> Self {
         self.settings.group = group.into();
-        self
-    }
-
-    /// Consumer settings (security, ...); they win over the defaults. The consumer always
-    /// stores offsets itself (`enable.auto.offset.store=false`): `build` refuses `true`.
-    #[cfg(feature = "kafka")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
-    pub fn consumer_config(mut self, config: ClientConfig) -> Self {
-        for (key, value) in config.config_map() {
-            self.settings.config.set(key, value);
-        }
-        self
-    }
-
-    /// Settings of the producer that sends messages to retry and dead-letter topics (by
-    /// default: the consumer's `bootstrap.servers` and its `security.*`, `sasl.*` and `ssl.*`
-    /// settings); they win over the defaults, except idempotence and `acks=all`, which it
-    /// always uses.
-    #[cfg(feature = "kafka")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
-    pub fn producer_config(mut self, config: ClientConfig) -> Self {
-        for (key, value) in config.config_map() {
-            self.settings.producer_config.set(key, value);
-        }
         self
     }
 
@@ -309,8 +267,9 @@ impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
         self
     }
 
-    /// Validates the settings and creates the dead-letter producer (Kafka).
-    pub fn build(self) -> Result<Consumer> {
+    /// Validates the settings and creates the broker's client (on Kafka, the retry and
+    /// dead-letter producer).
+    pub fn build(mut self) -> Result<Consumer> {
         if let Some(e) = self.errors.first() {
             return Err(Error::Config(e.clone()));
         }
@@ -318,6 +277,11 @@ impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
             return Err(Error::Config(
                 "no handlers: register at least one with `handler(...)`".into(),
             ));
+        }
+        let (broker, make_source) = self.brokers.one("a consumer reads from one")?;
+        broker.check()?;
+        if self.settings.group.is_empty() {
+            self.settings.group = broker.group().unwrap_or_default().to_owned();
         }
         self.settings.check()?;
         let mut routes = self.routes;
@@ -327,17 +291,12 @@ impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
         routes
             .bind_upcasters(self.upcasters)
             .map_err(Error::Config)?;
-        #[cfg(feature = "nats")]
-        if let Some(jetstream) = self.settings.jetstream.clone() {
-            let broker = Broker::JetStream(jetstream);
-            return Ok(Consumer::new(self.pool, self.settings, routes, broker));
-        }
-        #[cfg(feature = "kafka")]
-        {
-            let broker = Broker::Kafka(Forwarder::new(&self.settings)?);
-            Ok(Consumer::new(self.pool, self.settings, routes, broker))
-        }
-        #[cfg(not(feature = "kafka"))]
-        unreachable!("`check` refuses a consumer without a broker")
+        let source = make_source(broker.as_any(), &self.settings)?;
+        Ok(Consumer::new(self.pool, self.settings, routes, source))
+    }
+
+    /// The broker settings, for the brokers' builder methods.
+    pub(crate) fn broker_settings(&mut self) -> &mut Brokers<MakeSource> {
+        &mut self.brokers
     }
 }

@@ -1,11 +1,8 @@
-//! [`Consumer`]: subscribes, runs the mode's loop (on Kafka [`dedup`](super::dedup) or
-//! [`receive`](super::receive), on JetStream [`jetstream`](super::jetstream)'s) and its
-//! [`processor`](super::processor)s, commits the stored offsets when it stops.
+//! [`Consumer`]: runs its broker's [`Source`] (which reads, hands batches to the core and
+//! settles them) and its [`processor`](super::processor)s, until cancelled.
 
 use std::sync::Arc;
 
-#[cfg(feature = "kafka")]
-use rdkafka::consumer::{CommitMode, Consumer as _, StreamConsumer};
 use sqlx::PgPool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
@@ -13,16 +10,17 @@ use tokio_util::sync::CancellationToken;
 use super::processor;
 use super::route::Routes;
 use super::settings::{Mode, Settings};
-use super::shared::{Broker, Shared};
+use super::shared::Shared;
+use super::source::Source;
 use super::store::{inbox_status, InboxStatus};
-#[cfg(feature = "kafka")]
-use super::{dedup, receive, topics};
 use crate::error::{Error, Result};
 
 /// Consumes events and hands them to handlers. See the [module documentation](super).
 #[derive(Clone)]
 pub struct Consumer {
     shared: Arc<Shared>,
+    /// What it reads from and sends failed messages to.
+    source: Arc<dyn Source>,
 }
 
 impl std::fmt::Debug for Consumer {
@@ -39,15 +37,15 @@ impl Consumer {
         pool: PgPool,
         settings: Settings,
         routes: Routes,
-        broker: Broker,
+        source: Box<dyn Source>,
     ) -> Consumer {
         Consumer {
             shared: Arc::new(Shared {
                 pool,
                 settings,
                 routes,
-                broker,
             }),
+            source: Arc::from(source),
         }
     }
 
@@ -80,14 +78,7 @@ impl Consumer {
                 .map(|_| processor::spawn_supervised(Arc::clone(shared), cancel.clone()))
                 .collect(),
         };
-        let result = match &shared.broker {
-            #[cfg(feature = "kafka")]
-            Broker::Kafka(_) => self.consume_kafka(&cancel).await,
-            #[cfg(feature = "nats")]
-            Broker::JetStream(jetstream) => {
-                super::jetstream::consume(shared, jetstream, &cancel).await
-            }
-        };
+        let result = self.source.consume(shared, &cancel).await;
         cancel.cancel();
         partitions.abort();
         for p in processors {
@@ -96,36 +87,6 @@ impl Consumer {
                 source,
             })??;
         }
-        result
-    }
-
-    /// Consumes from Kafka until `cancel` fires, then commits what was stored.
-    #[cfg(feature = "kafka")]
-    async fn consume_kafka(&self, cancel: &CancellationToken) -> Result<()> {
-        let shared = &self.shared;
-        let settings = &shared.settings;
-        let consumer: StreamConsumer =
-            settings
-                .consumer_config()
-                .create()
-                .map_err(|source| Error::KafkaClient {
-                    client: "consumer",
-                    source,
-                })?;
-        let topics = settings.subscriptions(shared.routes.topics());
-        let topics: Vec<&str> = topics.iter().map(String::as_str).collect();
-        consumer.subscribe(&topics)?;
-        // Say now, not at the first failure, if a retry or dead-letter topic is missing.
-        let checking = tokio::spawn(topics::watch(Arc::clone(shared), cancel.child_token()));
-        let result = match settings.mode {
-            Mode::Dedup => dedup::consume(shared, &consumer, cancel).await,
-            Mode::Inbox => receive::consume(shared, &consumer, cancel).await,
-        };
-        // Commit what was stored (the database has committed all of it).
-        if let Err(e) = consumer.commit_consumer_state(CommitMode::Sync) {
-            tracing::debug!(error = %crate::error_chain(&e), "no offsets to commit on shutdown");
-        }
-        checking.abort();
         result
     }
 

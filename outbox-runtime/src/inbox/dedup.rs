@@ -1,126 +1,13 @@
-//! Dedup mode's loop on Kafka: batches handled in one transaction each ([`batch`]), failed
-//! messages forwarded to their retry or dead-letter topic, offsets stored in order; a message
-//! from a retry topic that is not due yet pauses its partition until it is. And what every
-//! broker's dedup loop shares: handling a batch while the database is out, where a failed
-//! message goes.
+//! What every broker's dedup loop shares: handling a batch while the database is out
+//! ([`handle`]), where a failed message goes ([`verdict`]), retrying in place.
 
-#[cfg(feature = "kafka")]
-use rdkafka::consumer::StreamConsumer;
-#[cfg(feature = "kafka")]
-use rdkafka::message::BorrowedMessage;
 use tokio_util::sync::CancellationToken;
 
 use super::batch::{self, Checked, Outcome};
 use super::failure::{Destination, Failure};
-#[cfg(feature = "kafka")]
-use super::forward::Forward;
 use super::message;
-#[cfg(feature = "kafka")]
-use super::poll::{next_batch, store_offset, Paused};
 use super::settings::{RetryPolicy, Settings};
 use super::shared::Shared;
-#[cfg(feature = "kafka")]
-use crate::error::Result;
-
-/// Dedup mode. Messages are handled in batches, one transaction and one commit (one WAL
-/// flush) each (see [`batch::handle`]). A failed message is forwarded (to its retry or
-/// dead-letter topic) before its offset is stored, offsets in order. A message from a
-/// retry topic that is not due yet pauses its partition (rewound to it) until it is.
-#[cfg(feature = "kafka")]
-pub(crate) async fn consume(
-    shared: &Shared,
-    consumer: &StreamConsumer,
-    cancel: &CancellationToken,
-) -> Result<()> {
-    let settings = &shared.settings;
-    let mut paused = Paused::default();
-    while let Some(batch) = next_batch(consumer, settings.batch_size, &mut paused, cancel).await {
-        let now = message::now_ms();
-        let mut ready: Vec<&BorrowedMessage<'_>> = Vec::with_capacity(batch.len());
-        let mut repaused = Vec::new();
-        for msg in &batch {
-            if paused.is_paused(consumer, msg, &mut repaused) {
-                continue; // read again once its partition resumes
-            }
-            match message::due_ms(msg) {
-                Some(due) if due > now => paused.pause(consumer, msg, due),
-                _ => ready.push(msg),
-            }
-        }
-        let mut checked: Vec<Checked<'_>> = ready.iter().map(|m| message::check(m)).collect();
-        let mut start = 0;
-        // The message retried in place, and its attempts so far.
-        let mut retrying: Option<(usize, u32)> = None;
-        while start < checked.len() {
-            let Some(outcome) = handle(shared, &checked[start..], cancel, None).await else {
-                return Ok(());
-            };
-            let settled = &ready[start..start + outcome.done];
-            let forwards: Vec<Forward<'_, '_>> = outcome
-                .failed
-                .into_iter()
-                .map(|(i, failure)| {
-                    let msg = settled[i];
-                    let origin = message::origin(msg);
-                    let attempts = attempts(retrying, start + i, origin.attempts + 1);
-                    let bad = checked[start + i].is_err();
-                    let (destination, reason) = verdict(settings, attempts, &failure, bad);
-                    Forward {
-                        msg,
-                        origin,
-                        destination,
-                        reason,
-                    }
-                })
-                .collect();
-            if shared
-                .forwarder()
-                .forward_all(consumer, &forwards, cancel)
-                .await
-                .is_err()
-            {
-                return Ok(()); // cancelled: their offsets stay unstored
-            }
-            for msg in settled {
-                store_offset(consumer, msg);
-            }
-            start += outcome.done;
-            let Some(failure) = outcome.stopped else {
-                break;
-            };
-            // In place: the message at `start` failed retryably; try it (and what follows
-            // it) again after a backoff, or dead-letter it once out of attempts.
-            let tries = attempts(retrying, start, 1);
-            if tries >= settings.max_attempts {
-                let msg = ready[start];
-                let dead = Forward {
-                    msg,
-                    origin: message::origin(msg),
-                    destination: Destination::DeadLetter { attempts: tries },
-                    reason: dead_reason(&failure, tries),
-                };
-                if shared
-                    .forwarder()
-                    .forward(consumer, &dead, cancel)
-                    .await
-                    .is_err()
-                {
-                    return Ok(());
-                }
-                store_offset(consumer, msg);
-                start += 1;
-                retrying = None;
-                continue;
-            }
-            retrying = retry_in_place(&mut checked, start, tries, &failure);
-            tokio::select! {
-                () = cancel.cancelled() => return Ok(()),
-                () = tokio::time::sleep(settings.backoff(tries)) => {}
-            }
-        }
-    }
-    Ok(())
-}
 
 /// Handles checked messages in dedup mode, waiting out database failures (the messages
 /// are not at fault: nothing is stored until it commits, and the dedup rows make doing it

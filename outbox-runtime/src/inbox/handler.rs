@@ -158,16 +158,14 @@ impl From<crate::Error> for HandlerError {
 ///     }
 /// }
 ///
-/// # fn build(pool: sqlx::PgPool) -> outbox_runtime::Result<()> {
-/// # #[cfg(feature = "kafka")]
+/// # fn build(pool: sqlx::PgPool) {
 /// let consumer = outbox_runtime::inbox::Consumer::builder(pool)
-///     .brokers("localhost:9092")
 ///     .group_id("accounting")
 ///     .state(Rates { eur_per_usd: 0.92 })
 ///     .handler(Book { ledger: "sales" })
-///     .handler(Book { ledger: "tax" })
-///     .build()?;
-/// # Ok(())
+///     .handler(Book { ledger: "tax" });
+/// // ... then its broker (`brokers(...)` or `jetstream(...)`) and `build()`.
+/// # let _ = consumer;
 /// # }
 /// ```
 ///

@@ -3,14 +3,12 @@
 
 use std::time::{SystemTime, UNIX_EPOCH};
 
-#[cfg(feature = "kafka")]
-use rdkafka::message::{BorrowedMessage, Headers, Message};
 use uuid::Uuid;
 
 use super::meta::MessageMeta;
 use crate::event::SCHEMA_VERSION_HEADER;
 
-/// Headers the consumer adds to a message it sends to a retry topic.
+/// Headers the consumer adds to a message it sends to a retry topic or to the dead letters.
 pub(crate) mod headers {
     /// The topic the message was first read from (its handlers are routed by it).
     pub(crate) const SOURCE_TOPIC: &str = "outbox_retry_source_topic";
@@ -23,20 +21,20 @@ pub(crate) mod headers {
     pub(crate) const ATTEMPTS: &str = "outbox_retry_attempts";
     /// When it may be tried again, in milliseconds since the Unix epoch.
     pub(crate) const DUE_MS: &str = "outbox_retry_due_ms";
-    /// The last failure.
-    #[cfg(feature = "kafka")]
+    /// The last failure (a retry topic's message).
+    #[allow(dead_code)] // written by the brokers with retry topics
     pub(crate) const ERROR: &str = "outbox_retry_error";
-    /// Every header the consumer sets on a retried message (replaced, not repeated, on the
-    /// next retry).
-    #[cfg(feature = "kafka")]
-    pub(crate) const ALL: [&str; 6] = [
-        SOURCE_TOPIC,
-        SOURCE_PARTITION,
-        SOURCE_OFFSET,
-        ATTEMPTS,
-        DUE_MS,
-        ERROR,
-    ];
+
+    /// A dead letter's: why it failed.
+    pub(crate) const DLQ_ERROR: &str = "dlq_error";
+    /// A dead letter's: how many attempts failed.
+    pub(crate) const DLQ_ATTEMPTS: &str = "dlq_attempts";
+    /// A dead letter's: the topic it was read from (its own, or the one it was retried from).
+    pub(crate) const DLQ_SOURCE_TOPIC: &str = "dlq_source_topic";
+    /// A dead letter's: its partition there (0 on a broker without partitions).
+    pub(crate) const DLQ_SOURCE_PARTITION: &str = "dlq_source_partition";
+    /// A dead letter's: its offset there (JetStream: its stream sequence).
+    pub(crate) const DLQ_SOURCE_OFFSET: &str = "dlq_source_offset";
 }
 
 /// A checked message: its metadata (routed by `meta.topic`, its own topic or the one it was
@@ -76,16 +74,6 @@ fn text(value: Option<&[u8]>) -> Option<&str> {
     value.and_then(|v| std::str::from_utf8(v).ok())
 }
 
-/// The headers the consumer reads of a Kafka message, and with `application` the
-/// application's too, in one pass (no allocation for a message without application headers).
-#[cfg(feature = "kafka")]
-fn read<'m>(msg: &'m BorrowedMessage<'_>, application: bool) -> Read<'m> {
-    match msg.headers() {
-        Some(all) => read_headers(all.iter().map(|h| (h.key, h.value)), application),
-        None => Read::default(),
-    }
-}
-
 /// The headers the consumer reads among `all` (name, value), and with `application` the
 /// application's too.
 fn read_headers<'m>(
@@ -122,10 +110,13 @@ fn read_headers<'m>(
     read
 }
 
-/// When a message from a retry topic may be tried again (`None`: now, or not a retry).
-#[cfg(feature = "kafka")]
-pub(crate) fn due_ms(msg: &BorrowedMessage<'_>) -> Option<i64> {
-    text(read(msg, false).due_ms)?.parse().ok()
+/// When a message from a retry topic may be tried again (`None`: now, or not a retry), among
+/// its headers (name, value).
+#[allow(dead_code)] // read by the brokers with retry topics
+pub(crate) fn due_ms<'m>(
+    headers: impl Iterator<Item = (&'m str, Option<&'m [u8]>)>,
+) -> Option<i64> {
+    text(read_headers(headers, false).due_ms)?.parse().ok()
 }
 
 /// Milliseconds since the Unix epoch.
@@ -143,16 +134,20 @@ pub(crate) struct Origin<'m> {
     pub topic: &'m str,
     /// Its partition there.
     pub partition: i32,
-    /// Its offset there.
-    #[cfg_attr(not(feature = "kafka"), allow(dead_code))] // Kafka's dead letters carry it
+    /// Its offset there (a dead letter's `dlq_source_offset` on Kafka).
+    #[allow(dead_code)] // read by the brokers that have retry topics
     pub offset: i64,
     /// Attempts that failed before this one (0 for a message from its own topic).
     pub attempts: u32,
 }
 
-#[cfg(feature = "kafka")]
-pub(crate) fn origin<'m>(msg: &'m BorrowedMessage<'_>) -> Origin<'m> {
-    origin_of(&Delivered::of(msg), &read(msg, false))
+/// Where a message with these headers (name, value) was first read.
+#[allow(dead_code)] // read by the brokers with retry topics
+pub(crate) fn origin<'m>(
+    msg: &Delivered<'m>,
+    headers: impl Iterator<Item = (&'m str, Option<&'m [u8]>)>,
+) -> Origin<'m> {
+    origin_of(msg, &read_headers(headers, false))
 }
 
 /// A message as delivered, whatever the broker: where it was read, its key and payload.
@@ -165,19 +160,6 @@ pub(crate) struct Delivered<'m> {
     pub offset: i64,
     pub key: Option<&'m [u8]>,
     pub payload: &'m [u8],
-}
-
-#[cfg(feature = "kafka")]
-impl<'m> Delivered<'m> {
-    fn of(msg: &'m BorrowedMessage<'_>) -> Self {
-        Delivered {
-            topic: msg.topic(),
-            partition: msg.partition(),
-            offset: msg.offset(),
-            key: msg.key(),
-            payload: msg.payload().unwrap_or_default(),
-        }
-    }
 }
 
 fn origin_of<'m>(msg: &Delivered<'m>, read: &Read<'m>) -> Origin<'m> {
@@ -203,24 +185,15 @@ fn origin_of<'m>(msg: &Delivered<'m>, read: &Read<'m>) -> Origin<'m> {
     }
 }
 
-/// Checks what every Kafka message needs; the error is the dead-letter reason. The payload must
-/// be JSON; whether PostgreSQL's `jsonb` takes it (inbox mode) is its own business, found out
-/// when the message is stored. The metadata's attempt counts the retry topics' failures.
-#[cfg(feature = "kafka")]
-pub(crate) fn check<'m>(msg: &'m BorrowedMessage<'_>) -> Result<Incoming<'m>, String> {
-    check_delivered(Delivered::of(msg), read(msg, true))
-}
-
-/// Checks a message of another broker, its headers given as (name, value).
-#[cfg(feature = "nats")]
-pub(crate) fn check_with_headers<'m>(
+/// Checks what every message needs, its headers given as (name, value); the error is the
+/// dead-letter reason. The payload must be JSON; whether PostgreSQL's `jsonb` takes it (inbox
+/// mode) is its own business, found out when the message is stored. The metadata's attempt
+/// counts the retry topics' failures (a broker that counts deliveries sets its own).
+pub(crate) fn check<'m>(
     msg: Delivered<'m>,
     headers: impl Iterator<Item = (&'m str, Option<&'m [u8]>)>,
 ) -> Result<Incoming<'m>, String> {
-    check_delivered(msg, read_headers(headers, true))
-}
-
-fn check_delivered<'m>(msg: Delivered<'m>, read: Read<'m>) -> Result<Incoming<'m>, String> {
+    let read = read_headers(headers, true);
     let payload = msg.payload;
     serde_json::from_slice::<serde::de::IgnoredAny>(payload)
         .map_err(|e| format!("payload is not JSON: {e}"))?;

@@ -160,3 +160,21 @@ impl<'a> MessageMeta<'a> {
         self.schema_version
     }
 }
+/// `span`, a handler's span, with `meta`'s trace context as its parent (with the
+/// `opentelemetry` feature and a context in the message; else as it is).
+#[cfg(feature = "_broker")]
+#[inline]
+pub(crate) fn parented(span: tracing::Span, meta: &MessageMeta<'_>) -> tracing::Span {
+    #[cfg(feature = "opentelemetry")]
+    if let Some(parent) = meta.trace_parent() {
+        use tracing_opentelemetry::OpenTelemetrySpanExt as _;
+        // Fails only without an OpenTelemetry layer: nothing to parent then.
+        let _ = span.set_parent(crate::trace::remote_context(
+            Some(parent),
+            meta.tracestate(),
+        ));
+    }
+    #[cfg(not(feature = "opentelemetry"))]
+    let _ = meta;
+    span
+}

@@ -409,51 +409,41 @@ mod builder;
 #[cfg(feature = "_broker")]
 mod consumer;
 #[cfg(feature = "_broker")]
-mod dedup;
+pub(crate) mod dedup;
 #[cfg(feature = "_broker")]
 pub(crate) mod failure;
-#[cfg(feature = "kafka")]
-mod forward;
 mod handler;
-#[cfg(feature = "nats")]
-mod jetstream;
 #[cfg(feature = "_broker")]
 mod ladder;
 #[cfg(feature = "nats")]
-mod lease;
+pub(crate) mod lease;
 #[cfg(feature = "_broker")]
 pub(crate) mod message;
 mod meta;
-#[cfg(feature = "kafka")]
-mod poll;
 #[cfg(feature = "_broker")]
 mod processor;
-#[cfg(feature = "kafka")]
-mod receive;
 #[cfg(feature = "_broker")]
 pub(crate) mod route;
 #[cfg(feature = "_broker")]
-mod settings;
+pub(crate) mod settings;
 #[cfg(feature = "_broker")]
-mod shared;
+pub(crate) mod shared;
 #[cfg(feature = "_broker")]
-mod store;
-#[cfg(feature = "kafka")]
-mod topics;
+mod source;
+#[cfg(feature = "_broker")]
+pub(crate) mod store;
 #[cfg(feature = "_broker")]
 mod upcast;
 
 #[cfg(feature = "_broker")]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "kafka", feature = "nats"))))]
 pub use builder::ConsumerBuilder;
 #[cfg(feature = "_broker")]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "kafka", feature = "nats"))))]
 pub use consumer::Consumer;
 pub use handler::{BoxError, BoxFuture, Handler, HandlerError};
 pub use meta::MessageMeta;
 #[cfg(feature = "_broker")]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "kafka", feature = "nats"))))]
 pub use settings::{Mode, RetryPolicy};
 #[cfg(feature = "_broker")]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "kafka", feature = "nats"))))]
+pub(crate) use source::Source;
+#[cfg(feature = "_broker")]
 pub use store::{inbox_status, InboxStatus};

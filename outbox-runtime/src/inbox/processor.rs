@@ -196,7 +196,7 @@ async fn process_optimistic(shared: &Shared) -> Result<Pass<Uuid, usize>> {
     let mut done: Vec<Uuid> = Vec::with_capacity(rows.len());
     for row in &rows {
         let meta = row.meta();
-        let span = crate::trace::parented(
+        let span = super::meta::parented(
             tracing::info_span!("outbox_inbox_row", event_id = %row.event_id, topic = %row.topic),
             &meta,
         );
@@ -264,7 +264,7 @@ async fn process_isolated(
     let mut failed: Vec<RowFailure> = Vec::new();
     for row in rows {
         let meta = row.meta();
-        let span = crate::trace::parented(
+        let span = super::meta::parented(
             tracing::info_span!("outbox_inbox_row", event_id = %row.event_id,
                 topic = %row.topic, attempt = row.attempts + 1),
             &meta,

@@ -4,8 +4,6 @@
 use sqlx::{PgConnection, PgPool};
 use tokio_util::sync::CancellationToken;
 
-#[cfg(feature = "kafka")]
-use super::forward::Forwarder;
 use super::route::Routes;
 use super::settings::Settings;
 
@@ -14,30 +12,9 @@ pub(crate) struct Shared {
     pub(crate) pool: PgPool,
     pub(crate) settings: Settings,
     pub(crate) routes: Routes,
-    pub(crate) broker: Broker,
-}
-
-/// What a consumer reads from, and sends failed messages to.
-pub(crate) enum Broker {
-    /// Kafka: the retry and dead-letter producer (the consumer is made when it runs).
-    #[cfg(feature = "kafka")]
-    Kafka(Forwarder),
-    /// JetStream: its durable pull consumers, and the dead-letter subjects.
-    #[cfg(feature = "nats")]
-    JetStream(crate::relay::JetStream),
 }
 
 impl Shared {
-    /// The Kafka consumer's retry and dead-letter producer.
-    #[cfg(feature = "kafka")]
-    pub(crate) fn forwarder(&self) -> &Forwarder {
-        #[allow(unreachable_patterns)] // with `nats` too
-        match &self.broker {
-            Broker::Kafka(forwarder) => forwarder,
-            _ => unreachable!("the Kafka loops run on a Kafka consumer only"),
-        }
-    }
-
     /// After the `failures`-th failed write to `table` in a row: creates its partitions when
     /// the write found none for its rows (nothing created them ahead: no relay with retention,
     /// a consumer stopped for days), else logs the error; then waits the outage backoff.

@@ -2,43 +2,33 @@
 
 use std::time::Duration;
 
-#[cfg(feature = "kafka")]
-use rdkafka::config::ClientConfig;
 use sqlx::PgPool;
 
-use super::cloudevents::CloudEvents;
-use super::publish::PerKey;
 use super::run::Relay;
 use super::settings::Settings;
-use super::transport::Transport;
 use crate::admin::{HealthThresholds, Retention};
+use crate::broker::Brokers;
 use crate::config::Backoff;
-#[cfg(feature = "nats")]
-use crate::error::Error;
 use crate::error::Result;
+use crate::publish::{CloudEvents, PerKey};
 
 /// Configures a [`Relay`]. Start with [`Relay::builder`].
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct RelayBuilder {
     pool: PgPool,
-    #[cfg(feature = "kafka")]
-    producer: ClientConfig,
-    #[cfg(feature = "nats")]
-    jetstream: Option<super::jetstream::JetStream>,
+    /// The broker: set by each broker's builder methods (`brokers`, `jetstream`, ...).
+    brokers: Brokers,
     settings: Settings,
 }
 
 impl Relay {
-    /// A builder with the defaults; set at least the broker: [`brokers`](RelayBuilder::brokers)
-    /// for Kafka, or [`jetstream`](RelayBuilder::jetstream).
+    /// A builder with the defaults; set at least the broker: `brokers` for Kafka (feature
+    /// `kafka`), or `jetstream` (feature `nats`).
     pub fn builder(pool: PgPool) -> RelayBuilder {
         RelayBuilder {
             pool,
-            #[cfg(feature = "kafka")]
-            producer: ClientConfig::new(),
-            #[cfg(feature = "nats")]
-            jetstream: None,
+            brokers: Brokers::default(),
             settings: Settings::default(),
         }
     }
@@ -50,43 +40,6 @@ impl RelayBuilder {
     /// `build` refuses an empty source or topic list.
     pub fn cloud_events(mut self, cloud_events: CloudEvents) -> Self {
         self.settings.cloud_events = Some(cloud_events);
-        self
-    }
-
-    /// Kafka bootstrap servers (`bootstrap.servers`).
-    #[cfg(feature = "kafka")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
-    pub fn brokers(mut self, brokers: impl Into<String>) -> Self {
-        self.producer.set("bootstrap.servers", brokers.into());
-        self
-    }
-
-    /// Producer settings (security, compression, ...). Settings given here win over the
-    /// relay's defaults; `brokers` set before this call is replaced. [`build`](Self::build)
-    /// refuses settings that would break the relay's promises: the producer is always
-    /// idempotent (`enable.idempotence=true`, `acks=all`), fails rather than leave a gap
-    /// (`enable.gapless.guarantee=true`), and never times a message out itself
-    /// (`message.timeout.ms=0`: the relay bounds its waits with the publish timeout, and a
-    /// message the producer timed out could let a later one of its key overtake it).
-    #[cfg(feature = "kafka")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
-    pub fn producer_config(mut self, config: ClientConfig) -> Self {
-        for (key, value) in config.config_map() {
-            self.producer.set(key, value);
-        }
-        self
-    }
-
-    /// Publishes to NATS JetStream instead of Kafka: see [`JetStream`](super::JetStream) for
-    /// the mapping (a topic is a subject; the event id is `Nats-Msg-Id`) and the streams.
-    /// Every other setting means what it means for Kafka, but
-    /// [`one_record_in_flight_per_key`](Self::one_record_in_flight_per_key): on JetStream a
-    /// key's records always go one at a time (JetStream does not number a producer's messages,
-    /// so a refused one would not stop the next).
-    #[cfg(feature = "nats")]
-    #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
-    pub fn jetstream(mut self, jetstream: super::jetstream::JetStream) -> Self {
-        self.jetstream = Some(jetstream);
         self
     }
 
@@ -216,41 +169,21 @@ impl RelayBuilder {
         self
     }
 
-    /// Validates the settings and creates the producer (or the JetStream publisher).
+    /// Validates the settings and creates the broker's client (Kafka's producer, the
+    /// JetStream publisher).
     pub fn build(self) -> Result<Relay> {
-        let transport = self.transport()?;
+        let (broker, ()) = self.brokers.one("a relay publishes to one")?;
+        broker.check()?;
+        self.settings.check()?;
+        let transport = broker.transport(
+            self.settings.publish_timeout,
+            self.settings.failover_timeout,
+        )?;
         Ok(Relay::new(self.pool, Some(transport), self.settings))
     }
 
-    /// The transport the settings name, checked with them.
-    fn transport(&self) -> Result<Transport> {
-        #[cfg(feature = "nats")]
-        if let Some(jetstream) = &self.jetstream {
-            #[cfg(feature = "kafka")]
-            if self.producer.get("bootstrap.servers").is_some() {
-                return Err(Error::Config(
-                    "both Kafka brokers and JetStream are set: a relay publishes to one".into(),
-                ));
-            }
-            // `check` asks for a broker's address: the client is connected already.
-            self.settings.check(Some("nats"))?;
-            jetstream.check().map_err(Error::Config)?;
-            let publisher = jetstream.clone().publisher(
-                self.settings.publish_timeout,
-                self.settings.failover_timeout,
-            );
-            return Ok(Transport::JetStream(Box::new(publisher)));
-        }
-        #[cfg(feature = "kafka")]
-        {
-            self.settings
-                .check(self.producer.get("bootstrap.servers"))?;
-            let producer = super::producer::ProducerSlot::new(self.producer.clone())?;
-            Ok(Transport::Kafka(producer))
-        }
-        #[cfg(not(feature = "kafka"))]
-        Err(Error::Config(
-            "no broker: call `jetstream(...)` (this build has no Kafka: feature `kafka`)".into(),
-        ))
+    /// The broker settings, for the brokers' builder methods.
+    pub(crate) fn broker_settings(&mut self) -> &mut Brokers {
+        &mut self.brokers
     }
 }

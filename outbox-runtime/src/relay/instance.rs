@@ -8,11 +8,10 @@ use sqlx::{Executor, PgConnection, PgPool};
 use tracing::Instrument;
 
 use super::floor::Floor;
-use super::publish::Outcome;
 use super::settings::Settings;
-use super::store::{self, Claim, Table};
-use super::transport::Transport;
 use crate::error::{Error, PublishError, Result};
+use crate::publish::{Outcome, Transport};
+use crate::store::relay::{self as store, Claim, Table};
 
 /// `$work.await`, or an error once `$limit` (the failover timeout) passed without an answer: a
 /// database that does not answer for that long has ended the session (or will), and the shards
@@ -112,7 +111,7 @@ pub(super) struct Instance<'r> {
     pool: &'r PgPool,
     settings: &'r Settings,
     /// `None` when it only measures the database's work: every row counts as acknowledged.
-    transport: Option<&'r Transport>,
+    transport: Option<&'r dyn Transport>,
     conn: Option<PgConnection>,
     table: Option<Table>,
     slot: i32,
@@ -130,7 +129,7 @@ impl<'r> Instance<'r> {
     pub(super) fn new(
         pool: &'r PgPool,
         settings: &'r Settings,
-        transport: Option<&'r Transport>,
+        transport: Option<&'r dyn Transport>,
     ) -> Self {
         Instance {
             pool,
@@ -256,7 +255,7 @@ impl<'r> Instance<'r> {
         }
         let started = Instant::now();
         let outcomes = match self.transport {
-            Some(transport) => transport.publish(&claim.rows, relay).await,
+            Some(transport) => transport.publish(&claim.rows, relay.publishing()).await,
             None => claim.rows.iter().map(|_| Outcome::Published).collect(),
         };
         let mut published = Vec::with_capacity(claim.rows.len());

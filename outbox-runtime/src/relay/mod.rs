@@ -172,35 +172,17 @@
 #[cfg(feature = "_broker")]
 mod builder;
 #[cfg(feature = "_broker")]
-mod cloudevents;
-#[cfg(feature = "_broker")]
 mod floor;
 #[cfg(feature = "_broker")]
 mod health;
 #[cfg(feature = "_broker")]
 mod instance;
-#[cfg(feature = "nats")]
-pub(crate) mod jetstream;
-#[cfg(feature = "kafka")]
-pub(crate) mod kafka;
 #[cfg(feature = "_broker")]
 mod periodic;
-#[cfg(feature = "kafka")]
-mod producer;
-#[cfg(feature = "_broker")]
-pub(crate) mod publish;
 #[cfg(feature = "_broker")]
 mod run;
 #[cfg(feature = "_broker")]
 mod settings;
-#[cfg(feature = "_broker")]
-pub(crate) use settings::Settings;
-#[cfg(feature = "_broker")]
-pub(crate) use transport::Transport;
-#[cfg_attr(not(feature = "_broker"), allow(dead_code, unused_imports))]
-pub(crate) mod store;
-#[cfg(feature = "_broker")]
-mod transport;
 #[cfg(feature = "_broker")]
 mod wakeup;
 
@@ -210,21 +192,17 @@ use sqlx::PgPool;
 
 use crate::error::Result;
 
-#[cfg(feature = "_broker")]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "kafka", feature = "nats"))))]
-pub use builder::RelayBuilder;
-#[cfg(feature = "_broker")]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "kafka", feature = "nats"))))]
-pub use cloudevents::CloudEvents;
-#[cfg(feature = "_broker")]
-pub use floor::claim_floor;
+/// The relay's JetStream settings; also at [`crate::nats::JetStream`].
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
-pub use jetstream::JetStream;
-#[cfg(feature = "kafka")]
-pub(crate) use producer::ProducerSlot;
+pub use crate::nats::JetStream;
 #[cfg(feature = "_broker")]
-#[cfg_attr(docsrs, doc(cfg(any(feature = "kafka", feature = "nats"))))]
+pub use crate::publish::CloudEvents;
+#[cfg(feature = "_broker")]
+pub use builder::RelayBuilder;
+#[cfg(feature = "_broker")]
+pub use floor::claim_floor;
+#[cfg(feature = "_broker")]
 pub use run::{drain_without_kafka, explain_claim, Relay};
 
 /// Backlog figures: see [`status`].
@@ -246,17 +224,7 @@ pub struct RelayStatus {
 
 /// The relay's backlog figures, from the database alone.
 pub async fn status(pool: &PgPool) -> Result<RelayStatus> {
-    let (unpublished, retrying, held, parked, age): (i64, i64, i64, i64, Option<f64>) =
-        sqlx::query_as(
-            "SELECT count(*) FILTER (WHERE parked_at IS NULL), \
-                count(*) FILTER (WHERE parked_at IS NULL AND next_attempt_at IS NOT NULL), \
-                count(*) FILTER (WHERE parked_at IS NULL AND held_at IS NOT NULL), \
-                count(*) FILTER (WHERE parked_at IS NOT NULL), \
-                extract(epoch FROM now() - min(created_at) FILTER (WHERE parked_at IS NULL))::float8 \
-         FROM outbox_event WHERE published_at IS NULL",
-        )
-        .fetch_one(pool)
-        .await?;
+    let (unpublished, retrying, held, parked, age) = crate::store::relay::backlog(pool).await?;
     Ok(RelayStatus {
         unpublished,
         retrying,

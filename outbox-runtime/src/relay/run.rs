@@ -12,10 +12,10 @@ use super::health::HealthChecks;
 use super::instance::{Instance, Step, REBALANCE_EVERY};
 use super::periodic::RetentionRuns;
 use super::settings::Settings;
-use super::transport::Transport;
 use super::wakeup::Wakeups;
 use super::{status, RelayStatus};
 use crate::error::{Error, Result};
+use crate::publish::Transport;
 
 /// Publishes the outbox to Kafka or JetStream. Cheap to clone; every [`run`](Self::run) or
 /// [`spawn`](Self::spawn) is one more instance sharing the producer. See the
@@ -29,7 +29,7 @@ pub struct Relay {
 struct Shared {
     pool: PgPool,
     /// `None` only in [`drain_without_kafka`], which measures the database side alone.
-    transport: Option<Transport>,
+    transport: Option<Box<dyn Transport>>,
     settings: Settings,
     health: HealthChecks,
     /// Retention, if it runs here, and when next.
@@ -54,7 +54,11 @@ impl std::fmt::Debug for Relay {
 }
 
 impl Relay {
-    pub(super) fn new(pool: PgPool, transport: Option<Transport>, settings: Settings) -> Relay {
+    pub(super) fn new(
+        pool: PgPool,
+        transport: Option<Box<dyn Transport>>,
+        settings: Settings,
+    ) -> Relay {
         let health = HealthChecks::new(settings.health.clone(), settings.health_interval);
         let retention = settings.retention.clone().map(RetentionRuns::new);
         Relay {
@@ -73,7 +77,7 @@ impl Relay {
     /// A new instance of this relay.
     fn instance(&self) -> Instance<'_> {
         let shared = &*self.shared;
-        Instance::new(&shared.pool, &shared.settings, shared.transport.as_ref())
+        Instance::new(&shared.pool, &shared.settings, shared.transport.as_deref())
     }
 
     /// Runs one relay instance on a tokio task until `cancel` fires; see [`run`](Self::run).

@@ -2,11 +2,10 @@
 
 use std::time::Duration;
 
-use super::cloudevents::CloudEvents;
-use super::publish::PerKey;
 use crate::admin::{HealthThresholds, Retention};
 use crate::config::Backoff;
 use crate::error::{Error, Result};
+use crate::publish::{CloudEvents, Options, PerKey};
 
 /// A relay's settings (see [`RelayBuilder`](super::RelayBuilder) for each), with its
 /// defaults.
@@ -53,12 +52,10 @@ impl Default for Settings {
 }
 
 impl Settings {
-    /// `Err(Error::Config)` names the first setting that cannot work (`brokers`: the
-    /// producer's `bootstrap.servers`).
-    pub(crate) fn check(&self, brokers: Option<&str>) -> Result<()> {
+    /// `Err(Error::Config)` names the first setting that cannot work.
+    pub(crate) fn check(&self) -> Result<()> {
         let config_err = |msg: String| Err(Error::Config(msg));
         crate::config::check_common(
-            brokers,
             self.batch_size,
             self.poll_interval,
             self.max_attempts,
@@ -90,6 +87,15 @@ impl Settings {
             ce.check().map_err(Error::Config)?;
         }
         Ok(())
+    }
+
+    /// How a batch is published.
+    pub(crate) fn publishing(&self) -> Options<'_> {
+        Options {
+            timeout: self.publish_timeout,
+            per_key: self.per_key,
+            cloud_events: self.cloud_events.as_ref(),
+        }
     }
 
     /// `max_attempts` as the database's `attempts` column counts.

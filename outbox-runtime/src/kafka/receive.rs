@@ -1,22 +1,23 @@
-//! Inbox mode's receipt: each batch off Kafka stored in `inbox_event` (one statement,
+//! Inbox mode's receipt on Kafka: each batch stored in `inbox_event` (one statement,
 //! duplicates ignored), what cannot be stored dead-lettered, then the offsets stored. The
-//! processors ([`processor`](super::processor)) handle the rows.
+//! processors (`inbox/processor.rs`) handle the rows.
 
 use rdkafka::consumer::StreamConsumer;
 use tokio_util::sync::CancellationToken;
 
-use super::failure::Destination;
-use super::forward::Forward;
+use super::forward::{Forward, Forwarder};
 use super::message;
 use super::poll::{next_batch, store_offset, Paused};
-use super::shared::Shared;
-use super::store;
 use crate::error::Result;
+use crate::inbox::failure::Destination;
+use crate::inbox::shared::Shared;
+use crate::inbox::store;
 
 /// Inbox mode's receipt: stores each batch in `inbox_event`, dead-letters what cannot be
 /// stored (not JSON, no event id, refused by `jsonb`), then stores the offsets.
 pub(crate) async fn consume(
     shared: &Shared,
+    forwarder: &Forwarder,
     consumer: &StreamConsumer,
     cancel: &CancellationToken,
 ) -> Result<()> {
@@ -40,8 +41,7 @@ pub(crate) async fn consume(
                 })
             })
             .collect();
-        if shared
-            .forwarder()
+        if forwarder
             .forward_all(consumer, &dead, cancel)
             .await
             .is_err()

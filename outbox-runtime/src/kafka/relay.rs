@@ -1,18 +1,64 @@
-//! The Kafka transport: claimed rows as Kafka records on the relay's idempotent producer, and
-//! how Kafka's errors are sorted.
+//! The relay's Kafka transport: claimed rows as Kafka records on the relay's idempotent
+//! producer, and how Kafka's errors are sorted.
 
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
+use rdkafka::config::ClientConfig;
 use rdkafka::error::{KafkaError, RDKafkaErrorCode};
 use rdkafka::message::{Header, OwnedHeaders};
-use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord};
+use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer as _};
 
-use super::cloudevents::{Attributes, CloudEvents};
-use super::publish::{Outcome, Sender};
-use super::store::Claimed;
-use crate::error::PublishError;
+use super::producer::ProducerSlot;
+use crate::error::{PublishError, Result};
+use crate::publish::cloudevents::{Attributes, CloudEvents};
+use crate::publish::{order, Boxed, Options, Outcome, PerKey, Sender, Transport};
+use crate::store::relay::Claimed;
+
+/// The relay's transport to Kafka: the idempotent producer every instance shares.
+struct Kafka {
+    slot: ProducerSlot,
+}
+
+/// The relay's transport to the Kafka cluster `config` names (its producer created).
+pub(crate) fn transport(config: &super::config::Config) -> Result<Box<dyn Transport>> {
+    transport_with(config.client.clone())
+}
+
+/// A transport on a producer with these settings (a replay's).
+pub(crate) fn transport_with(client: ClientConfig) -> Result<Box<dyn Transport>> {
+    Ok(Box::new(Kafka {
+        slot: ProducerSlot::new(client)?,
+    }))
+}
+
+impl Transport for Kafka {
+    fn publish<'a>(&'a self, rows: &'a [Claimed], options: Options<'a>) -> Boxed<'a, Vec<Outcome>> {
+        Box::pin(async move {
+            let producer = self.slot.get();
+            let outcomes = order::publish(&*producer, rows, options).await;
+            self.slot.recover(&producer);
+            outcomes
+        })
+    }
+
+    fn ready(&self, within: Duration) -> Boxed<'_, std::result::Result<(), String>> {
+        let producer = self.slot.get();
+        Box::pin(async move {
+            let asked = tokio::task::spawn_blocking(move || {
+                producer.client().fetch_metadata(None, within).map(|_| ())
+            })
+            .await;
+            match asked {
+                Ok(Ok(())) => Ok(()),
+                Ok(Err(e)) => Err(format!("the broker: {e}")),
+                Err(e) => Err(format!("the broker check failed: {e}")),
+            }
+        })
+    }
+}
 
 /// How the relay treats a Kafka error.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -113,6 +159,11 @@ fn failed(error: KafkaError) -> Outcome {
 
 impl Sender for FutureProducer {
     type Delivery = Delivery;
+
+    // The idempotent producer numbers a key's records and the broker refuses what does not
+    // follow on from what it stored (`RelayBuilder::one_record_in_flight_per_key` for brokers
+    // that do not check).
+    const IN_FLIGHT: PerKey = PerKey::Pipelined;
 
     async fn send(
         &self,

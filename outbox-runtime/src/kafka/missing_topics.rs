@@ -8,10 +8,10 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use rdkafka::producer::Producer as _;
+use rdkafka::producer::{FutureProducer, Producer as _};
 use tokio_util::sync::CancellationToken;
 
-use super::shared::Shared;
+use crate::inbox::shared::Shared;
 
 /// How often the topics are looked at again while one is missing.
 const AGAIN: Duration = Duration::from_secs(60);
@@ -20,17 +20,21 @@ const AGAIN: Duration = Duration::from_secs(60);
 const WITHIN: Duration = Duration::from_secs(10);
 
 /// Checks until every topic exists or `cancel` fires.
-pub(crate) async fn watch(shared: Arc<Shared>, cancel: CancellationToken) {
-    let wanted = shared.settings.forward_topics(&shared.routes.topics());
+pub(crate) async fn watch(
+    shared: Arc<Shared>,
+    producer: FutureProducer,
+    cancel: CancellationToken,
+) {
+    let wanted = super::forward::forward_topics(&shared.settings, &shared.routes.topics());
     if wanted.is_empty() {
         return;
     }
     let group = shared.settings.group().to_owned();
     let mut reported = BTreeSet::new();
     loop {
-        let producer = shared.forwarder().producer().clone();
+        let producer = producer.clone();
         let asked = tokio::task::spawn_blocking(move || {
-            crate::broker::existing_topics(producer.client(), WITHIN)
+            super::metadata::existing_topics(producer.client(), WITHIN)
         })
         .await;
         match asked {

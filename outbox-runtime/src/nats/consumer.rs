@@ -13,24 +13,48 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use async_nats::header::{HeaderMap, HeaderName, HeaderValue};
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy, PullConsumer};
 use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::{self, AckKind};
 use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
-use super::batch::Checked;
-use super::dedup;
-use super::failure::Destination;
-use super::lease::Lease;
-use super::message::{self, Delivered};
-use super::settings::{Mode, RetryPolicy};
-use super::shared::Shared;
-use super::store;
+use super::settings::JetStream;
+use super::streams::{durable_name, stream_for, Lookup, StreamSpec, DUPLICATE_WINDOW};
+use super::wire::{self, Decoded};
 use crate::error::{Error, Result};
-use crate::relay::jetstream::{stream_for, stream_name, Lookup, StreamSpec, DUPLICATE_WINDOW};
-use crate::relay::JetStream;
+use crate::inbox::batch::Checked;
+use crate::inbox::dedup;
+use crate::inbox::failure::Destination;
+use crate::inbox::lease::Lease;
+use crate::inbox::message::{self, Delivered};
+use crate::inbox::settings::{Mode, RetryPolicy, Settings};
+use crate::inbox::shared::Shared;
+use crate::inbox::store;
+use crate::inbox::Source;
+use crate::publish::Boxed;
+
+/// A consumer's JetStream.
+struct Consumer {
+    jetstream: JetStream,
+}
+
+/// The source a consumer reads from JetStream through (its settings checked by the builder).
+pub(crate) fn source(jetstream: &JetStream, _settings: &Settings) -> Box<dyn Source> {
+    Box::new(Consumer {
+        jetstream: jetstream.clone(),
+    })
+}
+
+impl Source for Consumer {
+    fn consume<'a>(
+        &'a self,
+        shared: &'a Arc<Shared>,
+        cancel: &'a CancellationToken,
+    ) -> Boxed<'a, Result<()>> {
+        Box::pin(consume(shared, &self.jetstream, cancel))
+    }
+}
 
 /// Batches the server may deliver ahead of the one being handled (`max_ack_pending` is this
 /// many batch sizes).
@@ -40,7 +64,7 @@ const AHEAD: usize = 4;
 const ANSWER_WITHIN: Duration = Duration::from_secs(10);
 
 /// Consumes every handled topic, each from its own durable consumer, until `cancel` fires.
-pub(crate) async fn consume(
+async fn consume(
     shared: &Arc<Shared>,
     jetstream: &JetStream,
     cancel: &CancellationToken,
@@ -79,12 +103,6 @@ pub(crate) async fn consume(
         }
     }
     Ok(())
-}
-
-/// The name of group `group`'s durable consumer of `topic`: `<group>_<topic>`, with what a
-/// consumer name cannot hold (`.`, `*`, `>`, path separators, white space) as `_`.
-pub(crate) fn durable_name(group: &str, topic: &str) -> String {
-    stream_name(&format!("{group}_{topic}"))
 }
 
 /// One topic's reader.
@@ -512,9 +530,8 @@ impl Reader {
     }
 }
 
-/// A message off JetStream, its headers read as the Kafka consumer reads a record's:
-/// CloudEvents attributes (`ce-*`, percent-encoded) as `ce_*`, decoded; the key from
-/// `outbox_key`; the server's own (`Nats-*`) left out.
+/// A message off JetStream, its headers read as the Kafka consumer reads a record's (see
+/// [`wire::decode`]).
 struct Received {
     message: jetstream::Message,
     /// The stream's name, the message's sequence in it, and when the stream stored it
@@ -524,9 +541,7 @@ struct Received {
     stored_ns: i128,
     /// Deliveries so far, this one included: the attempt.
     delivered: u32,
-    key: Option<Vec<u8>>,
-    /// In name order (a NATS header map has no order), each name's values in theirs.
-    headers: Vec<(String, Vec<u8>)>,
+    decoded: Decoded,
 }
 
 impl Received {
@@ -540,36 +555,14 @@ impl Received {
             ),
             Err(_) => (String::new(), 0, 0, 1),
         };
-        let mut headers = Vec::new();
-        let mut key = None;
-        if let Some(map) = &message.headers {
-            let mut names: Vec<_> = map.iter().collect();
-            names.sort_by(|a, b| AsRef::<str>::as_ref(a.0).cmp(b.0.as_ref()));
-            for (name, values) in names {
-                let name: &str = name.as_ref();
-                if name.starts_with("Nats-") {
-                    continue;
-                }
-                if name == "outbox_key" {
-                    key = values.first().map(|v| v.as_str().as_bytes().to_vec());
-                }
-                for value in values {
-                    let value = value.as_str();
-                    headers.push(match name.strip_prefix("ce-") {
-                        Some(attribute) => (format!("ce_{attribute}"), percent_decoded(value)),
-                        None => (name.to_owned(), value.as_bytes().to_vec()),
-                    });
-                }
-            }
-        }
+        let decoded = wire::decode(message.headers.as_ref());
         Received {
             message,
             stream,
             sequence,
             stored_ns,
             delivered,
-            key,
-            headers,
+            decoded,
         }
     }
 
@@ -579,14 +572,15 @@ impl Received {
             topic: self.message.subject.as_str(),
             partition: 0,
             offset: i64::try_from(self.sequence).unwrap_or(i64::MAX),
-            key: self.key.as_deref(),
+            key: self.decoded.key.as_deref(),
             payload: &self.message.payload,
         };
         let headers = self
+            .decoded
             .headers
             .iter()
             .map(|(name, value)| (name.as_str(), Some(value.as_slice())));
-        let mut incoming = message::check_with_headers(delivered, headers)?;
+        let mut incoming = message::check(delivered, headers)?;
         incoming.meta.attempt = self.delivered;
         Ok(incoming)
     }
@@ -601,85 +595,21 @@ impl Received {
         }
     }
 
-    /// Its dead letter: its payload and headers (none of the server's), and why.
+    /// Its dead letter (see [`wire::dead_letter`]).
     fn dead_letter(&self, topic: &str, reason: &str, attempts: u32) -> PublishMessage {
-        let mut headers = HeaderMap::new();
-        if let Some(original) = &self.message.headers {
-            for (name, values) in original.iter() {
-                let text: &str = name.as_ref();
-                if text.starts_with("Nats-") || text.starts_with("dlq_") {
-                    continue;
-                }
-                for value in values {
-                    headers.append(name.clone(), value.clone());
-                }
-            }
-        }
-        let mut set = |name: &'static str, value: String| {
-            // A header value cannot hold a line break (a panic's message may).
-            let value: String = value
-                .chars()
-                .map(|c| if c == '\r' || c == '\n' { ' ' } else { c })
-                .collect();
-            if let Ok(value) = value.parse::<HeaderValue>() {
-                headers.insert(HeaderName::from_static(name), value);
-            }
+        let from = wire::Source {
+            topic,
+            stream: &self.stream,
+            sequence: self.sequence,
+            stored_ns: self.stored_ns,
         };
-        set("dlq_error", reason.to_owned());
-        set("dlq_attempts", attempts.to_string());
-        set("dlq_source_topic", topic.to_owned());
-        set("dlq_source_partition", "0".to_owned());
-        set("dlq_source_offset", self.sequence.to_string());
-        set("dlq_source_stream", self.stream.clone());
-        // Published again after a crash before the termination: stored once. (The time it
-        // was stored tells a stream deleted and created again, its sequence from 1 again.)
-        let id = format!("dlq:{}:{}:{}", self.stream, self.sequence, self.stored_ns);
-        PublishMessage::build()
-            .headers(headers)
-            .message_id(&id)
-            .payload(self.message.payload.clone())
-    }
-}
-
-/// A percent-encoded header value (the CloudEvents NATS binding's) decoded; what does not
-/// decode is kept as it came.
-fn percent_decoded(value: &str) -> Vec<u8> {
-    let bytes = value.as_bytes();
-    let mut out = Vec::with_capacity(bytes.len());
-    let mut i = 0;
-    while i < bytes.len() {
-        let hex = |b: u8| (b as char).to_digit(16);
-        if bytes[i] == b'%' && i + 2 < bytes.len() {
-            if let (Some(h), Some(l)) = (hex(bytes[i + 1]), hex(bytes[i + 2])) {
-                out.push((h * 16 + l) as u8);
-                i += 3;
-                continue;
-            }
-        }
-        out.push(bytes[i]);
-        i += 1;
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn percent_encoded_values_are_decoded_and_the_rest_kept() {
-        assert_eq!(percent_decoded("a%20b%22%25%C3%A9"), "a b\"%é".as_bytes());
-        assert_eq!(percent_decoded("/orders-service"), b"/orders-service");
-        assert_eq!(percent_decoded("100%"), b"100%");
-        assert_eq!(percent_decoded("%zz%4"), b"%zz%4");
-    }
-
-    #[test]
-    fn durable_names_hold_no_dots_or_spaces() {
-        assert_eq!(
-            durable_name("orders", "payment.events"),
-            "orders_payment_events"
-        );
-        assert_eq!(durable_name("my group", "a.*.>"), "my_group_a____");
+        let payload = self.message.payload.clone();
+        wire::dead_letter(
+            self.message.headers.as_ref(),
+            payload,
+            &from,
+            reason,
+            attempts,
+        )
     }
 }

@@ -1,14 +1,14 @@
-//! Sending a batch's rows through a transport so that no key overtakes itself, and waiting for
-//! the broker's acknowledgements: what every transport shares. What a record is on Kafka and on
-//! JetStream, and how each one's errors are sorted, is in `kafka.rs` and `jetstream.rs`.
+//! Sending a batch's rows through a broker's client so that no key overtakes itself, and
+//! waiting for the broker's acknowledgements: what every transport shares. What a record is on
+//! each broker, and how its errors are sorted, is in that broker's folder.
 
-use super::cloudevents::CloudEvents;
 use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::time::Duration;
 
-use super::store::Claimed;
+use super::cloudevents::CloudEvents;
 use crate::error::PublishError;
+use crate::store::relay::Claimed;
 
 /// What became of one record.
 #[derive(Debug, PartialEq, Eq)]
@@ -30,6 +30,16 @@ pub(crate) enum Outcome {
     Skipped,
 }
 
+/// How one batch is to be published.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Options<'a> {
+    /// The longest the batch waits for acknowledgements.
+    pub(crate) timeout: Duration,
+    /// How many records of a key may be in flight (a transport may allow fewer).
+    pub(crate) per_key: PerKey,
+    pub(crate) cloud_events: Option<&'a CloudEvents>,
+}
+
 /// What the relay needs of a broker's client: one record sent at a time, in the order of the
 /// calls (a key's records reach the broker in the order they were sent), each acknowledged or
 /// refused later on its own.
@@ -37,6 +47,9 @@ pub(crate) trait Sender {
     /// A record on its way: resolves to [`Outcome::Published`] once the broker stored it, or to
     /// the outcome of its failure.
     type Delivery: Future<Output = Outcome>;
+
+    /// The most records of one key this broker's client may have in flight and keep in order.
+    const IN_FLIGHT: PerKey;
 
     /// Hands one row to the client. `Err`: not sent, and why.
     async fn send(
@@ -57,7 +70,18 @@ pub(crate) enum PerKey {
     OneInFlight,
 }
 
-/// Sends the rows and waits (at most `timeout` in all) for their acknowledgements. Returns one
+impl PerKey {
+    /// The stricter of the two: a transport that allows fewer records in flight than asked.
+    pub(crate) fn at_most(self, other: PerKey) -> PerKey {
+        if self == PerKey::OneInFlight || other == PerKey::OneInFlight {
+            PerKey::OneInFlight
+        } else {
+            PerKey::Pipelined
+        }
+    }
+}
+
+/// Sends the rows and waits (at most the options' timeout in all) for their acknowledgements. Returns one
 /// outcome per row, in the same order.
 ///
 /// Order per key: a key's records are enqueued in `id` order, and the idempotent producer
@@ -66,17 +90,22 @@ pub(crate) enum PerKey {
 /// that checks idempotent sequence numbers (Apache Kafka, Redpanda) refuses the requests that
 /// were already in flight behind it. With [`PerKey::OneInFlight`] a key's next record is not
 /// sent before the previous one is acknowledged, which keeps that promise on brokers that do
-/// not check. A record for another topic than the key's records still in flight waits until
+/// not check; a broker whose client cannot keep more in order ([`Sender::IN_FLIGHT`]) always
+/// gets that. A record for another topic than the key's records still in flight waits until
 /// they are acknowledged (there is no order across partitions), in a later wave. Once a record
 /// of a key fails, the later records of the key are not sent; and a later record is only
 /// counted as published if every earlier one of its key was.
 pub(crate) async fn publish<S: Sender>(
     sender: &S,
     rows: &[Claimed],
-    timeout: Duration,
-    per_key: PerKey,
-    cloud_events: Option<&CloudEvents>,
+    options: Options<'_>,
 ) -> Vec<Outcome> {
+    let Options {
+        timeout,
+        per_key,
+        cloud_events,
+    } = options;
+    let per_key = per_key.at_most(S::IN_FLIGHT);
     let deadline = tokio::time::Instant::now() + timeout;
     let mut outcomes: Vec<Option<Outcome>> = (0..rows.len()).map(|_| None).collect();
     let mut failed_keys: HashSet<&str> = HashSet::new();

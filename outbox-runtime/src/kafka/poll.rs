@@ -8,7 +8,7 @@ use rdkafka::message::{BorrowedMessage, Message};
 use rdkafka::{Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
-use super::message;
+use crate::inbox::message;
 
 /// The next batch: waits for one message, then takes what is already waiting (up to
 /// `batch_size`) without waiting for more. Resumes paused retry partitions when they are due.

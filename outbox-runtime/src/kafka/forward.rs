@@ -8,15 +8,26 @@ use std::time::Duration;
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::message::{BorrowedMessage, Header, Headers, Message, OwnedHeaders};
 use rdkafka::producer::{FutureProducer, FutureRecord};
-use rdkafka::TopicPartitionList;
+use rdkafka::{ClientConfig, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
-use super::failure::Destination;
-use super::message::{headers, Origin};
 use super::poll::rewind;
-use super::settings::{Settings, Topics};
 use crate::config::Backoff;
 use crate::error::{Error, Result};
+use crate::inbox::failure::Destination;
+use crate::inbox::message::{headers, Origin};
+use crate::inbox::settings::{Settings, Topics};
+
+/// Every header the consumer sets on a retried message (replaced, not repeated, on the next
+/// retry).
+const RETRY_HEADERS: [&str; 6] = [
+    headers::SOURCE_TOPIC,
+    headers::SOURCE_PARTITION,
+    headers::SOURCE_OFFSET,
+    headers::ATTEMPTS,
+    headers::DUE_MS,
+    headers::ERROR,
+];
 
 /// `cancel` fired before the message was sent: its offset must stay unstored.
 #[derive(Debug)]
@@ -103,7 +114,7 @@ impl Forward<'_, '_> {
     fn headers(&self) -> OwnedHeaders {
         let mut out = OwnedHeaders::new();
         if let Some(h) = self.msg.headers() {
-            for header in h.iter().filter(|h| !headers::ALL.contains(&h.key)) {
+            for header in h.iter().filter(|h| !RETRY_HEADERS.contains(&h.key)) {
                 out = out.insert(header);
             }
         }
@@ -117,11 +128,14 @@ impl Forward<'_, '_> {
                 (headers::ERROR, self.reason.clone()),
             ],
             Destination::DeadLetter { attempts } => vec![
-                ("dlq_error", self.reason.clone()),
-                ("dlq_attempts", attempts.to_string()),
-                ("dlq_source_topic", self.origin.topic.to_owned()),
-                ("dlq_source_partition", self.origin.partition.to_string()),
-                ("dlq_source_offset", self.origin.offset.to_string()),
+                (headers::DLQ_ERROR, self.reason.clone()),
+                (headers::DLQ_ATTEMPTS, attempts.to_string()),
+                (headers::DLQ_SOURCE_TOPIC, self.origin.topic.to_owned()),
+                (
+                    headers::DLQ_SOURCE_PARTITION,
+                    self.origin.partition.to_string(),
+                ),
+                (headers::DLQ_SOURCE_OFFSET, self.origin.offset.to_string()),
             ],
         };
         for (key, value) in &ours {
@@ -176,16 +190,12 @@ impl Forwarder {
         &self.producer
     }
 
-    /// Creates the producer.
-    pub(crate) fn new(settings: &Settings) -> Result<Forwarder> {
-        let producer =
-            settings
-                .forwarder_config()
-                .create()
-                .map_err(|source| Error::KafkaClient {
-                    client: "retry and dead-letter producer",
-                    source,
-                })?;
+    /// Creates the producer, with `config`, for a consumer with `settings`.
+    pub(crate) fn new(config: ClientConfig, settings: &Settings) -> Result<Forwarder> {
+        let producer = config.create().map_err(|source| Error::KafkaClient {
+            client: "retry and dead-letter producer",
+            source,
+        })?;
         Ok(Forwarder {
             producer,
             topics: settings.topics.clone(),
@@ -195,7 +205,9 @@ impl Forwarder {
 
     fn destination_topic(&self, item: &Forward<'_, '_>) -> String {
         match item.destination {
-            Destination::Retry { attempts, .. } => self.topics.retry(item.origin.topic, attempts),
+            Destination::Retry { attempts, .. } => {
+                retry_topic(&self.topics, item.origin.topic, attempts)
+            }
             Destination::DeadLetter { .. } => self.topics.dead_letter(item.origin.topic),
         }
     }
@@ -273,5 +285,39 @@ impl Forwarder {
                 }
             }
         }
+    }
+}
+
+/// The topics a consumer may send messages of `handled` topics to, each with its source
+/// topic and role (`retry` or `dead_letter`): every source's dead-letter topic, and in
+/// dedup mode with retry topics, its retry topics.
+pub(crate) fn forward_topics(
+    settings: &Settings,
+    handled: &[String],
+) -> Vec<(String, String, &'static str)> {
+    let retries = settings.retries_through_topics();
+    let topics = &settings.topics;
+    handled
+        .iter()
+        .flat_map(|source| {
+            let retry = (1..=topics.retry_tiers)
+                .filter(move |_| retries)
+                .map(move |tier| (retry_topic(topics, source, tier), source.clone(), "retry"));
+            retry.chain(std::iter::once((
+                topics.dead_letter(source),
+                source.clone(),
+                "dead_letter",
+            )))
+        })
+        .collect()
+}
+
+/// The retry topic of source topic `source` for a message that failed `attempts` times.
+pub(crate) fn retry_topic(topics: &Topics, source: &str, attempts: u32) -> String {
+    if topics.retry_tiers == 1 {
+        format!("{source}{}", topics.retry_suffix)
+    } else {
+        let tier = attempts.clamp(1, topics.retry_tiers);
+        format!("{source}{}-{tier}", topics.retry_suffix)
     }
 }

@@ -200,7 +200,7 @@ impl EnsureTopics {
         let admin = std::sync::Arc::new(admin);
         let asking = std::sync::Arc::clone(&admin);
         let existing = tokio::task::spawn_blocking(move || {
-            crate::broker::existing_topics(asking.inner(), WITHIN)
+            super::metadata::existing_topics(asking.inner(), WITHIN)
         })
         .await
         .map_err(|source| Error::Task {

@@ -1,5 +1,6 @@
 //! The relay's SQL: where the outbox lives, shard ownership, claiming, marking, failures.
-//! Without Kafka, so that `admin` can count relay instances in builds without the relay.
+//! Built without any broker, so that `admin` can count relay instances in builds without the
+//! relay.
 
 use std::collections::BTreeSet;
 
@@ -262,7 +263,7 @@ macro_rules! claimed_columns {
          NULLIF(o.headers, '{}'::jsonb)::text AS headers"
     };
 }
-#[cfg_attr(not(feature = "kafka"), allow(unused_imports))]
+#[allow(unused_imports)] // used by the relay and replay, built with a broker
 pub(crate) use claimed_columns;
 
 impl Claimed {
@@ -554,6 +555,21 @@ pub(crate) async fn finish(
 pub(crate) async fn abandon(conn: &mut PgConnection) -> Result<()> {
     conn.execute("ROLLBACK").await?;
     Ok(())
+}
+
+/// The backlog figures of `relay::status`: unpublished (not parked), retrying, held, parked,
+/// and the age in seconds of the oldest unpublished row that is not parked.
+pub(crate) async fn backlog(pool: &sqlx::PgPool) -> Result<(i64, i64, i64, i64, Option<f64>)> {
+    Ok(sqlx::query_as(
+        "SELECT count(*) FILTER (WHERE parked_at IS NULL), \
+                count(*) FILTER (WHERE parked_at IS NULL AND next_attempt_at IS NOT NULL), \
+                count(*) FILTER (WHERE parked_at IS NULL AND held_at IS NOT NULL), \
+                count(*) FILTER (WHERE parked_at IS NOT NULL), \
+                extract(epoch FROM now() - min(created_at) FILTER (WHERE parked_at IS NULL))::float8 \
+         FROM outbox_event WHERE published_at IS NULL",
+    )
+    .fetch_one(pool)
+    .await?)
 }
 
 #[cfg(test)]

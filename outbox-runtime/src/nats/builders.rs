@@ -1,0 +1,51 @@
+//! The JetStream builder methods of the relay, the consumer and replay.
+
+use std::time::Duration;
+
+use sqlx::PgPool;
+
+use super::settings::JetStream;
+use crate::admin::Replay;
+use crate::error::{Error, Result};
+use crate::inbox::ConsumerBuilder;
+use crate::relay::RelayBuilder;
+
+impl RelayBuilder {
+    /// Publishes to NATS JetStream instead of Kafka: see [`JetStream`] for the mapping (a
+    /// topic is a subject; the event id is `Nats-Msg-Id`) and the streams. Every other setting
+    /// means what it means for Kafka, but
+    /// [`one_record_in_flight_per_key`](Self::one_record_in_flight_per_key): on JetStream a
+    /// key's records always go one at a time (JetStream does not number a producer's messages,
+    /// so a refused one would not stop the next).
+    #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+    pub fn jetstream(mut self, jetstream: JetStream) -> Self {
+        self.broker_settings().set(jetstream, ());
+        self
+    }
+}
+
+impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
+    /// Consumes from NATS JetStream instead of Kafka: see the [module
+    /// documentation](crate::inbox)'s JetStream section for the mapping (a durable pull
+    /// consumer per topic, named after the group) and the promises. `build` refuses both this
+    /// and `brokers`.
+    #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+    pub fn jetstream(mut self, jetstream: JetStream) -> Self {
+        self.broker_settings().set(jetstream, super::make_source);
+        self
+    }
+}
+
+impl Replay {
+    /// A replay to JetStream, with the relay's mapping (see [`JetStream`]); a topic no stream
+    /// captures stops it.
+    #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
+    pub fn jetstream(pool: PgPool, jetstream: JetStream) -> Result<Replay> {
+        jetstream.check().map_err(Error::Config)?;
+        let timeout = Duration::from_secs(30);
+        Ok(Self::on(
+            pool,
+            super::relay::transport(&jetstream, timeout, timeout),
+        ))
+    }
+}

@@ -1,0 +1,62 @@
+//! Everything that speaks NATS JetStream (feature `nats`, through async-nats): the settings a
+//! user gives ([`JetStream`]), the wire format (`wire.rs`: subjects, header names, encoding),
+//! streams (`streams.rs`: looking them up, creating them, naming them), the relay's publisher
+//! (`relay.rs`) and the consumer's durable pull consumers (`consumer.rs`). The broker-neutral
+//! core reaches it through [`Transport`](crate::publish::Transport) and
+//! [`Source`](crate::inbox::Source); the builder methods are in `builders.rs`.
+
+mod builders;
+mod consumer;
+mod relay;
+mod settings;
+mod streams;
+mod wire;
+
+use std::any::Any;
+use std::time::Duration;
+
+use crate::broker::BrokerSettings;
+use crate::error::{Error, Result};
+use crate::inbox::settings::Settings as ConsumerSettings;
+use crate::inbox::Source;
+use crate::publish::Transport;
+
+pub use settings::JetStream;
+
+impl BrokerSettings for JetStream {
+    fn name(&self) -> &'static str {
+        "JetStream"
+    }
+
+    fn rank(&self) -> u8 {
+        1
+    }
+
+    fn check(&self) -> Result<()> {
+        JetStream::check(self).map_err(Error::Config)
+    }
+
+    fn transport(&self, timeout: Duration, failover: Duration) -> Result<Box<dyn Transport>> {
+        Ok(relay::transport(self, timeout, failover))
+    }
+
+    fn clone_box(&self) -> Box<dyn BrokerSettings> {
+        Box::new(self.clone())
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+/// A consumer's source, from the settings its builder method stored (a [`JetStream`]).
+fn make_source(settings: &dyn Any, consumer: &ConsumerSettings) -> Result<Box<dyn Source>> {
+    let settings = settings
+        .downcast_ref::<JetStream>()
+        .expect("stored by this broker's builder method");
+    Ok(consumer::source(settings, consumer))
+}
