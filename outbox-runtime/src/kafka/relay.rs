@@ -14,7 +14,7 @@ use rdkafka::producer::{DeliveryFuture, FutureProducer, FutureRecord, Producer a
 use super::producer::ProducerSlot;
 use crate::error::{PublishError, Result};
 use crate::publish::cloudevents::{Attributes, CloudEvents};
-use crate::publish::{order, Boxed, Options, Outcome, PerKey, Sender, Transport};
+use crate::publish::{order, Boxed, Class, Options, Outcome, PerKey, Sender, Transport};
 use crate::store::relay::Claimed;
 
 /// The relay's transport to Kafka: the idempotent producer every instance shares.
@@ -58,19 +58,6 @@ impl Transport for Kafka {
             }
         })
     }
-}
-
-/// How the relay treats a Kafka error.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Class {
-    /// Broker down or slow, leadership moving, queue full: try again, nothing counted.
-    Transient,
-    /// The topic does not exist or the relay may not write to it: hold the key.
-    Operator,
-    /// The producer is unusable (a fatal idempotence error): recreate it, try again.
-    Fatal,
-    /// Anything else, known to be permanent or not known at all: an attempt.
-    Refused,
 }
 
 /// Sorts a produce error into a [`Class`].
@@ -148,13 +135,7 @@ pub(crate) fn classify(error: &KafkaError) -> Class {
 
 /// The outcome of a record that failed with `error`.
 fn failed(error: KafkaError) -> Outcome {
-    let class = classify(&error);
-    let error = PublishError::Kafka(error);
-    match class {
-        Class::Transient | Class::Fatal => Outcome::Deferred(error),
-        Class::Operator => Outcome::Held(error),
-        Class::Refused => Outcome::Rejected(error),
-    }
+    classify(&error).outcome(PublishError::Kafka(error))
 }
 
 impl Sender for FutureProducer {

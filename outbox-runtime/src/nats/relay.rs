@@ -16,7 +16,9 @@ use super::settings::JetStream;
 use super::streams::{stream_for, Lookup, StreamSpec, DUPLICATE_WINDOW};
 use super::wire::{check_subject, message};
 use crate::error::PublishError;
-use crate::publish::{order, Boxed, CloudEvents, Options, Outcome, PerKey, Sender, Transport};
+use crate::publish::{
+    order, Boxed, Class, CloudEvents, Options, Outcome, PerKey, Sender, Transport,
+};
 use crate::store::relay::Claimed;
 
 /// The relay's (or a replay's) transport to `jetstream`: `timeout` bounds the client's own
@@ -217,18 +219,7 @@ impl Future for Delivery {
     }
 }
 
-/// How the relay treats a JetStream error.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Class {
-    /// The server or the connection is down or slow: try again, nothing counted.
-    Transient,
-    /// No stream, JetStream off, not allowed: hold the key.
-    Operator,
-    /// Anything else (a stream limit with `discard new`, a message over the stream's maximum
-    /// size, what nobody classified): an attempt.
-    Refused,
-}
-
+/// Sorts a publish error into a [`Class`] (never `Fatal`: the client recovers by itself).
 fn classify(error: &jetstream::context::PublishError) -> Class {
     match error.kind() {
         PublishErrorKind::StreamNotFound => Class::Operator,
@@ -277,13 +268,9 @@ fn classify_server(code: usize, error_code: ErrorCode, text: &str) -> Class {
 
 /// The outcome of a message that failed with `error`.
 fn failed(error: &jetstream::context::PublishError) -> Outcome {
-    let class = classify(error);
-    let error = PublishError::JetStream(crate::error_chain(error).to_string());
-    match class {
-        Class::Transient => Outcome::Deferred(error),
-        Class::Operator => Outcome::Held(error),
-        Class::Refused => Outcome::Rejected(error),
-    }
+    classify(error).outcome(PublishError::JetStream(
+        crate::error_chain(error).to_string(),
+    ))
 }
 
 #[cfg(test)]

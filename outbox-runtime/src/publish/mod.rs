@@ -8,5 +8,5 @@ pub(crate) mod order;
 pub(crate) mod transport;
 
 pub use cloudevents::CloudEvents;
-pub(crate) use order::{Options, Outcome, PerKey, Sender};
+pub(crate) use order::{Class, Options, Outcome, PerKey, Sender};
 pub(crate) use transport::{Boxed, Transport};

@@ -40,6 +40,32 @@ pub(crate) struct Options<'a> {
     pub(crate) cloud_events: Option<&'a CloudEvents>,
 }
 
+/// How the relay treats a broker's error: each broker sorts its own errors into these
+/// (`classify` in its folder), and this decides what becomes of the record.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Class {
+    /// Broker down or slow, leadership moving, queue full: try again, nothing counted.
+    Transient,
+    /// The topic (or stream) does not exist, or the relay may not write to it: hold the key.
+    Operator,
+    /// The client is unusable (Kafka's fatal idempotence error): recreate it, try again.
+    #[allow(dead_code)] // not every broker's client can fail for good
+    Fatal,
+    /// Anything else, known to be permanent or not known at all: an attempt.
+    Refused,
+}
+
+impl Class {
+    /// What becomes of a record that failed with `error` of this class.
+    pub(crate) fn outcome(self, error: PublishError) -> Outcome {
+        match self {
+            Class::Transient | Class::Fatal => Outcome::Deferred(error),
+            Class::Operator => Outcome::Held(error),
+            Class::Refused => Outcome::Rejected(error),
+        }
+    }
+}
+
 /// What the relay needs of a broker's client: one record sent at a time, in the order of the
 /// calls (a key's records reach the broker in the order they were sent), each acknowledged or
 /// refused later on its own.
