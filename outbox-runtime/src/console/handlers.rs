@@ -1,12 +1,9 @@
 //! The routes: read what a page shows, or run an action, then render.
 
-use std::sync::Arc;
-
 use axum::body::Bytes;
 use axum::extract::rejection::QueryRejection;
-use axum::extract::{NestedPath, Query, Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode, Uri};
-use axum::middleware::Next;
+use axum::extract::{Query, State};
+use axum::http::{header, HeaderMap, StatusCode, Uri};
 use axum::response::{IntoResponse, Redirect, Response};
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
@@ -15,63 +12,12 @@ use uuid::Uuid;
 use super::auth::{self, Refusal};
 use super::lists::{given, parse_time, Action, List, ListQuery};
 use super::pages::{self, Page, Row};
+use super::respond::{attempt, bad_input, query_of, warnings, with_query, Failure, Shared};
 use super::Console;
 use crate::admin::{self, EventRef, PoisonFilter};
 
 /// Counts of matching rows stop here: "10,000+" needs no scan of a million rows.
 const COUNT_CAP: u32 = 10_000;
-
-type Shared = State<Arc<Console>>;
-
-/// An error page: bad input (400) or a failed query (500).
-pub(super) struct Failure(StatusCode, String);
-
-impl From<crate::Error> for Failure {
-    fn from(e: crate::Error) -> Self {
-        Failure(
-            StatusCode::INTERNAL_SERVER_ERROR,
-            crate::error_chain(&e).to_string(),
-        )
-    }
-}
-
-fn bad_input(message: impl Into<String>) -> Failure {
-    Failure(StatusCode::BAD_REQUEST, message.into())
-}
-
-/// Renders a failure as a page of the console.
-async fn fail(console: Arc<Console>, headers: HeaderMap, failure: Failure) -> Response {
-    let Failure(status, message) = failure;
-    let page = Page::new(&console, &headers, None);
-    (
-        status,
-        pages::message(
-            &page,
-            status.canonical_reason().unwrap_or("Error"),
-            &message,
-        ),
-    )
-        .into_response()
-}
-
-macro_rules! attempt {
-    ($console:expr, $headers:expr, $body:expr) => {
-        match $body {
-            Ok(response) => response,
-            Err(failure) => return fail($console, $headers, failure).await,
-        }
-    };
-}
-
-/// The health warnings for the top of a page; a failed check is one line there, not a
-/// failed page.
-async fn warnings(console: &Arc<Console>) -> pages::Warnings {
-    console.start_sampler();
-    match console.latest_health().await {
-        Ok(health) => pages::Warnings::Checked(health),
-        Err(e) => pages::Warnings::Failed(crate::error_chain(&e).to_string()),
-    }
-}
 
 pub(super) async fn overview(State(console): Shared, headers: HeaderMap) -> Response {
     console.start_sampler();
@@ -120,24 +66,6 @@ pub(super) async fn relays(State(console): Shared, headers: HeaderMap) -> Respon
     };
     let page = Page::new(&console, &headers, Some(warnings(&console).await));
     pages::relays(&page, &instances, &since, &held).into_response()
-}
-
-fn with_query(path: String, query: &str) -> String {
-    if query.is_empty() {
-        path
-    } else {
-        format!("{path}?{query}")
-    }
-}
-
-/// A query string that does not parse (a field given twice, say) as a page of the console.
-fn query_of<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, Failure> {
-    query.map(|Query(q)| q).map_err(|e| {
-        bad_input(format!(
-            "The address's query does not parse: {}",
-            e.body_text()
-        ))
-    })
 }
 
 pub(super) async fn parked(
@@ -425,148 +353,6 @@ pub(super) async fn event(
     };
     let page = Page::new(&console, &headers, Some(warnings(&console).await));
     pages::event(&page, id.as_deref(), found.as_ref().map(Option::as_ref)).into_response()
-}
-
-#[derive(Debug, Deserialize)]
-pub(super) struct LoginQuery {
-    next: Option<String>,
-}
-
-pub(super) async fn login_page(
-    State(console): Shared,
-    headers: HeaderMap,
-    query: Result<Query<LoginQuery>, QueryRejection>,
-) -> Response {
-    let query = attempt!(console.clone(), headers, query_of(query));
-    let page = Page::new(&console, &headers, None);
-    pages::login(&page, query.next.as_deref().unwrap_or(""), None).into_response()
-}
-
-pub(super) async fn login(
-    State(console): Shared,
-    headers: HeaderMap,
-    uri: Uri,
-    body: Bytes,
-) -> Response {
-    let mut token = String::new();
-    let mut next = String::new();
-    for (name, value) in form_urlencoded::parse(&body) {
-        match &*name {
-            "token" => token = value.into_owned(),
-            "next" => next = value.into_owned(),
-            _ => {}
-        }
-    }
-    let page = Page::new(&console, &headers, None);
-    let Some(expected) = console.settings.token.as_deref() else {
-        let text = "This console is read-only: it was started without actions allowed.";
-        return (
-            StatusCode::FORBIDDEN,
-            pages::message(&page, "Read-only", text),
-        )
-            .into_response();
-    };
-    if !auth::same_origin(&headers, &uri) {
-        tracing::warn!(target: "outbox_runtime::console", "console sign-in from another site refused");
-        let text = "Refused: the sign-in did not come from this console's own page (behind a proxy, pass the Host header on).";
-        return (
-            StatusCode::FORBIDDEN,
-            pages::login(&page, &next, Some(text)),
-        )
-            .into_response();
-    }
-    if !auth::same(token.trim(), expected) {
-        tracing::warn!(target: "outbox_runtime::console", "console sign-in with a wrong token refused");
-        return (
-            StatusCode::UNAUTHORIZED,
-            pages::login(&page, &next, Some("Wrong token.")),
-        )
-            .into_response();
-    }
-    let target = if within(&console, &next) {
-        next
-    } else {
-        console.link("/")
-    };
-    let mut response = Redirect::to(&target).into_response();
-    if let Ok(cookie) = HeaderValue::from_str(&auth::set_cookie(&console, Some(expected))) {
-        response.headers_mut().insert(header::SET_COOKIE, cookie);
-    }
-    response
-}
-
-/// Whether `next` is a page of this console, and only that however a browser reads it: the
-/// console's path, then a path of plain characters (no `//`, `\`, tab or line break that a
-/// browser would make another host of).
-fn within(console: &Console, next: &str) -> bool {
-    let base = console.settings.mounted_at.as_str();
-    let Some(rest) = next.strip_prefix(base).and_then(|r| r.strip_prefix('/')) else {
-        return false;
-    };
-    let plain = |c: char| c.is_ascii_alphanumeric() || "/-_.~?=&%+,;:".contains(c);
-    !rest.starts_with('/') && rest.chars().all(plain)
-}
-
-pub(super) async fn logout(State(console): Shared, headers: HeaderMap, uri: Uri) -> Response {
-    if !auth::same_origin(&headers, &uri) {
-        let page = Page::new(&console, &headers, None);
-        let text = "Refused: the sign-out did not come from this console's own page.";
-        return (
-            StatusCode::FORBIDDEN,
-            pages::message(&page, "Refused", text),
-        )
-            .into_response();
-    }
-    let mut response = Redirect::to(&console.link("/")).into_response();
-    if let Ok(cookie) = HeaderValue::from_str(&auth::set_cookie(&console, None)) {
-        response.headers_mut().insert(header::SET_COOKIE, cookie);
-    }
-    response
-}
-
-/// Around every route: the console must be nested where its links say (its settings'
-/// `mounted_at`), and no page may be framed by another site, sniffed or cached.
-pub(super) async fn guard(State(console): Shared, request: Request, next: Next) -> Response {
-    let nested = request
-        .extensions()
-        .get::<NestedPath>()
-        .map(|p| p.as_str().trim_end_matches('/').to_owned())
-        .unwrap_or_default();
-    let mut response = if nested != console.settings.mounted_at {
-        let text = format!(
-            "This console is nested at `{}`, but its settings say `{}`: its links and its \
-             sign-in cookie would point elsewhere. Set ConsoleSettings::mounted_at(\"{}\").",
-            if nested.is_empty() { "/" } else { &nested },
-            if console.settings.mounted_at.is_empty() {
-                "/"
-            } else {
-                &console.settings.mounted_at
-            },
-            nested
-        );
-        tracing::error!(target: "outbox_runtime::console", "{text}");
-        let page = Page::new(&console, request.headers(), None);
-        (
-            StatusCode::INTERNAL_SERVER_ERROR,
-            pages::message(&page, "Misconfigured", &text),
-        )
-            .into_response()
-    } else {
-        next.run(request).await
-    };
-    let headers = response.headers_mut();
-    for (name, value) in [
-        (header::X_FRAME_OPTIONS, "DENY"),
-        (header::CONTENT_SECURITY_POLICY, "frame-ancestors 'none'"),
-        (header::X_CONTENT_TYPE_OPTIONS, "nosniff"),
-        (header::REFERRER_POLICY, "same-origin"),
-    ] {
-        headers.insert(name, HeaderValue::from_static(value));
-    }
-    headers
-        .entry(header::CACHE_CONTROL)
-        .or_insert(HeaderValue::from_static("no-store"));
-    response
 }
 
 pub(super) async fn css() -> Response {
