@@ -71,8 +71,9 @@ pub enum Command {
         #[command(subcommand)]
         action: TopicsAction,
     },
-    /// processed_event's time partitions: list them, create them ahead, change their width,
-    /// convert an installation from before partitions
+    /// The time partitions of processed_event, inbox_event or outbox_event (--table): list them,
+    /// create them ahead, change their width, convert a table of an installation from before
+    /// partitions
     Partitions {
         #[command(subcommand)]
         action: PartitionsAction,
