@@ -3,8 +3,8 @@
 use outbox_runtime::admin::{Cleanup, CleanupTable};
 
 use super::{chain, connect_migrated, when, Result};
+use crate::args::CleanupArgs;
 use crate::ui::{self, Progress};
-use crate::CleanupArgs;
 
 pub async fn run(args: CleanupArgs) -> Result {
     let CleanupArgs {

@@ -4,8 +4,8 @@
 use outbox_runtime::console::{self, ConsoleSettings};
 
 use super::{chain, connect_migrated, Result};
+use crate::args::ConsoleArgs;
 use crate::shutdown::Shutdown;
-use crate::ConsoleArgs;
 
 pub async fn run(args: ConsoleArgs) -> Result {
     let ConsoleArgs {

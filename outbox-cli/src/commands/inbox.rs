@@ -6,8 +6,8 @@ use super::{
     chain, connect_migrated, filter_of, print_breakdown, print_list, require_selection, when,
     Result, DEFAULT_LIST_LIMIT,
 };
+use crate::args::{Act, DeadAction, InboxAction, List};
 use crate::ui;
-use crate::{Act, DeadAction, InboxAction, List};
 
 pub async fn run(action: InboxAction) -> Result {
     match action {

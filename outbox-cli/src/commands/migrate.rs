@@ -1,7 +1,7 @@
 //! `outbox migrate`: apply the migrations.
 
 use super::{chain, connect, Result};
-use crate::Db;
+use crate::args::Db;
 
 pub async fn run(db: &Db) -> Result {
     let pool = connect(db, 2).await?;

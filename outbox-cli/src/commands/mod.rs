@@ -1,6 +1,6 @@
-//! What each command does, one file per subcommand; `main.rs` only parses. Here: the dispatch,
-//! and what several commands share (connecting and checking the schema, the Kafka settings, the
-//! selection and listing of poison rows, printing).
+//! What each command does, one file per subcommand (`args/` only defines the command line).
+//! Here: the dispatch, and what several commands share (connecting and checking the schema, the
+//! Kafka settings, the selection and listing of poison rows, printing).
 
 mod cleanup;
 mod console;
@@ -22,8 +22,8 @@ use rdkafka::config::ClientConfig;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, PgPool};
 
+use crate::args::{Brokers, Command, Db, PublishTo, Selection};
 use crate::ui;
-use crate::{Brokers, Command, Db, PublishTo, Selection};
 
 type Result<T = ()> = std::result::Result<T, String>;
 

@@ -6,8 +6,8 @@ use super::{
     chain, connect_migrated, filter_of, print_breakdown, print_list, require_selection, when,
     Result, DEFAULT_LIST_LIMIT,
 };
+use crate::args::{List, ParkedAction};
 use crate::ui;
-use crate::{List, ParkedAction};
 
 pub async fn run(action: ParkedAction) -> Result {
     let (act, retry) = match action {

@@ -3,7 +3,8 @@
 use outbox_runtime::admin::{self, Conversion, PartitionLayout};
 
 use super::{chain, connect_migrated, print_json, Result};
-use crate::{parse, ui, PartitionsAction};
+use crate::args::PartitionsAction;
+use crate::{parse, ui};
 
 pub async fn run(action: PartitionsAction) -> Result {
     match action {

@@ -5,8 +5,8 @@ use outbox_runtime::relay::{JetStream, Relay};
 use tokio_util::sync::CancellationToken;
 
 use super::{chain, connect_migrated, Result, Target};
+use crate::args::RelayArgs;
 use crate::shutdown::Shutdown;
-use crate::RelayArgs;
 
 pub async fn run(args: RelayArgs) -> Result {
     let RelayArgs {

@@ -7,8 +7,8 @@ use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, Producer};
 
 use super::{chain, connect_migrated, Result, Target};
+use crate::args::ReplayArgs;
 use crate::ui::Progress;
-use crate::ReplayArgs;
 
 pub async fn run(args: ReplayArgs) -> Result {
     let ReplayArgs {

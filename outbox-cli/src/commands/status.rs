@@ -6,9 +6,9 @@ use std::time::Duration;
 use outbox_runtime::admin::{self, Health, HealthThresholds, Status};
 
 use super::{chain, connect_migrated, print_json, Result};
+use crate::args::Db;
 use crate::parse::human;
 use crate::ui;
-use crate::Db;
 
 pub async fn run(
     db: &Db,

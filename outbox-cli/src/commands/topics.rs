@@ -3,8 +3,8 @@
 use outbox_runtime::admin::{EnsureTopics, TopicAction, TopicRole};
 
 use super::{chain, connect_migrated, print_json, producer_config, Result};
+use crate::args::{TopicsAction, TopicsEnsureArgs};
 use crate::ui;
-use crate::{TopicsAction, TopicsEnsureArgs};
 
 pub async fn run(action: TopicsAction) -> Result {
     match action {

@@ -53,6 +53,7 @@ mod chart;
 mod handlers;
 mod lists;
 mod pages;
+mod respond;
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -215,14 +216,14 @@ pub fn router(pool: PgPool, settings: ConsoleSettings) -> Result<Router> {
         .route("/dead/retry", post(handlers::dead_retry))
         .route("/dead/discard", post(handlers::dead_discard))
         .route("/event", get(handlers::event))
-        .route("/login", get(handlers::login_page).post(handlers::login))
-        .route("/logout", post(handlers::logout))
+        .route("/login", get(auth::login_page).post(auth::login))
+        .route("/logout", post(auth::logout))
         .route("/assets/console.css", get(handlers::css))
         .route("/assets/console.js", get(handlers::js))
         .fallback(handlers::not_found)
         .layer(axum::middleware::from_fn_with_state(
             console.clone(),
-            handlers::guard,
+            auth::guard,
         ))
         .with_state(console))
 }

@@ -3,14 +3,14 @@
 
 use axum::http::{header, HeaderMap, Uri};
 
-use super::Console;
+use crate::console::Console;
 
 /// The cookie that carries the token once an operator signed in.
-pub(super) const COOKIE: &str = "outbox_console_token";
+pub(in crate::console) const COOKIE: &str = "outbox_console_token";
 
 /// Why an action is refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Refusal {
+pub(in crate::console) enum Refusal {
     /// The console was started without actions.
     ReadOnly,
     /// No token, or the wrong one.
@@ -21,7 +21,7 @@ pub(super) enum Refusal {
 
 /// Whether `given` is `secret`, in a time that depends on `given`'s length alone: no early
 /// exit, not even on a length that differs.
-pub(super) fn same(given: &str, secret: &str) -> bool {
+pub(in crate::console) fn same(given: &str, secret: &str) -> bool {
     let secret = secret.as_bytes();
     if secret.is_empty() {
         return given.is_empty();
@@ -34,7 +34,7 @@ pub(super) fn same(given: &str, secret: &str) -> bool {
 }
 
 /// Whether the request carries the token (actions allowed): a bearer token or the cookie.
-pub(super) fn signed_in(console: &Console, headers: &HeaderMap) -> bool {
+pub(in crate::console) fn signed_in(console: &Console, headers: &HeaderMap) -> bool {
     let cookie_ok = || {
         let token = console.settings.token.as_deref();
         token.is_some_and(|t| cookie(headers).is_some_and(|c| same(&c, t)))
@@ -77,7 +77,7 @@ fn cookie(headers: &HeaderMap) -> Option<String> {
 /// says same-origin or none, and `Origin`, when sent, names the host the request went to (its
 /// `Host` header, or under HTTP/2 its URI's authority). Requests without either (scripts, curl)
 /// pass: they carry no browser's cookies unasked.
-pub(super) fn same_origin(headers: &HeaderMap, uri: &Uri) -> bool {
+pub(in crate::console) fn same_origin(headers: &HeaderMap, uri: &Uri) -> bool {
     let get = |name| headers.get(name).and_then(|v| v.to_str().ok());
     if let Some(site) = get("sec-fetch-site") {
         if site != "same-origin" && site != "none" {
@@ -97,7 +97,7 @@ pub(super) fn same_origin(headers: &HeaderMap, uri: &Uri) -> bool {
 
 /// Whether an action may run: actions allowed, the token, from this console's own pages (and,
 /// for a browser's form, with the anti-forgery field).
-pub(super) fn may_act(
+pub(in crate::console) fn may_act(
     console: &Console,
     headers: &HeaderMap,
     uri: &Uri,
@@ -119,7 +119,7 @@ pub(super) fn may_act(
 }
 
 /// The `Set-Cookie` value that signs in (or, with `None`, out).
-pub(super) fn set_cookie(console: &Console, token: Option<&str>) -> String {
+pub(in crate::console) fn set_cookie(console: &Console, token: Option<&str>) -> String {
     let path = console.link("/");
     match token {
         Some(token) => {
