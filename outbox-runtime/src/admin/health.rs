@@ -22,6 +22,7 @@ use sqlx::{PgConnection, PgPool, Row};
 
 use super::status::{status_on, Count, Status};
 use crate::error::Result;
+use crate::sqlstate::DbError;
 
 /// Tables under this many dead rows are never reported as overdue for a vacuum: a table that
 /// barely changes needs none.
@@ -1079,9 +1080,12 @@ async fn partition_warnings(
     )
     .fetch_all(pool)
     .await
-    .or_else(|e| match &e {
-        sqlx::Error::Database(db) if db.code().as_deref() == Some("42P01") => Ok(Vec::new()),
-        _ => Err(e),
+    .or_else(|e| {
+        if DbError::is_undefined_table(&e) {
+            Ok(Vec::new())
+        } else {
+            Err(e)
+        }
     })?;
     for (table, partition, reason) in kept {
         warnings.push(Warning::PartitionNotDropped {

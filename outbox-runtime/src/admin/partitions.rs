@@ -20,6 +20,7 @@ use sqlx::PgPool;
 
 use super::CleanupTable;
 use crate::error::{Error, Result};
+use crate::sqlstate::DbError;
 
 /// One partition of a partitioned table.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -144,9 +145,10 @@ type PartitionRow = (
 
 /// `outbox_partitioning` is missing before the migrations that add it: no partitions then.
 fn absent_as_none<T>(e: sqlx::Error) -> Result<Option<T>> {
-    match &e {
-        sqlx::Error::Database(db) if db.code().as_deref() == Some("42P01") => Ok(None),
-        _ => Err(e.into()),
+    if DbError::is_undefined_table(&e) {
+        Ok(None)
+    } else {
+        Err(e.into())
     }
 }
 
@@ -222,13 +224,11 @@ pub async fn set_partitioning(
 }
 
 #[cfg(feature = "_broker")]
-/// Whether `error` is an insert that found no partition for its row (SQLSTATE 23514 with
-/// PostgreSQL's wording): creating partitions is the cure.
+/// Whether `error` is an insert that found no partition for its row
+/// ([`DbError::is_missing_partition`]): creating partitions is the cure.
 pub(crate) fn is_missing_partition(error: &Error) -> bool {
     match error {
-        Error::Database(sqlx::Error::Database(db)) => {
-            db.code().as_deref() == Some("23514") && db.message().starts_with("no partition of")
-        }
+        Error::Database(e) => DbError::is_missing_partition(e),
         _ => false,
     }
 }
@@ -877,7 +877,7 @@ stop every relay before converting it, and start them again after';
                     created: created.max(0) as u32,
                 });
             }
-            Err(e) if attempt < 5 && lock_timed_out(&e) => {
+            Err(e) if attempt < 5 && DbError::is_lock_not_available(&e) => {
                 drop(tx);
                 tracing::info!(
                     table = parent,
@@ -902,10 +902,6 @@ async fn with_lock_timeout(conn: &mut sqlx::PgConnection, statement: &str) -> Re
     .await?;
     tx.commit().await?;
     Ok(())
-}
-
-fn lock_timed_out(e: &sqlx::Error) -> bool {
-    matches!(e, sqlx::Error::Database(db) if db.code().as_deref() == Some("55P03"))
 }
 
 #[cfg(feature = "_broker")]
