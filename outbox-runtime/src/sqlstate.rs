@@ -100,6 +100,43 @@ impl DbError {
             DbError::Aborted | DbError::Conflict | DbError::RolledBack
         )
     }
+
+    // The questions below are about one error more precisely than its class: each names the
+    // one condition its caller handles, and leaves the class (and so every caller of `of`)
+    // as it is.
+
+    /// 42P01 `undefined_table`: the statement names a table that does not exist, such as one
+    /// a migration not applied yet adds (class [`Other`](DbError::Other)).
+    pub(crate) fn is_undefined_table(error: &sqlx::Error) -> bool {
+        sqlstate(error).as_deref() == Some("42P01")
+    }
+
+    /// 55P03 `lock_not_available`: a lock did not come within `lock_timeout` (class
+    /// [`TimedOut`](DbError::TimedOut), which a `statement_timeout` is of too).
+    pub(crate) fn is_lock_not_available(error: &sqlx::Error) -> bool {
+        sqlstate(error).as_deref() == Some("55P03")
+    }
+
+    /// An insert that found no partition for its row: 23514 `check_violation` with
+    /// PostgreSQL's wording, `no partition of relation ...` (class
+    /// [`Integrity`](DbError::Integrity): it fails again until the partition is created).
+    #[cfg_attr(not(feature = "_broker"), allow(dead_code))]
+    pub(crate) fn is_missing_partition(error: &sqlx::Error) -> bool {
+        match error {
+            sqlx::Error::Database(db) => {
+                db.code().as_deref() == Some("23514") && db.message().starts_with("no partition of")
+            }
+            _ => false,
+        }
+    }
+}
+
+/// The SQLSTATE the server answered `error` with, if it answered.
+fn sqlstate(error: &sqlx::Error) -> Option<std::borrow::Cow<'_, str>> {
+    match error {
+        sqlx::Error::Database(db) => db.code(),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -123,6 +160,39 @@ mod tests {
     impl sqlx::error::DatabaseError for Coded {
         fn message(&self) -> &str {
             self.0
+        }
+        fn code(&self) -> Option<Cow<'_, str>> {
+            Some(Cow::Borrowed(self.0))
+        }
+        fn as_error(&self) -> &(dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn as_error_mut(&mut self) -> &mut (dyn std::error::Error + Send + Sync + 'static) {
+            self
+        }
+        fn into_error(self: Box<Self>) -> Box<dyn std::error::Error + Send + Sync + 'static> {
+            self
+        }
+        fn kind(&self) -> sqlx::error::ErrorKind {
+            sqlx::error::ErrorKind::Other
+        }
+    }
+
+    /// A database error with a SQLSTATE and the server's message.
+    #[derive(Debug)]
+    struct Said(&'static str, &'static str);
+
+    impl std::fmt::Display for Said {
+        fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            write!(f, "{} (SQLSTATE {})", self.1, self.0)
+        }
+    }
+
+    impl std::error::Error for Said {}
+
+    impl sqlx::error::DatabaseError for Said {
+        fn message(&self) -> &str {
+            self.1
         }
         fn code(&self) -> Option<Cow<'_, str>> {
             Some(Cow::Borrowed(self.0))
@@ -235,5 +305,38 @@ mod tests {
         assert_eq!(DbError::find(boxed.as_ref()), Some(Conflict));
         let plain = std::io::Error::other("not a database error");
         assert_eq!(DbError::find(&plain), None);
+    }
+
+    /// The precise questions: each answers yes to its own condition only, and the class of
+    /// each error stays what `of` says.
+    #[test]
+    fn precise_conditions() {
+        let said = |code, message| sqlx::Error::Database(Box::new(Said(code, message)));
+        let no_partition = said(
+            "23514",
+            "no partition of relation \"processed_event\" found for row",
+        );
+        let other_check = said("23514", "new row violates check constraint \"c\"");
+        let undefined = said("42P01", "relation \"outbox_partition_kept\" does not exist");
+        let lock = said("55P03", "canceling statement due to lock timeout");
+        let statement = said("57014", "canceling statement due to statement timeout");
+        let io = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+
+        assert!(DbError::is_missing_partition(&no_partition));
+        for e in [&other_check, &undefined, &lock, &statement, &io] {
+            assert!(!DbError::is_missing_partition(e), "{e}");
+        }
+        assert!(DbError::is_undefined_table(&undefined));
+        for e in [&no_partition, &other_check, &lock, &statement, &io] {
+            assert!(!DbError::is_undefined_table(e), "{e}");
+        }
+        assert!(DbError::is_lock_not_available(&lock));
+        for e in [&no_partition, &other_check, &undefined, &statement, &io] {
+            assert!(!DbError::is_lock_not_available(e), "{e}");
+        }
+
+        assert_eq!(DbError::of(&no_partition), Integrity);
+        assert_eq!(DbError::of(&undefined), Other);
+        assert_eq!(DbError::of(&lock), TimedOut);
     }
 }

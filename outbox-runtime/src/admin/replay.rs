@@ -7,7 +7,7 @@ use sqlx::{PgPool, Row};
 
 use crate::error::{Error, Result};
 use crate::publish::{CloudEvents, Options, Outcome, PerKey, Transport};
-use crate::store::relay::{claimed_columns, Claimed};
+use crate::store::record::{claimed_columns, Claimed};
 
 /// Which stored events a replay publishes: published rows of one topic, narrowed by creation
 /// time (`since` inclusive, `until` exclusive), aggregate type and event type.

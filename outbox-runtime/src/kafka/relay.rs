@@ -15,7 +15,7 @@ use super::producer::ProducerSlot;
 use crate::error::{PublishError, Result};
 use crate::publish::cloudevents::{Attributes, CloudEvents};
 use crate::publish::{order, Boxed, Class, Options, Outcome, PerKey, Sender, Transport};
-use crate::store::relay::Claimed;
+use crate::store::record::Claimed;
 
 /// The relay's transport to Kafka: the idempotent producer every instance shares.
 struct Kafka {

@@ -14,20 +14,19 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use async_nats::jetstream::consumer::{pull, AckPolicy, DeliverPolicy, PullConsumer};
-use async_nats::jetstream::message::PublishMessage;
 use async_nats::jetstream::{self, AckKind};
 use futures_util::StreamExt;
 use tokio_util::sync::CancellationToken;
 
+use super::received::Received;
 use super::settings::JetStream;
 use super::streams::{durable_name, stream_for, Lookup, StreamSpec, DUPLICATE_WINDOW};
-use super::wire::{self, Decoded};
 use crate::error::{Error, Result};
 use crate::inbox::batch::Checked;
 use crate::inbox::dedup;
 use crate::inbox::failure::Destination;
 use crate::inbox::lease::Lease;
-use crate::inbox::message::{self, Delivered};
+use crate::inbox::message;
 use crate::inbox::settings::{Mode, RetryPolicy, Settings};
 use crate::inbox::shared::Shared;
 use crate::inbox::store;
@@ -527,89 +526,5 @@ impl Reader {
         metrics::counter!("outbox_consumer_dead_lettered_total").increment(1);
         tracing::warn!(topic = %self.topic, sequence = msg.sequence, reason, "message dead-lettered");
         true
-    }
-}
-
-/// A message off JetStream, its headers read as the Kafka consumer reads a record's (see
-/// [`wire::decode`]).
-struct Received {
-    message: jetstream::Message,
-    /// The stream's name, the message's sequence in it, and when the stream stored it
-    /// (nanoseconds since the Unix epoch).
-    stream: String,
-    sequence: u64,
-    stored_ns: i128,
-    /// Deliveries so far, this one included: the attempt.
-    delivered: u32,
-    decoded: Decoded,
-}
-
-impl Received {
-    fn new(message: jetstream::Message) -> Self {
-        let (stream, sequence, stored_ns, delivered) = match message.info() {
-            Ok(info) => (
-                info.stream.to_owned(),
-                info.stream_sequence,
-                info.published.unix_timestamp_nanos(),
-                u32::try_from(info.delivered).unwrap_or(u32::MAX).max(1),
-            ),
-            Err(_) => (String::new(), 0, 0, 1),
-        };
-        let decoded = wire::decode(message.headers.as_ref());
-        Received {
-            message,
-            stream,
-            sequence,
-            stored_ns,
-            delivered,
-            decoded,
-        }
-    }
-
-    /// Checked as a Kafka record is; its attempt is its delivery.
-    fn check(&self) -> Checked<'_> {
-        let delivered = Delivered {
-            topic: self.message.subject.as_str(),
-            partition: 0,
-            offset: i64::try_from(self.sequence).unwrap_or(i64::MAX),
-            key: self.decoded.key.as_deref(),
-            payload: &self.message.payload,
-        };
-        let headers = self
-            .decoded
-            .headers
-            .iter()
-            .map(|(name, value)| (name.as_str(), Some(value.as_slice())));
-        let mut incoming = message::check(delivered, headers)?;
-        incoming.meta.attempt = self.delivered;
-        Ok(incoming)
-    }
-
-    /// Acknowledges, refuses or terminates it, or asks for more time. A settlement that does
-    /// not arrive (the server away) leaves the message pending: it comes again after
-    /// `ack_wait`, and is deduplicated.
-    async fn settle(&self, kind: AckKind) {
-        if let Err(e) = self.message.ack_with(kind).await {
-            tracing::debug!(error = %crate::error_chain(e.as_ref()), sequence = self.sequence,
-                "cannot settle a message; it comes again");
-        }
-    }
-
-    /// Its dead letter (see [`wire::dead_letter`]).
-    fn dead_letter(&self, topic: &str, reason: &str, attempts: u32) -> PublishMessage {
-        let from = wire::Source {
-            topic,
-            stream: &self.stream,
-            sequence: self.sequence,
-            stored_ns: self.stored_ns,
-        };
-        let payload = self.message.payload.clone();
-        wire::dead_letter(
-            self.message.headers.as_ref(),
-            payload,
-            &from,
-            reason,
-            attempts,
-        )
     }
 }

@@ -7,6 +7,7 @@
 
 mod builders;
 mod consumer;
+mod received;
 mod relay;
 mod settings;
 mod streams;

@@ -19,7 +19,7 @@ use crate::error::PublishError;
 use crate::publish::{
     order, Boxed, Class, CloudEvents, Options, Outcome, PerKey, Sender, Transport,
 };
-use crate::store::relay::Claimed;
+use crate::store::record::Claimed;
 
 /// The relay's (or a replay's) transport to `jetstream`: `timeout` bounds the client's own
 /// waits (the relay bounds each batch's), `failover` is the relay's failover timeout.

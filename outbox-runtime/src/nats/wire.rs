@@ -11,7 +11,7 @@ use async_nats::jetstream::message::PublishMessage;
 
 use crate::inbox::message::headers as consumer_headers;
 use crate::publish::cloudevents::{Attributes, CloudEvents};
-use crate::store::relay::Claimed;
+use crate::store::record::Claimed;
 
 /// The partition key (what a Kafka record's key carries).
 pub(crate) const OUTBOX_KEY: &str = "outbox_key";

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use super::cloudevents::CloudEvents;
 use crate::error::PublishError;
-use crate::store::relay::Claimed;
+use crate::store::record::Claimed;
 
 /// What became of one record.
 #[derive(Debug, PartialEq, Eq)]

@@ -12,7 +12,7 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use super::order::{Options, Outcome};
-use crate::store::relay::Claimed;
+use crate::store::record::Claimed;
 
 /// A boxed future borrowed from the transport.
 pub(crate) type Boxed<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;

@@ -6,9 +6,9 @@ use std::collections::BTreeSet;
 
 use chrono::{DateTime, Utc};
 
-use sqlx::postgres::PgRow;
 use sqlx::{Executor, PgConnection, Row};
 
+use super::record::{claimed_columns, Claimed};
 use crate::error::{Error, Result};
 
 /// Keys are spread over this many shards by `hashtext(partition_key) & 63`; each shard is
@@ -231,59 +231,6 @@ pub(crate) async fn rebalance(
 /// The shards as a bit mask (bit `s` for shard `s`), which the claim tests in constant time.
 pub(crate) fn shard_mask(shards: &BTreeSet<i32>) -> i64 {
     shards.iter().fold(0u64, |m, s| m | 1 << s) as i64
-}
-
-/// One claimed outbox row.
-#[derive(Debug)]
-pub(crate) struct Claimed {
-    pub id: i64,
-    pub event_id: uuid::Uuid,
-    pub topic: String,
-    pub partition_key: String,
-    pub aggregate_type: String,
-    pub aggregate_id: String,
-    pub event_type: String,
-    pub payload: String,
-    pub attempts: i32,
-    pub created_at_ms: i64,
-    /// The application's headers as a JSON object, `None` when it has none.
-    pub headers: Option<String>,
-    /// The record's timestamp when it is not `created_at_ms`: a replay's, when it was
-    /// replayed (CloudEvents' `time` stays `created_at_ms`).
-    pub replayed_at_ms: Option<i64>,
-}
-
-/// The columns a [`Claimed`] is read from (table alias `o`), in the order `from_row` reads
-/// them.
-macro_rules! claimed_columns {
-    () => {
-        "o.id, o.event_id, o.topic, o.partition_key, o.aggregate_type, o.aggregate_id, \
-         o.event_type, o.payload::text AS payload, o.attempts, \
-         (extract(epoch FROM o.created_at) * 1000)::int8 AS created_at_ms, \
-         NULLIF(o.headers, '{}'::jsonb)::text AS headers"
-    };
-}
-#[allow(unused_imports)] // used by the relay and replay, built with a broker
-pub(crate) use claimed_columns;
-
-impl Claimed {
-    /// Reads a row whose first columns are [`claimed_columns!`], from column `first` on.
-    pub(crate) fn from_row(r: &PgRow, first: usize) -> Result<Claimed> {
-        Ok(Claimed {
-            id: r.try_get(first)?,
-            event_id: r.try_get(first + 1)?,
-            topic: r.try_get(first + 2)?,
-            partition_key: r.try_get(first + 3)?,
-            aggregate_type: r.try_get(first + 4)?,
-            aggregate_id: r.try_get(first + 5)?,
-            event_type: r.try_get(first + 6)?,
-            payload: r.try_get(first + 7)?,
-            attempts: r.try_get(first + 8)?,
-            created_at_ms: r.try_get(first + 9)?,
-            headers: r.try_get(first + 10)?,
-            replayed_at_ms: None,
-        })
-    }
 }
 
 /// What the claim needs to know before it scans, read in the statement that begins the batch

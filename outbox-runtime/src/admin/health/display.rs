@@ -1,0 +1,206 @@
+//! A [`Warning`] as one line that names its cause and what to do.
+
+use std::fmt;
+
+use super::warning::Warning;
+
+/// Seconds as a short human duration: `45s`, `12m05s`, `3h20m`.
+fn human(secs: f64) -> String {
+    let s = secs.max(0.0).round() as u64;
+    match s {
+        0..=59 => format!("{s}s"),
+        60..=3_599 => format!("{}m{:02}s", s / 60, s % 60),
+        _ => format!("{}h{:02}m", s / 3_600, s % 3_600 / 60),
+    }
+}
+
+impl fmt::Display for Warning {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Warning::AutovacuumOff {
+                table: None,
+                setting,
+            } => write!(
+                f,
+                "autovacuum is off for the server ({setting}): dead rows of the outbox tables \
+                 are never removed unless something runs VACUUM"
+            ),
+            Warning::AutovacuumOff {
+                table: Some(table),
+                setting,
+            } => write!(
+                f,
+                "autovacuum is off for table {table} ({setting}): its dead rows are never \
+                 removed unless something runs VACUUM (ALTER TABLE {table} RESET \
+                 (autovacuum_enabled))"
+            ),
+            Warning::DeadRows { table, dead, live } => write!(
+                f,
+                "table {table} holds {dead} dead rows ({live} live): autovacuum is not keeping \
+                 up, or something holds the cleanup horizon"
+            ),
+            Warning::VacuumOverdue {
+                table,
+                dead,
+                last_vacuum_age_secs: Some(age),
+            } => write!(
+                f,
+                "table {table} was last vacuumed {} ago and holds {dead} dead rows",
+                human(*age)
+            ),
+            Warning::VacuumOverdue {
+                table,
+                dead,
+                last_vacuum_age_secs: None,
+            } => write!(
+                f,
+                "table {table} has never been vacuumed and holds {dead} dead rows"
+            ),
+            Warning::LongTransaction {
+                pid,
+                application_name,
+                user,
+                state,
+                age_secs,
+            } => write!(
+                f,
+                "session {pid} (application `{application_name}`, user {user}, {state}) has \
+                 held a transaction open for {}: no dead row can be removed until it ends \
+                 (SELECT pg_terminate_backend({pid}) ends it)",
+                human(*age_secs)
+            ),
+            Warning::ReplicationSlot {
+                slot_name,
+                active,
+                xmin_age,
+            } => write!(
+                f,
+                "replication slot {slot_name} ({}) holds the cleanup horizon {xmin_age} \
+                 transactions back",
+                if *active { "active" } else { "inactive" }
+            ),
+            Warning::StandbyFeedback {
+                pid,
+                application_name,
+                xmin_age,
+            } => write!(
+                f,
+                "standby `{application_name}` (sender pid {pid}) holds the cleanup horizon \
+                 {xmin_age} transactions back through hot_standby_feedback: a long query on \
+                 the standby"
+            ),
+            Warning::PreparedTransaction {
+                gid,
+                owner,
+                age_secs,
+            } => write!(
+                f,
+                "prepared transaction `{gid}` (owner {owner}) has waited {} for COMMIT \
+                 PREPARED or ROLLBACK PREPARED, holding the cleanup horizon",
+                human(*age_secs)
+            ),
+            Warning::OldUnpublished { topic, age_secs } => write!(
+                f,
+                "the oldest unpublished event of `{topic}` is {} old: is a relay running and \
+                 the broker reachable?",
+                human(*age_secs)
+            ),
+            Warning::OldUnprocessed { topic, age_secs } => write!(
+                f,
+                "the oldest unprocessed inbox row of `{topic}` is {} old",
+                human(*age_secs)
+            ),
+            Warning::HeldKeys {
+                topic,
+                rows,
+                keys,
+                error,
+            } => {
+                write!(
+                    f,
+                    "{keys} keys of `{topic}` are held for an operator ({rows} rows wait)"
+                )?;
+                match error {
+                    Some(e) => write!(f, ": {e}"),
+                    None => Ok(()),
+                }
+            }
+            Warning::Parked { topic, rows } => write!(
+                f,
+                "`{topic}` has {rows} parked outbox rows (outbox parked list)"
+            ),
+            Warning::DeadInbox { topic, rows } => write!(
+                f,
+                "`{topic}` has {rows} dead inbox rows (outbox inbox list)"
+            ),
+            Warning::MissingTopic {
+                group,
+                topic,
+                source,
+                role,
+                age_secs,
+            } => write!(
+                f,
+                "consumer group `{group}` has no {} topic `{topic}` for `{source}` (missing for \
+                 {}): its first message that needs it will pause every partition until it \
+                 exists (outbox topics ensure creates it)",
+                role.replace('_', "-"),
+                human(*age_secs)
+            ),
+            Warning::PartitionsNotAhead {
+                table,
+                covered_secs,
+            } => write!(
+                f,
+                "the partitions of {table} reach only {} past now: inserts fail once they end \
+                 (is a relay or a consumer running? `outbox partitions create` makes them now)",
+                human(*covered_secs)
+            ),
+            Warning::PartitionNotDropped {
+                table,
+                partition,
+                reason,
+            } => write!(
+                f,
+                "partition {partition} of {table} was not dropped: {reason} \
+                 (retention tries again at its next run)"
+            ),
+            Warning::ManyPartitions { table, partitions } => write!(
+                f,
+                "{table} has {partitions} partitions, and every claim reads each of them (the \
+                 more there are, the slower it publishes or processes): is retention running? \
+                 (`outbox relay --retention`, `outbox cleanup`; `outbox partitions set --width` \
+                 widens the partitions created from now on)"
+            ),
+            Warning::ConversionInterrupted {
+                table,
+                constraint,
+                refuses_from,
+                in_secs,
+            } => write!(
+                f,
+                "converting {table} to partitions stopped midway: its constraint {constraint} \
+                 refuses every insert from {refuses_from} on ({}): run `outbox partitions \
+                 convert` again to finish it, or `ALTER TABLE {table} DROP CONSTRAINT \
+                 {constraint}` to undo it",
+                if *in_secs > 0.0 {
+                    format!("in {}", human(*in_secs))
+                } else {
+                    "already".to_owned()
+                }
+            ),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_read_as_an_operator_writes_them() {
+        assert_eq!(human(4.4), "4s");
+        assert_eq!(human(725.0), "12m05s");
+        assert_eq!(human(12_000.0), "3h20m");
+    }
+}
