@@ -2,8 +2,8 @@
 //! user gives ([`JetStream`]), the wire format (`wire.rs`: subjects, header names, encoding),
 //! streams (`streams.rs`: looking them up, creating them, naming them), the relay's publisher
 //! (`relay.rs`) and the consumer's durable pull consumers (`consumer.rs`). The broker-neutral
-//! core reaches it through [`Transport`](crate::publish::Transport) and
-//! [`Source`](crate::inbox::Source); the builder methods are in `builders.rs`.
+//! core reaches it through the relay's `Transport` and the consumer's `Source`; the
+//! builder methods are in `builders.rs`.
 
 mod builders;
 mod consumer;

@@ -19,7 +19,7 @@ use std::time::Duration;
 ///   arrives, and the relay sends a key's next message only once the previous one is stored.
 /// - **Headers**: those a Kafka record carries (`event_id`, `event_type`, `aggregate_type`,
 ///   `aggregate_id`, `content-type`, `outbox_id`, the application's own, and with
-///   [`CloudEvents`] the attributes as `ce-*` headers, the NATS binding's prefix), plus
+///   [`CloudEvents`](crate::relay::CloudEvents) the attributes as `ce-*` headers, the NATS binding's prefix), plus
 ///   `outbox_key` and `outbox_timestamp_ms` (what Kafka's record key and timestamp carry).
 /// - **`Nats-Msg-Id`** is the event id: the server drops a message it stored within its
 ///   stream's duplicate window (2 minutes by default), so what a relay sends again after a crash
