@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::publish::Transport;
 
 /// A broker's settings, as given to a builder.
-pub(crate) trait BrokerSettings: Any + Send + Sync + std::fmt::Debug {
+pub(crate) trait BrokerSettings: Erased + Send + Sync + std::fmt::Debug {
     /// How a message names it: "Kafka brokers", "JetStream".
     fn name(&self) -> &'static str;
 
@@ -31,15 +31,28 @@ pub(crate) trait BrokerSettings: Any + Send + Sync + std::fmt::Debug {
     /// A relay's (or replay's) transport to it: `timeout` bounds each wait for the broker,
     /// `failover` is the relay's failover timeout.
     fn transport(&self, timeout: Duration, failover: Duration) -> Result<Box<dyn Transport>>;
+}
 
-    /// A copy (builders are `Clone`).
+/// What every broker's settings have without writing it: a copy (builders are `Clone`), and
+/// themselves as `Any`, for their builder methods to find them.
+pub(crate) trait Erased: Any {
     fn clone_box(&self) -> Box<dyn BrokerSettings>;
-
-    /// Itself, for its builder methods to find their own settings.
-    fn as_any_mut(&mut self) -> &mut dyn Any;
-
-    /// Itself, for what its builder methods stored beside it to read it.
     fn as_any(&self) -> &dyn Any;
+    fn as_any_mut(&mut self) -> &mut dyn Any;
+}
+
+impl<T: BrokerSettings + Clone> Erased for T {
+    fn clone_box(&self) -> Box<dyn BrokerSettings> {
+        Box::new(self.clone())
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+
+    fn as_any_mut(&mut self) -> &mut dyn Any {
+        self
+    }
 }
 
 /// The brokers a builder was given, each with what its builder method stored beside it (`M`:

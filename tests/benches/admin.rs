@@ -43,7 +43,9 @@ async fn drain_rate(pool: &PgPool, n: u64) -> f64 {
     write_rows(pool, n).await;
     let t = Instant::now();
     assert_eq!(
-        relay::drain_without_kafka(pool.clone(), 500).await.unwrap(),
+        relay::drain_without_broker(pool.clone(), 500)
+            .await
+            .unwrap(),
         n
     );
     rate(n, t.elapsed())

@@ -356,7 +356,7 @@ async fn main() {
 
         write_events(&db.pool, n).await;
         let t = Instant::now();
-        let marked = relay::drain_without_kafka(db.pool.clone(), 500)
+        let marked = relay::drain_without_broker(db.pool.clone(), 500)
             .await
             .unwrap();
         assert_eq!(marked, n);

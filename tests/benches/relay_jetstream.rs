@@ -69,9 +69,10 @@ async fn write_events(pool: &PgPool, n: u64, keys: u64) {
 }
 
 async fn wait_drained(pool: &PgPool) {
-    while outbox_runtime::relay::status(pool)
+    while outbox_runtime::admin::status(pool)
         .await
         .unwrap()
+        .outbox_total()
         .unpublished
         > 0
     {

@@ -173,7 +173,10 @@ pub async fn check_delivery_where(
 pub async fn wait_until_published(pool: &PgPool, timeout: Duration) {
     let deadline = tokio::time::Instant::now() + timeout;
     loop {
-        let status = outbox_runtime::relay::status(pool).await.unwrap();
+        let status = outbox_runtime::admin::status(pool)
+            .await
+            .unwrap()
+            .outbox_total();
         if status.unpublished == 0 {
             return;
         }

@@ -15,7 +15,7 @@
 
 mod cleanup;
 mod delete;
-mod health;
+pub(crate) mod health;
 mod inspect;
 pub(crate) mod partitions;
 mod poison;
@@ -27,6 +27,8 @@ pub(crate) mod status;
 #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
 pub use crate::kafka::{EnsureTopics, EnsuredTopic, TopicAction, TopicRole};
 pub use cleanup::{Cleanup, CleanupTable, Retention, RetentionReport};
+/// A hook of this project's own tests and benchmarks (feature `testing`); not API.
+#[cfg(feature = "testing")]
 #[doc(hidden)]
 pub use health::health_estimated;
 pub use health::{
@@ -47,4 +49,4 @@ pub use poison::{
 };
 #[cfg(feature = "_broker")]
 pub use replay::{Replay, ReplayCounts, ReplayFilter};
-pub use status::{status, ConsumerLease, InboxTopicStatus, Status, TopicStatus};
+pub use status::{status, ConsumerLease, InboxTopicStatus, RelayStatus, Status, TopicStatus};

@@ -27,6 +27,24 @@ pub struct Status {
     pub consumer_leases: Vec<ConsumerLease>,
 }
 
+impl Status {
+    /// The outbox's figures, all topics together.
+    pub fn outbox_total(&self) -> RelayStatus {
+        let sum = |f: fn(&TopicStatus) -> i64| self.outbox.iter().map(f).sum();
+        RelayStatus {
+            unpublished: sum(|t| t.unpublished),
+            retrying: sum(|t| t.retrying),
+            held: sum(|t| t.held),
+            parked: sum(|t| t.parked),
+            oldest_unpublished_age: self
+                .outbox
+                .iter()
+                .filter_map(TopicStatus::oldest_unpublished_age)
+                .max(),
+        }
+    }
+}
+
 /// A JetStream consumer group's lease on a topic: one instance reads it at a time.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 #[non_exhaustive]
@@ -40,6 +58,24 @@ pub struct ConsumerLease {
     /// Seconds until it expires unless renewed (negative: expired that long ago, its holder
     /// crashed or stalled; another instance takes it over); `None` once released.
     pub expires_in_secs: Option<f64>,
+}
+
+/// The outbox's backlog figures, all topics together: [`Relay::status`](crate::relay::Relay::status),
+/// or [`Status::outbox_total`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RelayStatus {
+    /// Rows waiting to be published (not parked).
+    pub unpublished: i64,
+    /// Of those, rows the broker refused that wait for a retry (held ones included).
+    pub retrying: i64,
+    /// Of those, rows held back by an operator's problem: their topic does not exist, or the
+    /// relay may not write to it. They wait until it is fixed.
+    pub held: i64,
+    /// Parked rows (refused `max_attempts` times; kept, skipped).
+    pub parked: i64,
+    /// Age of the oldest row waiting to be published.
+    pub oldest_unpublished_age: Option<Duration>,
 }
 
 /// The outbox figures of one topic.

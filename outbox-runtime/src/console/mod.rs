@@ -294,8 +294,9 @@ impl Console {
     /// Runs the health check (with the backlog figures), keeps it for the pages' warnings and
     /// adds a sample to the charts.
     async fn check_health(&self) -> Result<Arc<Health>> {
-        let health =
-            Arc::new(crate::admin::health_estimated(&self.pool, &self.settings.thresholds).await?);
+        let health = Arc::new(
+            crate::admin::health::health_estimated(&self.pool, &self.settings.thresholds).await?,
+        );
         self.samples
             .lock()
             .expect("samples")

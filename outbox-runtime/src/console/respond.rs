@@ -14,24 +14,28 @@ use super::Console;
 pub(super) type Shared = State<Arc<Console>>;
 
 /// An error page: bad input (400) or a failed query (500).
-pub(super) struct Failure(StatusCode, String);
+pub(super) struct ErrorPage(StatusCode, String);
 
-impl From<crate::Error> for Failure {
+impl From<crate::Error> for ErrorPage {
     fn from(e: crate::Error) -> Self {
-        Failure(
+        ErrorPage(
             StatusCode::INTERNAL_SERVER_ERROR,
             crate::error_chain(&e).to_string(),
         )
     }
 }
 
-pub(super) fn bad_input(message: impl Into<String>) -> Failure {
-    Failure(StatusCode::BAD_REQUEST, message.into())
+pub(super) fn bad_input(message: impl Into<String>) -> ErrorPage {
+    ErrorPage(StatusCode::BAD_REQUEST, message.into())
 }
 
 /// Renders a failure as a page of the console.
-pub(super) async fn fail(console: Arc<Console>, headers: HeaderMap, failure: Failure) -> Response {
-    let Failure(status, message) = failure;
+pub(super) async fn fail(
+    console: Arc<Console>,
+    headers: HeaderMap,
+    failure: ErrorPage,
+) -> Response {
+    let ErrorPage(status, message) = failure;
     let page = Page::new(&console, &headers, None);
     (
         status,
@@ -75,7 +79,7 @@ pub(super) fn with_query(path: String, query: &str) -> String {
 }
 
 /// A query string that does not parse (a field given twice, say) as a page of the console.
-pub(super) fn query_of<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, Failure> {
+pub(super) fn query_of<T>(query: Result<Query<T>, QueryRejection>) -> Result<T, ErrorPage> {
     query.map(|Query(q)| q).map_err(|e| {
         bad_input(format!(
             "The address's query does not parse: {}",

@@ -1,5 +1,6 @@
-//! What every broker's dedup loop shares: handling a batch while the database is out
-//! ([`handle`]), where a failed message goes ([`verdict`]), retrying in place.
+//! Dedup mode, whatever the broker: a batch handled in transactions ([`handle_batch`]), the
+//! database's outages waited out ([`handle`]), where a failed message goes ([`verdict`]),
+//! retries in place.
 
 use tokio_util::sync::CancellationToken;
 
@@ -8,6 +9,79 @@ use super::failure::{Destination, Failure};
 use super::message;
 use super::settings::{RetryPolicy, Settings};
 use super::shared::Shared;
+use super::source::Batch;
+
+/// Dedup mode's work on one batch `messages` of broker `b`: handled in one transaction (see
+/// [`batch::handle`]), then settled through `b` (each failed message first sent where its
+/// verdict says); with [`RetryPolicy::InPlace`], a message that failed retryably and what
+/// follows it tried again after a backoff, before anything else is settled, or dead-lettered
+/// once out of attempts. `false` once `cancel` fires or the batch's lease is lost (what is not
+/// settled comes again).
+pub(crate) async fn handle_batch<B: Batch>(
+    shared: &Shared,
+    b: &B,
+    messages: &[B::Message],
+    cancel: &CancellationToken,
+) -> bool {
+    let settings = &shared.settings;
+    let mut checked: Vec<Checked<'_>> = messages.iter().map(|m| b.check(m)).collect();
+    let mut start = 0;
+    // The message retried in place, and its attempts so far.
+    let mut retrying: Option<(usize, u32)> = None;
+    while start < checked.len() {
+        let fence = b.fence();
+        let handling = handle(shared, &checked[start..], cancel, fence.as_ref());
+        let Some(outcome) = b.holding(&messages[start..], handling).await else {
+            return false;
+        };
+        let done = &messages[start..start + outcome.done];
+        let mut failed = vec![None; done.len()];
+        for (i, failure) in outcome.failed {
+            let before = b.failed_before(&done[i]);
+            let attempts = attempts(retrying, start + i, before + 1);
+            let bad = checked[start + i].is_err();
+            failed[i] = Some(verdict(settings, attempts, &failure, bad));
+        }
+        if !b.settle(done, failed, cancel).await {
+            return false;
+        }
+        start += outcome.done;
+        let Some(failure) = outcome.stopped else {
+            break;
+        };
+        // In place: the message at `start` failed retryably; try it (and what follows it)
+        // again after a backoff, or dead-letter it once out of attempts.
+        let before = b.failed_before(&messages[start]);
+        let tries = attempts(retrying, start, before + 1);
+        if tries >= settings.max_attempts {
+            let dead = (
+                Destination::DeadLetter { attempts: tries },
+                dead_reason(&failure, tries),
+            );
+            if !b
+                .settle(&messages[start..=start], vec![Some(dead)], cancel)
+                .await
+            {
+                return false;
+            }
+            start += 1;
+            retrying = None;
+            continue;
+        }
+        retrying = retry_in_place(&mut checked, start, tries, &failure);
+        let waited = b.holding(&messages[start..], async {
+            tokio::select! {
+                () = cancel.cancelled() => false,
+                () = tokio::time::sleep(settings.backoff(tries)) => true,
+            }
+        });
+        if !waited.await {
+            return false;
+        }
+    }
+    debug_assert!(settings.retry_policy == RetryPolicy::InPlace || retrying.is_none());
+    true
+}
 
 /// Handles checked messages in dedup mode, waiting out database failures (the messages
 /// are not at fault: nothing is stored until it commits, and the dedup rows make doing it

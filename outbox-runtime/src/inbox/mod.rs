@@ -423,13 +423,15 @@ mod meta;
 #[cfg(feature = "_broker")]
 mod processor;
 #[cfg(feature = "_broker")]
+pub(crate) mod receive;
+#[cfg(feature = "_broker")]
 pub(crate) mod route;
 #[cfg(feature = "_broker")]
 pub(crate) mod settings;
 #[cfg(feature = "_broker")]
 pub(crate) mod shared;
 #[cfg(feature = "_broker")]
-mod source;
+pub(crate) mod source;
 #[cfg(feature = "_broker")]
 pub(crate) mod store;
 #[cfg(feature = "_broker")]
@@ -443,7 +445,5 @@ pub use handler::{BoxError, BoxFuture, Handler, HandlerError};
 pub use meta::MessageMeta;
 #[cfg(feature = "_broker")]
 pub use settings::{Mode, RetryPolicy};
-#[cfg(feature = "_broker")]
-pub(crate) use source::Source;
 #[cfg(feature = "_broker")]
 pub use store::{inbox_status, InboxStatus};

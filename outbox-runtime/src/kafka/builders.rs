@@ -6,6 +6,7 @@ use sqlx::PgPool;
 use super::config::Config;
 use crate::admin::Replay;
 use crate::error::{Error, Result};
+use crate::inbox::source::source_of;
 use crate::inbox::ConsumerBuilder;
 use crate::relay::RelayBuilder;
 
@@ -49,7 +50,7 @@ impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
     #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
     pub fn brokers(mut self, brokers: impl Into<String>) -> Self {
         self.broker_settings()
-            .get_or_default::<Config>(super::make_source)
+            .get_or_default::<Config>(source_of::<Config>)
             .client
             .set("bootstrap.servers", brokers.into());
         self
@@ -62,7 +63,7 @@ impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
         merge(
             &mut self
                 .broker_settings()
-                .get_or_default::<Config>(super::make_source)
+                .get_or_default::<Config>(source_of::<Config>)
                 .client,
             &config,
         );
@@ -78,7 +79,7 @@ impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
         merge(
             &mut self
                 .broker_settings()
-                .get_or_default::<Config>(super::make_source)
+                .get_or_default::<Config>(source_of::<Config>)
                 .forwarder,
             &config,
         );

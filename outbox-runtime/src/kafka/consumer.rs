@@ -11,9 +11,9 @@ use tokio_util::sync::CancellationToken;
 use super::config::Config;
 use super::forward::{retry_topic, Forwarder};
 use crate::error::{Error, Result};
-use crate::inbox::settings::{Mode, Settings};
+use crate::inbox::settings::Settings;
 use crate::inbox::shared::Shared;
-use crate::inbox::Source;
+use crate::inbox::source::{Reads, Source};
 use crate::publish::Boxed;
 
 /// A consumer's Kafka: the consumer's settings (the consumer is made when it runs), and the
@@ -72,12 +72,7 @@ impl Kafka {
             self.forwarder.producer().clone(),
             cancel.child_token(),
         ));
-        let result = match settings.mode {
-            Mode::Dedup => super::dedup::consume(shared, &self.forwarder, &consumer, cancel).await,
-            Mode::Inbox => {
-                super::receive::consume(shared, &self.forwarder, &consumer, cancel).await
-            }
-        };
+        let result = super::reading::consume(shared, &self.forwarder, &consumer, cancel).await;
         // Commit what was stored (the database has committed all of it).
         if let Err(e) = consumer.commit_consumer_state(CommitMode::Sync) {
             tracing::debug!(error = %crate::error_chain(&e), "no offsets to commit on shutdown");
@@ -143,4 +138,10 @@ fn subscriptions(settings: &Settings, handled: Vec<String>) -> Vec<String> {
         topics.extend(retry);
     }
     topics
+}
+
+impl Reads for Config {
+    fn source(&self, settings: &Settings) -> Result<Box<dyn Source>> {
+        source(self, settings)
+    }
 }

@@ -3,7 +3,7 @@
 //! paused retry partitions, forwarding to retry and dead-letter topics, reading a record as a
 //! checked message, the topics a broker has and creating them. The broker-neutral core (the
 //! relay's claims and marks, the consumer's batches) reaches it through
-//! [`Transport`](crate::publish::Transport) and [`Source`](crate::inbox::Source).
+//! [`Transport`](crate::publish::Transport) and [`Source`](crate::inbox::source::Source).
 //!
 //! | file | what |
 //! |---|---|
@@ -13,7 +13,7 @@
 //! | `consumer.rs` | the consumer's source: its clients' settings, subscriptions, the run |
 //! | `poll.rs` | batches off the consumer, offsets stored, retry partitions paused |
 //! | `message.rs` | a record read as a checked message |
-//! | `dedup.rs`, `receive.rs` | dedup mode's and inbox mode's loops on Kafka |
+//! | `reading.rs` | the reading loop, both modes, and how a batch is settled on Kafka |
 //! | `forward.rs` | sending a failed message to its retry or dead-letter topic |
 //! | `missing_topics.rs` | watching for missing retry and dead-letter topics |
 //! | `metadata.rs`, `topics.rs` | the topics a broker has; creating those an installation needs |
@@ -21,24 +21,20 @@
 mod builders;
 mod config;
 mod consumer;
-mod dedup;
 mod forward;
 mod message;
 pub(crate) mod metadata;
 mod missing_topics;
 mod poll;
 mod producer;
-mod receive;
+mod reading;
 mod relay;
 mod topics;
 
-use std::any::Any;
 use std::time::Duration;
 
 use crate::broker::BrokerSettings;
 use crate::error::{Error, Result};
-use crate::inbox::settings::Settings as ConsumerSettings;
-use crate::inbox::Source;
 use crate::publish::Transport;
 
 use config::Config;
@@ -71,24 +67,4 @@ impl BrokerSettings for Config {
     fn transport(&self, _timeout: Duration, _failover: Duration) -> Result<Box<dyn Transport>> {
         relay::transport(self)
     }
-
-    fn clone_box(&self) -> Box<dyn BrokerSettings> {
-        Box::new(self.clone())
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-}
-
-/// A consumer's source, from the settings its builder method stored (a [`Config`]).
-fn make_source(settings: &dyn Any, consumer: &ConsumerSettings) -> Result<Box<dyn Source>> {
-    let settings = settings
-        .downcast_ref::<Config>()
-        .expect("stored by this broker's builder method");
-    consumer::source(settings, consumer)
 }

@@ -7,6 +7,7 @@ use sqlx::PgPool;
 use super::settings::JetStream;
 use crate::admin::Replay;
 use crate::error::{Error, Result};
+use crate::inbox::source::source_of;
 use crate::inbox::ConsumerBuilder;
 use crate::relay::RelayBuilder;
 
@@ -31,7 +32,8 @@ impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
     /// and `brokers`.
     #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
     pub fn jetstream(mut self, jetstream: JetStream) -> Self {
-        self.broker_settings().set(jetstream, super::make_source);
+        self.broker_settings()
+            .set(jetstream, source_of::<JetStream>);
         self
     }
 }

@@ -22,15 +22,14 @@ use super::received::Received;
 use super::settings::JetStream;
 use super::streams::{durable_name, stream_for, Lookup, StreamSpec, DUPLICATE_WINDOW};
 use crate::error::{Error, Result};
-use crate::inbox::batch::Checked;
-use crate::inbox::dedup;
+use crate::inbox::batch::{Checked, Fence};
 use crate::inbox::failure::Destination;
 use crate::inbox::lease::Lease;
 use crate::inbox::message;
-use crate::inbox::settings::{Mode, RetryPolicy, Settings};
+use crate::inbox::settings::{Mode, Settings};
 use crate::inbox::shared::Shared;
-use crate::inbox::store;
-use crate::inbox::Source;
+use crate::inbox::source::{Batch, Reads, Source};
+use crate::inbox::{dedup, receive};
 use crate::publish::Boxed;
 
 /// A consumer's JetStream.
@@ -326,8 +325,12 @@ impl Reader {
             }
             let handling = async {
                 match self.shared.settings.mode {
-                    Mode::Dedup => self.dedup(&batch).await,
-                    Mode::Inbox => self.receive(&batch).await,
+                    Mode::Dedup => {
+                        dedup::handle_batch(&self.shared, self, &batch, &self.cancel).await
+                    }
+                    Mode::Inbox => {
+                        receive::receive_batch(&self.shared, self, &batch, &self.cancel).await
+                    }
                 }
             };
             let done = tokio::select! {
@@ -343,104 +346,6 @@ impl Reader {
             }
             handled = true;
         }
-    }
-
-    /// Dedup mode: the batch handled in one transaction ([`dedup::handle`]), then each
-    /// message settled: acknowledged once committed, a retryable failure redelivered after its
-    /// backoff (or, [`RetryPolicy::InPlace`], tried again here before what follows it), a dead
-    /// letter published and terminated. `false` once `cancel` fires (what is not settled comes
-    /// again).
-    async fn dedup(&self, batch: &[Received]) -> bool {
-        let shared = &self.shared;
-        let settings = &shared.settings;
-        let mut checked: Vec<Checked<'_>> = batch.iter().map(Received::check).collect();
-        let mut start = 0;
-        // The message retried in place, and its attempts so far.
-        let mut retrying: Option<(usize, u32)> = None;
-        while start < checked.len() {
-            let fence = self.lease.as_ref().map(Lease::fence);
-            let handling = dedup::handle(shared, &checked[start..], &self.cancel, fence.as_ref());
-            let Some(outcome) = self.holding(&batch[start..], handling).await else {
-                return false;
-            };
-            let settled = &batch[start..start + outcome.done];
-            let mut failed = vec![None; settled.len()];
-            for (i, failure) in outcome.failed {
-                failed[i] = Some(failure);
-            }
-            for (msg, failure) in settled.iter().zip(&failed) {
-                if failure.is_none() {
-                    msg.settle(AckKind::Ack).await;
-                }
-            }
-            for (i, failure) in failed.into_iter().enumerate() {
-                let Some(failure) = failure else { continue };
-                let msg = &settled[i];
-                let attempts = dedup::attempts(retrying, start + i, msg.delivered);
-                let bad = checked[start + i].is_err();
-                match dedup::verdict(settings, attempts, &failure, bad) {
-                    (Destination::Retry { attempts, due_ms }, _) => {
-                        metrics::counter!("outbox_consumer_retried_total").increment(1);
-                        tracing::info!(topic = %self.topic, sequence = msg.sequence, attempts,
-                            reason = failure.message(), "handler failed; redelivered after its backoff");
-                        let delay = u64::try_from(due_ms - message::now_ms()).unwrap_or(0);
-                        msg.settle(AckKind::Nak(Some(Duration::from_millis(delay))))
-                            .await;
-                    }
-                    (Destination::DeadLetter { attempts }, reason) => {
-                        if !self.dead_letter(msg, &reason, attempts).await {
-                            return false;
-                        }
-                    }
-                }
-            }
-            start += outcome.done;
-            let Some(failure) = outcome.stopped else {
-                break;
-            };
-            // In place: the message at `start` failed retryably; try it (and what follows it)
-            // again after a backoff, or dead-letter it once out of attempts.
-            let tries = dedup::attempts(retrying, start, batch[start].delivered);
-            if tries >= settings.max_attempts {
-                let reason = dedup::dead_reason(&failure, tries);
-                if !self.dead_letter(&batch[start], &reason, tries).await {
-                    return false;
-                }
-                start += 1;
-                retrying = None;
-                continue;
-            }
-            retrying = dedup::retry_in_place(&mut checked, start, tries, &failure);
-            if !self.wait(&batch[start..], settings.backoff(tries)).await {
-                return false;
-            }
-        }
-        debug_assert!(settings.retry_policy == RetryPolicy::InPlace || retrying.is_none());
-        true
-    }
-
-    /// Inbox mode: the batch stored in `inbox_event` (duplicates ignored), each stored message
-    /// acknowledged once committed, what cannot be stored dead-lettered. `false` once `cancel`
-    /// fires.
-    async fn receive(&self, batch: &[Received]) -> bool {
-        let checked: Vec<Checked<'_>> = batch.iter().map(Received::check).collect();
-        let storing = store::receive_checked(&self.shared, &checked, &self.cancel);
-        let Some(bad) = self.holding(batch, storing).await else {
-            return false;
-        };
-        for (msg, reason) in batch.iter().zip(&bad) {
-            if reason.is_none() {
-                msg.settle(AckKind::Ack).await;
-            }
-        }
-        for (msg, reason) in batch.iter().zip(bad) {
-            if let Some(reason) = reason {
-                if !self.dead_letter(msg, &reason, 1).await {
-                    return false;
-                }
-            }
-        }
-        true
     }
 
     /// Awaits `future` while telling the server, every third of `ack_wait`, that `held` are
@@ -526,5 +431,68 @@ impl Reader {
         metrics::counter!("outbox_consumer_dead_lettered_total").increment(1);
         tracing::warn!(topic = %self.topic, sequence = msg.sequence, reason, "message dead-lettered");
         true
+    }
+}
+
+impl Batch for Reader {
+    type Message = Received;
+
+    fn check<'m>(&self, msg: &'m Received) -> Checked<'m> {
+        msg.check()
+    }
+
+    fn failed_before(&self, msg: &Received) -> u32 {
+        msg.delivered - 1
+    }
+
+    fn fence(&self) -> Option<Fence<'_>> {
+        self.lease.as_ref().map(Lease::fence)
+    }
+
+    async fn holding<F: std::future::Future>(&self, held: &[Received], work: F) -> F::Output {
+        Reader::holding(self, held, work).await
+    }
+
+    /// Acknowledges what committed; then a message to retry is refused (`nak`) with its
+    /// backoff as the delay, so that the server delivers it again then and nothing else waits
+    /// for it; a dead letter is published, stored by a stream, and only then the original
+    /// terminated.
+    async fn settle(
+        &self,
+        done: &[Received],
+        failed: Vec<Option<(Destination, String)>>,
+        _cancel: &CancellationToken,
+    ) -> bool {
+        for (msg, failed) in done.iter().zip(&failed) {
+            if failed.is_none() {
+                msg.settle(AckKind::Ack).await;
+            }
+        }
+        for (msg, failed) in done.iter().zip(failed) {
+            match failed {
+                None => {}
+                Some((Destination::Retry { attempts, due_ms }, reason)) => {
+                    metrics::counter!("outbox_consumer_retried_total").increment(1);
+                    tracing::info!(topic = %self.topic, sequence = msg.sequence, attempts,
+                        reason, "handler failed; redelivered after its backoff");
+                    let delay = u64::try_from(due_ms - message::now_ms()).unwrap_or(0);
+                    msg.settle(AckKind::Nak(Some(Duration::from_millis(delay))))
+                        .await;
+                }
+                Some((Destination::DeadLetter { attempts }, reason)) => {
+                    let stored = self.dead_letter(msg, &reason, attempts).await;
+                    if !stored {
+                        return false; // cancelled: it comes again
+                    }
+                }
+            }
+        }
+        true
+    }
+}
+
+impl Reads for JetStream {
+    fn source(&self, settings: &Settings) -> Result<Box<dyn Source>> {
+        Ok(source(self, settings))
     }
 }

@@ -13,13 +13,10 @@ mod settings;
 mod streams;
 mod wire;
 
-use std::any::Any;
 use std::time::Duration;
 
 use crate::broker::BrokerSettings;
 use crate::error::{Error, Result};
-use crate::inbox::settings::Settings as ConsumerSettings;
-use crate::inbox::Source;
 use crate::publish::Transport;
 
 pub use settings::JetStream;
@@ -40,24 +37,4 @@ impl BrokerSettings for JetStream {
     fn transport(&self, timeout: Duration, failover: Duration) -> Result<Box<dyn Transport>> {
         Ok(relay::transport(self, timeout, failover))
     }
-
-    fn clone_box(&self) -> Box<dyn BrokerSettings> {
-        Box::new(self.clone())
-    }
-
-    fn as_any_mut(&mut self) -> &mut dyn Any {
-        self
-    }
-
-    fn as_any(&self) -> &dyn Any {
-        self
-    }
-}
-
-/// A consumer's source, from the settings its builder method stored (a [`JetStream`]).
-fn make_source(settings: &dyn Any, consumer: &ConsumerSettings) -> Result<Box<dyn Source>> {
-    let settings = settings
-        .downcast_ref::<JetStream>()
-        .expect("stored by this broker's builder method");
-    Ok(consumer::source(settings, consumer))
 }

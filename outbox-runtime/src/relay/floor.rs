@@ -262,6 +262,7 @@ async fn lower(
 /// it was called still runs after `wait`. For the tests of the floor, and for
 /// `Relay::publish_pending`, which drains with the floor of its start.
 #[doc(hidden)]
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))] // a test hook too
 pub async fn claim_floor(
     pool: &PgPool,
     margin: Duration,

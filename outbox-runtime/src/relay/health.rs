@@ -8,7 +8,8 @@ use std::time::{Duration, Instant};
 use sqlx::PgPool;
 
 use super::periodic::Schedule;
-use crate::admin::{health_estimated, Health, HealthThresholds, WarningKind};
+use crate::admin::health::health_estimated;
+use crate::admin::{Health, HealthThresholds, WarningKind};
 
 /// A standing warning is logged again this often, so the log shows it still stands.
 const RELOG_EVERY: Duration = Duration::from_secs(10 * 60);

@@ -269,7 +269,7 @@ impl<'r> Instance<'r> {
                     let attempt = u32::try_from(row.attempts).unwrap_or(0) + 1;
                     tracing::warn!(id = row.id, event_id = %row.event_id, topic = %row.topic,
                         attempt, %error, "broker refused an outbox record");
-                    failed.push(store::Failure {
+                    failed.push(store::Refused {
                         id: row.id,
                         error: error.to_string(),
                         backoff_secs: relay.backoff.delay(attempt).as_secs_f64(),
@@ -280,7 +280,7 @@ impl<'r> Instance<'r> {
                     tracing::error!(id = row.id, topic = %row.topic, %error,
                         "outbox record held: its topic (or stream) is missing or not writable; \
                          its key waits until an operator fixes it");
-                    failed.push(store::Failure {
+                    failed.push(store::Refused {
                         id: row.id,
                         error: error.to_string(),
                         backoff_secs: relay.backoff.max.min(HELD_RETRY).as_secs_f64(),
@@ -289,7 +289,7 @@ impl<'r> Instance<'r> {
                 }
                 Outcome::Held(error) => {
                     let attempt = u32::try_from(row.attempts).unwrap_or(0) + 1;
-                    failed.push(store::Failure {
+                    failed.push(store::Refused {
                         id: row.id,
                         error: error.to_string(),
                         backoff_secs: relay.backoff.delay(attempt).as_secs_f64(),
@@ -358,6 +358,7 @@ impl<'r> Instance<'r> {
     }
 
     /// See [`super::explain_claim`].
+    #[cfg(feature = "testing")]
     pub(super) async fn explain_claim(&mut self, cursor: i64) -> Result<serde_json::Value> {
         self.connect().await?;
         let table = self.table.expect("connected");

@@ -114,7 +114,8 @@
 //! # Draining, status, health, metrics
 //!
 //! [`Relay::publish_pending`] publishes the backlog once and returns (tests, scripts).
-//! [`status`] (or [`Relay::status`]) gives the backlog figures from the database alone:
+//! [`Relay::status`] gives the backlog figures from the database alone (per topic:
+//! [`admin::status`](crate::admin::status)):
 //! unpublished, retrying, held, parked, and the age of the oldest waiting row. A running relay
 //! records metrics through the [`metrics`](https://docs.rs/metrics) facade (their names and what
 //! to alert on: the
@@ -190,6 +191,7 @@ use std::time::Duration;
 
 use sqlx::PgPool;
 
+pub use crate::admin::RelayStatus;
 use crate::error::Result;
 
 /// The relay's JetStream settings; also at [`crate::nats::JetStream`].
@@ -201,29 +203,19 @@ pub use crate::publish::CloudEvents;
 #[cfg(feature = "_broker")]
 pub use builder::RelayBuilder;
 #[cfg(feature = "_broker")]
-pub use floor::claim_floor;
-#[cfg(feature = "_broker")]
-pub use run::{drain_without_kafka, explain_claim, Relay};
+pub use run::Relay;
+/// Hooks of this project's own tests and benchmarks (feature `testing`); not API.
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub use {
+    floor::claim_floor,
+    run::{drain_without_broker, explain_claim},
+};
 
-/// Backlog figures: see [`status`].
-#[derive(Debug, Clone, PartialEq, Eq)]
-#[non_exhaustive]
-pub struct RelayStatus {
-    /// Rows waiting to be published (not parked).
-    pub unpublished: i64,
-    /// Of those, rows the broker refused that wait for a retry (held ones included).
-    pub retrying: i64,
-    /// Of those, rows held back by an operator's problem: their topic does not exist, or the
-    /// relay may not write to it. They wait until it is fixed.
-    pub held: i64,
-    /// Parked rows (refused `max_attempts` times; kept, skipped).
-    pub parked: i64,
-    /// Age of the oldest row waiting to be published.
-    pub oldest_unpublished_age: Option<Duration>,
-}
-
-/// The relay's backlog figures, from the database alone.
-pub async fn status(pool: &PgPool) -> Result<RelayStatus> {
+/// The relay's backlog figures, from the database alone (one aggregate: what `Relay::status`
+/// and the relay's gauges read; [`admin::status`](crate::admin::status) has them per topic).
+#[cfg_attr(not(feature = "_broker"), allow(dead_code))]
+pub(crate) async fn status(pool: &PgPool) -> Result<RelayStatus> {
     let (unpublished, retrying, held, parked, age) = crate::store::relay::backlog(pool).await?;
     Ok(RelayStatus {
         unpublished,

@@ -28,7 +28,7 @@ pub struct Relay {
 /// What a relay's instances share.
 struct Shared {
     pool: PgPool,
-    /// `None` only in [`drain_without_kafka`], which measures the database side alone.
+    /// `None` only in `drain_without_broker`, which measures the database side alone.
     transport: Option<Box<dyn Transport>>,
     settings: Settings,
     health: HealthChecks,
@@ -303,17 +303,17 @@ impl Relay {
         answer
     }
 
-    /// The backlog figures; the same as [`status`](super::status).
+    /// The backlog figures, all topics together (per topic: [`admin::status`](crate::admin::status)).
     pub async fn status(&self) -> Result<RelayStatus> {
         status(&self.shared.pool).await
     }
 }
 
 /// Runs the relay's database work alone (claim, mark, commit; every row counts as
-/// acknowledged, nothing is sent) until nothing is left, and returns how many rows it marked.
-/// For the benchmark that measures the database's share of the relay's cost.
-#[doc(hidden)]
-pub async fn drain_without_kafka(pool: PgPool, batch_size: usize) -> Result<u64> {
+/// acknowledged, nothing is sent to any broker) until nothing is left, and returns how many rows
+/// it marked. For the benchmark that measures the database's share of the relay's cost.
+#[cfg(feature = "testing")]
+pub async fn drain_without_broker(pool: PgPool, batch_size: usize) -> Result<u64> {
     let settings = Settings {
         batch_size,
         ..Settings::default()
@@ -324,7 +324,7 @@ pub async fn drain_without_kafka(pool: PgPool, batch_size: usize) -> Result<u64>
 /// `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` of one claim of `limit` rows of every shard after
 /// `cursor`, on a connection set up as a relay's (and rolled back). For the tests that check a
 /// claim's cost does not grow with the backlog.
-#[doc(hidden)]
+#[cfg(feature = "testing")]
 pub async fn explain_claim(pool: &PgPool, cursor: i64, limit: i64) -> Result<serde_json::Value> {
     let settings = Settings {
         batch_size: limit as usize,
@@ -367,7 +367,7 @@ const BROKER_ANSWER_KEPT: Duration = Duration::from_secs(5);
 const GAUGES_EVERY: Duration = Duration::from_secs(10);
 
 /// Sets `outbox_relay_backlog`, `outbox_relay_held`, `outbox_relay_parked` and
-/// `outbox_relay_oldest_unpublished_age_seconds` from [`status`].
+/// `outbox_relay_oldest_unpublished_age_seconds` from the backlog figures.
 async fn report_backlog(pool: &PgPool) {
     match status(pool).await {
         Ok(s) => {

@@ -380,6 +380,7 @@ async fn begin_claim(
 }
 
 /// `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` of the claim, rolled back.
+#[cfg(feature = "testing")]
 pub(crate) async fn explain_claim(
     conn: &mut PgConnection,
     table: Table,
@@ -403,7 +404,7 @@ pub(crate) async fn explain_claim(
 }
 
 /// A record the broker refused.
-pub(crate) struct Failure {
+pub(crate) struct Refused {
     pub id: i64,
     pub error: String,
     /// Seconds until the next attempt.
@@ -429,7 +430,7 @@ pub(crate) struct Finished {
 pub(crate) async fn finish(
     conn: &mut PgConnection,
     published: &[i64],
-    failed: &[Failure],
+    failed: &[Refused],
     max_attempts: i32,
     since_ms: i64,
 ) -> Result<Finished> {

@@ -45,6 +45,7 @@ pub async fn health(pool: &PgPool, thresholds: &HealthThresholds) -> Result<Heal
 /// [`health`] with `processed_event`'s rows estimated, not counted: a running relay's periodic
 /// check, which must stay cheap on a large table. Public for the benchmark that compares them.
 #[doc(hidden)]
+#[cfg_attr(not(feature = "testing"), allow(unreachable_pub))] // a test hook too
 pub async fn health_estimated(pool: &PgPool, thresholds: &HealthThresholds) -> Result<Health> {
     check(pool, thresholds, Count::Estimated).await
 }

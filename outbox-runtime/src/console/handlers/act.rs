@@ -11,7 +11,7 @@ use crate::admin::{self, PoisonFilter};
 use crate::console::auth::{self, Refusal};
 use crate::console::lists::{Action, List};
 use crate::console::pages::{self, Page, Row};
-use crate::console::respond::{attempt, bad_input, warnings, with_query, Failure, Shared};
+use crate::console::respond::{attempt, bad_input, warnings, with_query, ErrorPage, Shared};
 use crate::console::Console;
 
 /// An action form's fields.
@@ -145,7 +145,7 @@ async fn act(
         headers,
         run(&console, action, &selected.filter)
             .await
-            .map_err(Failure::from)
+            .map_err(ErrorPage::from)
     );
     tracing::info!(
         target: "outbox_runtime::console",
@@ -170,7 +170,7 @@ async fn select(
     console: &Console,
     form: &ActionForm,
     action: Action,
-) -> std::result::Result<Selected, Failure> {
+) -> std::result::Result<Selected, ErrorPage> {
     if form.ids.is_empty() {
         return Err(bad_input("Select at least one row."));
     }

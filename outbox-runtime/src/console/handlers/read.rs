@@ -13,7 +13,7 @@ use crate::admin::{self, EventRef};
 use crate::console::lists::{given, parse_time, List, ListQuery};
 use crate::console::pages::{self, Page, Row};
 use crate::console::respond::{
-    attempt, bad_input, query_of, warnings, with_query, Failure, Shared,
+    attempt, bad_input, query_of, warnings, with_query, ErrorPage, Shared,
 };
 
 /// Counts of matching rows stop here: "10,000+" needs no scan of a million rows.
@@ -24,7 +24,7 @@ pub(in crate::console) async fn overview(State(console): Shared, headers: Header
     let health = attempt!(
         console.clone(),
         headers,
-        console.latest_health().await.map_err(Failure::from)
+        console.latest_health().await.map_err(ErrorPage::from)
     );
     let page = Page::new(
         &console,
@@ -42,7 +42,11 @@ pub(in crate::console) async fn relays(State(console): Shared, headers: HeaderMa
         let held = admin::held_keys(&console.pool, 200).await?;
         Ok::<_, crate::Error>((instances, held))
     };
-    let (instances, held) = attempt!(console.clone(), headers, read.await.map_err(Failure::from));
+    let (instances, held) = attempt!(
+        console.clone(),
+        headers,
+        read.await.map_err(ErrorPage::from)
+    );
     // Since when each instance has held its shards, as far as this console has seen.
     let now = Utc::now();
     let since: Vec<DateTime<Utc>> = {
@@ -93,7 +97,7 @@ pub(in crate::console) async fn parked(
             q.push_str(&format!("after={last}"));
             with_query(console.link("/parked"), &q)
         });
-        Ok::<_, Failure>((rows, total, next))
+        Ok::<_, ErrorPage>((rows, total, next))
     };
     let (rows, total, next) = attempt!(console.clone(), headers, read.await);
     let rows: Vec<Row> = rows.iter().map(Row::parked).collect();
@@ -130,7 +134,7 @@ pub(in crate::console) async fn dead(
             q.append_pair("after_id", &last.event_id.to_string());
             with_query(console.link("/dead"), &q.finish())
         });
-        Ok::<_, Failure>((rows, total, next))
+        Ok::<_, ErrorPage>((rows, total, next))
     };
     let (rows, total, next) = attempt!(console.clone(), headers, read.await);
     let rows: Vec<Row> = rows.iter().map(Row::dead).collect();
@@ -159,7 +163,7 @@ pub(in crate::console) async fn event(
                 headers,
                 admin::find_event(&console.pool, which)
                     .await
-                    .map_err(Failure::from)
+                    .map_err(ErrorPage::from)
             ))
         }
     };
