@@ -27,6 +27,7 @@ use super::message::Incoming;
 use super::route::Routes;
 use crate::error::{Error, Result};
 use crate::sqlstate::DbError;
+use crate::store::lease;
 
 /// A message of a batch: checked, or the reason it is bad.
 pub(crate) type Checked<'m> = std::result::Result<Incoming<'m>, String>;
@@ -355,18 +356,8 @@ async fn begin(batch: Messages<'_, '_>) -> Result<sqlx::Transaction<'static, sql
         .begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
         .await?;
     if let Some(fence) = fence {
-        let held = sqlx::query(
-            "SELECT 1 FROM outbox_consumer_lease \
-             WHERE group_id = $1 AND topic = $2 AND holder = $3 \
-               AND expires_at > clock_timestamp() \
-             FOR KEY SHARE",
-        )
-        .bind(fence.group)
-        .bind(fence.topic)
-        .bind(fence.holder)
-        .fetch_optional(&mut *tx)
-        .await?;
-        if held.is_none() {
+        let held = lease::is_held(&mut tx, fence.group, fence.topic, fence.holder).await?;
+        if !held {
             discard(tx).await;
             return Err(Error::LeaseLost {
                 group: fence.group.to_owned(),
