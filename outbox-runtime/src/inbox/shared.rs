@@ -1,7 +1,7 @@
 //! What a consumer's loops share: its database, settings, handlers and broker; waiting out a
-//! failed write; the advisory locks that serialize two consumers' work on one source.
+//! failed write.
 
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
 use super::route::Routes;
@@ -40,23 +40,4 @@ impl Shared {
             () = tokio::time::sleep(self.settings.outage_backoff(failures)) => true,
         }
     }
-}
-
-/// Takes a transaction-scoped advisory lock per source (`key`, then a hash of the schema and
-/// the source), in hash order so that two transactions never deadlock.
-pub(crate) async fn lock_sources(
-    conn: &mut PgConnection,
-    key: i32,
-    sources: &[String],
-) -> sqlx::Result<()> {
-    sqlx::query(
-        "SELECT count(pg_advisory_xact_lock($1, h)) \
-         FROM (SELECT DISTINCT hashtext(current_schema() || k) AS h \
-               FROM unnest($2::text[]) AS k ORDER BY 1) AS s",
-    )
-    .bind(key)
-    .bind(sources)
-    .execute(conn)
-    .await?;
-    Ok(())
 }

@@ -14,6 +14,7 @@ use super::meta::MessageMeta;
 use super::shared::Shared;
 use crate::error::Result;
 use crate::sqlstate::DbError;
+use crate::store::source_lock;
 
 /// A checked message, ready to store in the inbox.
 pub(crate) struct InboxRow<'m> {
@@ -147,10 +148,8 @@ async fn insert(pool: &PgPool, rows: &[InboxRow<'_>]) -> std::result::Result<u64
         .map(|r| format!("{}\u{1f}{}", r.topic, r.partition))
         .collect();
     let sources: Vec<String> = sources.into_iter().collect();
-    let mut tx = pool
-        .begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
-        .await?;
-    super::shared::lock_sources(&mut tx, RECEIPT_LOCK, &sources).await?;
+    let mut tx = source_lock::begin(pool).await?;
+    source_lock::lock(&mut *tx, RECEIPT_LOCK, &sources).await?;
     let ids: Vec<Uuid> = rows.iter().map(|r| r.event_id).collect();
     let topics: Vec<&str> = rows.iter().map(|r| r.topic).collect();
     let types: Vec<&str> = rows.iter().map(|r| r.event_type.as_str()).collect();
