@@ -423,6 +423,8 @@ mod meta;
 #[cfg(feature = "_broker")]
 mod processor;
 #[cfg(feature = "_broker")]
+pub(crate) mod receipt;
+#[cfg(feature = "_broker")]
 pub(crate) mod route;
 #[cfg(feature = "_broker")]
 pub(crate) mod settings;
@@ -431,10 +433,10 @@ pub(crate) mod shared;
 #[cfg(feature = "_broker")]
 mod source;
 #[cfg(feature = "_broker")]
-pub(crate) mod store;
-#[cfg(feature = "_broker")]
 mod upcast;
 
+#[cfg(feature = "_broker")]
+pub use crate::store::inbox::{inbox_status, InboxStatus};
 #[cfg(feature = "_broker")]
 pub use builder::ConsumerBuilder;
 #[cfg(feature = "_broker")]
@@ -445,5 +447,3 @@ pub use meta::MessageMeta;
 pub use settings::{Mode, RetryPolicy};
 #[cfg(feature = "_broker")]
 pub(crate) use source::Source;
-#[cfg(feature = "_broker")]
-pub use store::{inbox_status, InboxStatus};

@@ -1,7 +1,7 @@
 //! The seam between a consumer and a broker: what the broker-neutral core asks of whichever
 //! broker the consumer was built with. Each broker's folder implements [`Source`]: it reads
 //! batches, hands them to the core ([`dedup::handle`](super::dedup::handle) in dedup mode,
-//! [`store::receive_checked`](super::store::receive_checked) in inbox mode), and settles each
+//! [`receipt::receive_checked`](super::receipt::receive_checked) in inbox mode), and settles each
 //! message the broker's way once the core's transaction committed (Kafka stores its offset,
 //! JetStream acknowledges), sending a failed one where the core's verdict
 //! ([`dedup::verdict`](super::dedup::verdict)) says (a retry, a dead letter).

@@ -10,8 +10,8 @@ use super::message;
 use super::poll::{next_batch, store_offset, Paused};
 use crate::error::Result;
 use crate::inbox::failure::Destination;
+use crate::inbox::receipt;
 use crate::inbox::shared::Shared;
-use crate::inbox::store;
 
 /// Inbox mode's receipt: stores each batch in `inbox_event`, dead-letters what cannot be
 /// stored (not JSON, no event id, refused by `jsonb`), then stores the offsets.
@@ -25,7 +25,7 @@ pub(crate) async fn consume(
     let mut paused = Paused::default();
     while let Some(batch) = next_batch(consumer, settings.batch_size, &mut paused, cancel).await {
         let checked: Vec<_> = batch.iter().map(message::check).collect();
-        let Some(bad) = store::receive_checked(shared, &checked, cancel).await else {
+        let Some(bad) = receipt::receive_checked(shared, &checked, cancel).await else {
             return Ok(());
         };
         let dead: Vec<Forward<'_, '_>> = batch

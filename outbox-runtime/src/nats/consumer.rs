@@ -1,5 +1,5 @@
 //! Consuming from NATS JetStream: a durable pull consumer per topic, its batches handled as
-//! Kafka's are ([`batch`](super::batch) in dedup mode, [`store`] in inbox mode), each message
+//! Kafka's are ([`batch`](super::batch) in dedup mode, [`receipt`] in inbox mode), each message
 //! acknowledged only once the database committed it; a retryable failure redelivered by the
 //! server once its backoff has passed (`nak` with a delay); a dead letter published to
 //! `<topic>.dlq`, stored by its stream, and only then terminated.
@@ -27,9 +27,9 @@ use crate::inbox::dedup;
 use crate::inbox::failure::Destination;
 use crate::inbox::lease::Lease;
 use crate::inbox::message;
+use crate::inbox::receipt;
 use crate::inbox::settings::{Mode, RetryPolicy, Settings};
 use crate::inbox::shared::Shared;
-use crate::inbox::store;
 use crate::inbox::Source;
 use crate::publish::Boxed;
 
@@ -424,7 +424,7 @@ impl Reader {
     /// fires.
     async fn receive(&self, batch: &[Received]) -> bool {
         let checked: Vec<Checked<'_>> = batch.iter().map(Received::check).collect();
-        let storing = store::receive_checked(&self.shared, &checked, &self.cancel);
+        let storing = receipt::receive_checked(&self.shared, &checked, &self.cancel);
         let Some(bad) = self.holding(batch, storing).await else {
             return false;
         };
