@@ -6,6 +6,7 @@ use tokio_util::sync::CancellationToken;
 
 use super::route::Routes;
 use super::settings::Settings;
+use crate::sqlstate::{database_error, DbError};
 
 /// A consumer's parts, each of its own kind: the loops read them, nothing changes them.
 pub(crate) struct Shared {
@@ -27,7 +28,7 @@ impl Shared {
         cancel: &CancellationToken,
     ) -> bool {
         let name = table.table_name();
-        if crate::admin::partitions::is_missing_partition(error) {
+        if database_error(error).is_some_and(DbError::is_missing_partition) {
             tracing::warn!(error = %crate::error_chain(error), "no {name} partition for now; creating partitions");
             if let Err(e) = crate::admin::create_partitions(&self.pool, table).await {
                 tracing::warn!(error = %crate::error_chain(&e), "cannot create partitions");
