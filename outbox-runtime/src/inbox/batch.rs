@@ -25,7 +25,7 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use super::failure::Failure;
-use super::ladder::{self, Batch, Pass};
+use super::ladder::{self, Batch, Pass, Settled};
 use super::message::Incoming;
 use super::route::Routes;
 use crate::error::{Error, Result};
@@ -495,25 +495,15 @@ async fn isolated_in(
                     .handle(incoming.payload, &mut savepoint, &incoming.meta)
                     .instrument(span)
                     .await;
-                match result {
-                    Ok(()) => match savepoint.commit().await {
-                        Ok(()) => {
-                            outcome.processed += 1;
-                            continue;
-                        }
-                        Err(e) if DbError::of(&e) == DbError::Aborted => {
-                            Failure::left_aborted(route.handler.name())
-                        }
-                        Err(e) => return Err(e.into()),
-                    },
-                    // The connection may be anywhere in a query: give up this transaction.
-                    Err(failure @ Failure::Panicked(_)) => {
-                        return Ok(Isolated::Panicked(i, h, failure));
+                // Never a failure known before: those take no savepoint.
+                let name = || route.handler.name().to_owned();
+                match ladder::settle(savepoint, result, false, name).await? {
+                    Settled::Kept => {
+                        outcome.processed += 1;
+                        continue;
                     }
-                    Err(failure) => {
-                        savepoint.rollback().await?;
-                        failure
-                    }
+                    Settled::Undone(failure) => failure,
+                    Settled::Panicked(failure) => return Ok(Isolated::Panicked(i, h, failure)),
                 }
             };
             if in_place && !failure.is_permanent() {

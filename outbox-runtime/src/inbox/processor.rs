@@ -14,7 +14,7 @@ use uuid::Uuid;
 
 use super::batch::discard;
 use super::failure::Failure;
-use super::ladder::{self, Batch, Pass};
+use super::ladder::{self, Batch, Pass, Settled};
 use super::meta::MessageMeta;
 use super::settings::Settings;
 use super::shared::Shared;
@@ -295,31 +295,24 @@ async fn process_isolated(
                 }
             }
         }
-        let failure = match result {
-            Ok(()) => match savepoint.commit().await {
-                Ok(()) => {
-                    done.push(row.event_id);
-                    continue;
-                }
-                Err(e) if DbError::of(&e) == DbError::Aborted => {
-                    let names: Vec<&str> = routes
-                        .get(&row.topic, &row.event_type)
-                        .iter()
-                        .map(|r| r.handler.name())
-                        .collect();
-                    Failure::left_aborted(&names.join("`, `"))
-                }
-                Err(e) => return Err(e.into()),
-            },
-            // The connection may be anywhere in a query: give up this transaction.
-            Err(failure @ Failure::Panicked(_)) if !known.contains_key(&row.event_id) => {
-                drop(savepoint);
+        let reused = known.contains_key(&row.event_id);
+        let names = || {
+            let names: Vec<&str> = routes
+                .get(&row.topic, &row.event_type)
+                .iter()
+                .map(|r| r.handler.name())
+                .collect();
+            names.join("`, `")
+        };
+        let failure = match ladder::settle(savepoint, result, reused, names).await? {
+            Settled::Kept => {
+                done.push(row.event_id);
+                continue;
+            }
+            Settled::Undone(failure) => failure,
+            Settled::Panicked(failure) => {
                 discard(tx).await;
                 return Ok(Pass::Failed(row.event_id, failure));
-            }
-            Err(failure) => {
-                savepoint.rollback().await?;
-                failure
             }
         };
         failed.push(RowFailure::new(
