@@ -339,7 +339,7 @@ async fn begin(batch: Messages<'_, '_>) -> Result<sqlx::Transaction<'static, sql
     } = batch;
     let mut tx = source_lock::begin(pool).await?;
     if let Some(fence) = fence {
-        let held = lease::is_held(&mut *tx, fence.group, fence.topic, fence.holder).await?;
+        let held = lease::is_held(&mut tx, fence.group, fence.topic, fence.holder).await?;
         if !held {
             discard(tx).await;
             return Err(Error::LeaseLost {
@@ -368,7 +368,7 @@ async fn begin(batch: Messages<'_, '_>) -> Result<sqlx::Transaction<'static, sql
         .collect();
     if !sources.is_empty() {
         let sources: Vec<String> = sources.into_iter().collect();
-        dedup::lock_sources(&mut *tx, &sources).await?;
+        dedup::lock_sources(&mut tx, &sources).await?;
     }
     Ok(tx)
 }

@@ -87,7 +87,7 @@ async fn insert(pool: &PgPool, rows: &[InboxRow<'_>]) -> std::result::Result<u64
         .collect();
     let sources: Vec<String> = sources.into_iter().collect();
     let mut tx = source_lock::begin(pool).await?;
-    source_lock::lock(&mut *tx, RECEIPT_LOCK, &sources).await?;
+    source_lock::lock(&mut tx, RECEIPT_LOCK, &sources).await?;
     let ids: Vec<Uuid> = rows.iter().map(|r| r.event_id).collect();
     let topics: Vec<&str> = rows.iter().map(|r| r.topic).collect();
     let types: Vec<&str> = rows.iter().map(|r| r.event_type.as_str()).collect();
