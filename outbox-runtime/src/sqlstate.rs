@@ -131,6 +131,16 @@ impl DbError {
     }
 }
 
+/// The sqlx error a [`crate::Error::Database`] holds, for the precise questions of
+/// [`DbError`]; `None` for any other error (an emit's or a commit's failure included).
+#[cfg_attr(not(feature = "_broker"), allow(dead_code))]
+pub(crate) fn database_error(error: &crate::Error) -> Option<&sqlx::Error> {
+    match error {
+        crate::Error::Database(e) => Some(e),
+        _ => None,
+    }
+}
+
 /// The SQLSTATE the server answered `error` with, if it answered.
 fn sqlstate(error: &sqlx::Error) -> Option<std::borrow::Cow<'_, str>> {
     match error {
@@ -338,5 +348,23 @@ mod tests {
         assert_eq!(DbError::of(&no_partition), Integrity);
         assert_eq!(DbError::of(&undefined), Other);
         assert_eq!(DbError::of(&lock), TimedOut);
+    }
+
+    /// Only this crate's `Error::Database` gives its sqlx error to the precise questions.
+    #[test]
+    fn the_database_error_of_a_crate_error() {
+        let no_partition = || {
+            sqlx::Error::Database(Box::new(Said(
+                "23514",
+                "no partition of relation \"inbox_event\" found for row",
+            )))
+        };
+        let database = crate::Error::Database(no_partition());
+        assert!(super::database_error(&database).is_some_and(DbError::is_missing_partition));
+        let emit = crate::Error::Emit {
+            event_type: "E".into(),
+            source: no_partition(),
+        };
+        assert!(super::database_error(&emit).is_none());
     }
 }

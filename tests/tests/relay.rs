@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use outbox_runtime::relay::{status as relay_status, Relay, RelayBuilder};
+use outbox_runtime::relay::{Relay, RelayBuilder};
 use outbox_runtime::{Error, Uow};
 use outbox_tests::deposits::{
     check_delivery, consume_all, deposit, emit_events, relay_on, wait_until_published, Deposited,
@@ -324,7 +324,11 @@ async fn relay_process_killed_mid_batch_loses_nothing() {
         );
     }
     child.kill();
-    let left = relay_status(&db.pool).await.unwrap().unpublished;
+    let left = outbox_runtime::admin::status(&db.pool)
+        .await
+        .unwrap()
+        .outbox_total()
+        .unpublished;
     assert!(
         left > 0 && (left as usize) < n,
         "killed mid-stream: {left} of {n} left"

@@ -49,4 +49,6 @@ pub use poison::{
 };
 #[cfg(feature = "_broker")]
 pub use replay::{Replay, ReplayCounts, ReplayFilter};
-pub use status::{status, ConsumerLease, InboxTopicStatus, RelayStatus, Status, TopicStatus};
+pub use status::{
+    status, ConsumerLease, InboxStatus, InboxTopicStatus, RelayStatus, Status, TopicStatus,
+};

@@ -6,6 +6,7 @@ use serde::Serialize;
 use sqlx::{PgConnection, PgPool, Row};
 
 use crate::error::Result;
+pub use crate::store::inbox::InboxStatus;
 
 /// What [`status`] reports: the outbox per topic, the inbox per topic, and the dedup ledger.
 #[derive(Debug, Clone, PartialEq, Serialize)]
@@ -41,6 +42,23 @@ impl Status {
                 .iter()
                 .filter_map(TopicStatus::oldest_unpublished_age)
                 .max(),
+        }
+    }
+
+    /// The inbox's figures, all topics together, with the dedup ledger's rows.
+    pub fn inbox_total(&self) -> InboxStatus {
+        let sum = |f: fn(&InboxTopicStatus) -> i64| self.inbox.iter().map(f).sum();
+        InboxStatus {
+            unprocessed: sum(|t| t.unprocessed),
+            retrying: sum(|t| t.retrying),
+            dead: sum(|t| t.dead),
+            oldest_unprocessed_age: self
+                .inbox
+                .iter()
+                .filter_map(|t| t.oldest_unprocessed_age_secs)
+                .map(|s| Duration::from_secs_f64(s.max(0.0)))
+                .max(),
+            processed_event_rows: self.processed_event_rows,
         }
     }
 }

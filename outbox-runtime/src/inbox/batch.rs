@@ -14,6 +14,9 @@
 //! transaction aborted, the batch is done again with a savepoint per message and handler, to
 //! find it. If the commit itself is refused (a deferred constraint), each message gets a
 //! transaction of its own, to find the one it was.
+//!
+//! The statements are `store/`'s: the dedup rows and the source locks in `store/dedup.rs`
+//! (over `store/source_lock.rs`), the lease's fence in `store/lease.rs`.
 
 use std::collections::{BTreeSet, HashSet};
 
@@ -22,11 +25,12 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use super::failure::Failure;
-use super::ladder::{self, Batch, Pass};
+use super::ladder::{self, Batch, Pass, Settled};
 use super::message::Incoming;
 use super::route::Routes;
 use crate::error::{Error, Result};
 use crate::sqlstate::DbError;
+use crate::store::{dedup, lease, source_lock};
 
 /// A message of a batch: checked, or the reason it is bad.
 pub(crate) type Checked<'m> = std::result::Result<Incoming<'m>, String>;
@@ -310,24 +314,6 @@ async fn chained(batch: Messages<'_, '_>, known: &mut Known) -> Result<Chained> 
     }))
 }
 
-/// The condition that leaves the partitions made ahead out of a dedup check (pruned at the
-/// executor's start, not probed per pair): a record that the check must see was committed
-/// before the checking statement began (before the batch got the lock, or before the
-/// statement's snapshot), and its `processed_at`, its transaction's start, is earlier still,
-/// as long as the server's clock does not go back. The hour is a margin for a clock set back,
-/// or a failover to a server whose clock is behind.
-macro_rules! recorded_by_now {
-    ($alias:literal) => {
-        concat!(
-            $alias,
-            ".processed_at <= statement_timestamp() + interval '1 hour'"
-        )
-    };
-}
-
-/// First key of the advisory locks [`begin`] takes ("DEDU").
-const SOURCE_LOCK: i32 = 0x4445_4455;
-
 /// Begins a batch's transaction: at READ COMMITTED whatever the role's default, holding a
 /// transaction-scoped advisory lock per handler and source (topic and partition) of the
 /// messages, taken in one order so that two batches never deadlock.
@@ -351,22 +337,10 @@ async fn begin(batch: Messages<'_, '_>) -> Result<sqlx::Transaction<'static, sql
         fence,
         ..
     } = batch;
-    let mut tx = pool
-        .begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
-        .await?;
+    let mut tx = source_lock::begin(pool).await?;
     if let Some(fence) = fence {
-        let held = sqlx::query(
-            "SELECT 1 FROM outbox_consumer_lease \
-             WHERE group_id = $1 AND topic = $2 AND holder = $3 \
-               AND expires_at > clock_timestamp() \
-             FOR KEY SHARE",
-        )
-        .bind(fence.group)
-        .bind(fence.topic)
-        .bind(fence.holder)
-        .fetch_optional(&mut *tx)
-        .await?;
-        if held.is_none() {
+        let held = lease::is_held(&mut tx, fence.group, fence.topic, fence.holder).await?;
+        if !held {
             discard(tx).await;
             return Err(Error::LeaseLost {
                 group: fence.group.to_owned(),
@@ -394,7 +368,7 @@ async fn begin(batch: Messages<'_, '_>) -> Result<sqlx::Transaction<'static, sql
         .collect();
     if !sources.is_empty() {
         let sources: Vec<String> = sources.into_iter().collect();
-        super::shared::lock_sources(&mut tx, SOURCE_LOCK, &sources).await?;
+        dedup::lock_sources(&mut tx, &sources).await?;
     }
     Ok(tx)
 }
@@ -445,24 +419,7 @@ async fn optimistic_in(
     }
     let ids: Vec<Uuid> = work.iter().map(|w| w.3.meta.event_id).collect();
     let keys: Vec<&str> = work.iter().map(|w| w.2.key.as_str()).collect();
-    // The check probes each partition's key index once per pair (`OFFSET 0` keeps it a
-    // subplan: pulled up into an anti-join, the planner may hash the whole table, every batch,
-    // when its statistics are stale or missing), except the partitions made ahead: see
-    // `recorded_by_now`.
-    let new: Vec<(Uuid, String)> = sqlx::query_as(concat!(
-        "INSERT INTO processed_event (event_id, handler) \
-         SELECT x.e, x.h FROM unnest($1::uuid[], $2::text[]) AS x(e, h) \
-         WHERE NOT EXISTS (SELECT 1 FROM processed_event p \
-                           WHERE p.event_id = x.e AND p.handler = x.h AND ",
-        recorded_by_now!("p"),
-        " OFFSET 0) \
-         ON CONFLICT DO NOTHING \
-         RETURNING event_id, handler"
-    ))
-    .bind(&ids)
-    .bind(&keys)
-    .fetch_all(&mut *conn)
-    .await?;
+    let new = dedup::insert_new(&mut *conn, &ids, &keys).await?;
     let mut new: HashSet<(Uuid, String)> = new.into_iter().collect();
     for (i, h, route, incoming) in work {
         // Each new row runs its handler once, even if the batch holds the event twice.
@@ -522,19 +479,8 @@ async fn isolated_in(
                 failure.clone()
             } else {
                 let mut savepoint = Connection::begin(&mut *conn).await?;
-                let new = sqlx::query(concat!(
-                    "INSERT INTO processed_event (event_id, handler) SELECT $1::uuid, $2::text \
-                     WHERE NOT EXISTS (SELECT 1 FROM processed_event p \
-                                       WHERE p.event_id = $1 AND p.handler = $2 AND ",
-                    recorded_by_now!("p"),
-                    ") ON CONFLICT DO NOTHING"
-                ))
-                .bind(incoming.meta.event_id)
-                .bind(&route.key)
-                .execute(&mut *savepoint)
-                .await?
-                .rows_affected()
-                    == 1;
+                let new =
+                    dedup::insert_one(&mut savepoint, incoming.meta.event_id, &route.key).await?;
                 if !new {
                     savepoint.commit().await?;
                     outcome.duplicates += 1;
@@ -549,25 +495,15 @@ async fn isolated_in(
                     .handle(incoming.payload, &mut savepoint, &incoming.meta)
                     .instrument(span)
                     .await;
-                match result {
-                    Ok(()) => match savepoint.commit().await {
-                        Ok(()) => {
-                            outcome.processed += 1;
-                            continue;
-                        }
-                        Err(e) if DbError::of(&e) == DbError::Aborted => {
-                            Failure::left_aborted(route.handler.name())
-                        }
-                        Err(e) => return Err(e.into()),
-                    },
-                    // The connection may be anywhere in a query: give up this transaction.
-                    Err(failure @ Failure::Panicked(_)) => {
-                        return Ok(Isolated::Panicked(i, h, failure));
+                // Never a failure known before: those take no savepoint.
+                let name = || route.handler.name().to_owned();
+                match ladder::settle(savepoint, result, false, name).await? {
+                    Settled::Kept => {
+                        outcome.processed += 1;
+                        continue;
                     }
-                    Err(failure) => {
-                        savepoint.rollback().await?;
-                        failure
-                    }
+                    Settled::Undone(failure) => failure,
+                    Settled::Panicked(failure) => return Ok(Isolated::Panicked(i, h, failure)),
                 }
             };
             if in_place && !failure.is_permanent() {

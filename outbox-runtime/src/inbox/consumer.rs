@@ -12,8 +12,8 @@ use super::route::Routes;
 use super::settings::{Mode, Settings};
 use super::shared::Shared;
 use super::source::Source;
-use super::store::{inbox_status, InboxStatus};
 use crate::error::{Error, Result};
+use crate::store::inbox::{inbox_status, InboxStatus};
 
 /// Consumes events and hands them to handlers. See the [module documentation](super).
 #[derive(Clone)]

@@ -3,13 +3,15 @@
 //! a transaction left aborted), one transaction with a savepoint per item, the failures seen
 //! not run again; after a refused commit (a deferred constraint), one transaction per item, so
 //! that the refusal falls on its item. Dedup mode's batches ([`batch`](super::batch)) and the
-//! inbox processors' ([`processor`](super::processor)) are its two kinds of [`Batch`].
+//! inbox processors' ([`processor`](super::processor)) are its two kinds of [`Batch`]; both
+//! end an item's savepoint with [`settle`], where a handler that left it aborted is caught.
 
 use std::collections::HashMap;
 use std::hash::Hash;
 
 use super::failure::Failure;
 use crate::error::Result;
+use crate::sqlstate::DbError;
 
 /// Failures already seen in a batch, by item (dedup mode: message and handler): reused, never
 /// run again.
@@ -104,4 +106,46 @@ pub(crate) async fn alone<B: Batch>(
             Pass::Aborted => unreachable!("an isolated pass finds the handler that aborted it"),
         }
     }
+}
+
+/// How an item's savepoint ended ([`settle`]).
+pub(crate) enum Settled {
+    /// Released: the item's work stays in the transaction.
+    Kept,
+    /// The item failed and its work is undone: its handler's failure (rolled back to the
+    /// savepoint), or a handler that returned `Ok` but left the savepoint aborted (refused at
+    /// its release, rolled back when the connection is next used).
+    Undone(Failure),
+    /// A handler panicked, a failure not `reused`: the savepoint is left as it is (the
+    /// connection may be anywhere in a query) and the transaction must be given up.
+    Panicked(Failure),
+}
+
+/// Ends an item's savepoint once its handlers ran (`result`), the step every isolated pass
+/// takes per item (dedup mode: per message and handler; inbox mode: per row): released if they
+/// succeeded, and if PostgreSQL refuses the release because a handler left the savepoint
+/// aborted, the item fails with [`Failure::left_aborted`] naming `handlers()`; rolled back if
+/// they failed. A failure `reused` (known from an earlier pass, not run again) is rolled back
+/// even if it is a panic. An error is the database's.
+pub(crate) async fn settle(
+    savepoint: sqlx::Transaction<'_, sqlx::Postgres>,
+    result: std::result::Result<(), Failure>,
+    reused: bool,
+    handlers: impl FnOnce() -> String,
+) -> Result<Settled> {
+    Ok(match result {
+        Ok(()) => match savepoint.commit().await {
+            Ok(()) => Settled::Kept,
+            Err(e) if DbError::of(&e) == DbError::Aborted => {
+                Settled::Undone(Failure::left_aborted(&handlers()))
+            }
+            Err(e) => return Err(e.into()),
+        },
+        // The connection may be anywhere in a query: give up this transaction.
+        Err(failure @ Failure::Panicked(_)) if !reused => Settled::Panicked(failure),
+        Err(failure) => {
+            savepoint.rollback().await?;
+            Settled::Undone(failure)
+        }
+    })
 }

@@ -11,7 +11,10 @@
 //! - a holder asks JetStream for more time for the messages it holds only while its lease is
 //!   valid, so that once another instance may have taken over, they become due again; an
 //!   instance that starts reading while messages delivered before are unsettled waits
-//!   `ack_wait` first (see `jetstream.rs`), so that they come again before anything newer.
+//!   `ack_wait` first (see `nats/consumer.rs`), so that they come again before anything newer.
+//!
+//! The lease's SQL is `store/lease.rs`'s; this file keeps its timing: when to try, renew or
+//! give up, and until when this process counts it as held.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -22,6 +25,7 @@ use uuid::Uuid;
 
 use super::batch::Fence;
 use crate::error::Result;
+use crate::store::lease::{self as store, Acquired};
 
 /// One instance's lease on a group's topic.
 pub(crate) struct Lease {
@@ -33,16 +37,6 @@ pub(crate) struct Lease {
     /// Until when it is held, by this process's clock (a margin before the database's
     /// `expires_at`); in the past while not held.
     valid_until: Arc<Mutex<Instant>>,
-}
-
-/// How the lease was acquired.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Acquired {
-    /// It was free (never held, released) or already this instance's.
-    Free,
-    /// Another instance held it and let it expire (a crash, a stall): its unsettled messages
-    /// are still pending on the server.
-    TakenOver,
 }
 
 impl Lease {
@@ -95,48 +89,18 @@ impl Lease {
     /// Takes the lease if it is free, released, expired or already this instance's.
     pub(crate) async fn try_acquire(&self) -> Result<Option<Acquired>> {
         let asked_at = Instant::now();
-        let mut tx = self.pool.begin().await?;
-        sqlx::query(
-            "INSERT INTO outbox_consumer_lease (group_id, topic) VALUES ($1, $2) \
-             ON CONFLICT DO NOTHING",
+        let acquired = store::try_acquire(
+            &self.pool,
+            &self.group,
+            &self.topic,
+            self.holder,
+            self.length,
         )
-        .bind(&self.group)
-        .bind(&self.topic)
-        .execute(&mut *tx)
         .await?;
-        // A batch transaction of the holder has the row (`FOR KEY SHARE`): it is held, and
-        // waiting for it would queue the holder's renewals behind this.
-        let row: Option<(Option<Uuid>, bool)> = sqlx::query_as(
-            "SELECT holder, expires_at <= clock_timestamp() FROM outbox_consumer_lease \
-             WHERE group_id = $1 AND topic = $2 FOR UPDATE SKIP LOCKED",
-        )
-        .bind(&self.group)
-        .bind(&self.topic)
-        .fetch_optional(&mut *tx)
-        .await?;
-        let Some((holder, expired)) = row else {
-            return Ok(None);
-        };
-        let acquired = match holder {
-            None => Acquired::Free,
-            Some(holder) if holder == self.holder => Acquired::Free,
-            Some(_) if expired => Acquired::TakenOver,
-            Some(_) => return Ok(None),
-        };
-        sqlx::query(
-            "UPDATE outbox_consumer_lease \
-             SET holder = $3, expires_at = clock_timestamp() + $4 * interval '1 millisecond' \
-             WHERE group_id = $1 AND topic = $2",
-        )
-        .bind(&self.group)
-        .bind(&self.topic)
-        .bind(self.holder)
-        .bind(self.length.as_millis() as f64)
-        .execute(&mut *tx)
-        .await?;
-        tx.commit().await?;
-        self.held_from(asked_at);
-        Ok(Some(acquired))
+        if acquired.is_some() {
+            self.held_from(asked_at);
+        }
+        Ok(acquired)
     }
 
     /// Waits until this instance holds the lease, trying every third of its length; `None`
@@ -177,20 +141,17 @@ impl Lease {
                 () = tokio::time::sleep(self.length / 3) => {}
             }
             let asked_at = Instant::now();
-            let renewed = sqlx::query(
-                "UPDATE outbox_consumer_lease \
-                 SET expires_at = clock_timestamp() + $4 * interval '1 millisecond' \
-                 WHERE group_id = $1 AND topic = $2 AND holder = $3",
+            let renewed = store::renew(
+                &self.pool,
+                &self.group,
+                &self.topic,
+                self.holder,
+                self.length,
             )
-            .bind(&self.group)
-            .bind(&self.topic)
-            .bind(self.holder)
-            .bind(self.length.as_millis() as f64)
-            .execute(&self.pool)
             .await;
             match renewed {
-                Ok(done) if done.rows_affected() == 1 => self.held_from(asked_at),
-                Ok(_) => {
+                Ok(true) => self.held_from(asked_at),
+                Ok(false) => {
                     tracing::warn!(group = %self.group, topic = %self.topic,
                         "this instance lost its lease on the topic (it expired): another reads it now");
                     self.lost();
@@ -206,15 +167,7 @@ impl Lease {
     /// Gives the lease up (the instance stops): another takes it at once.
     pub(crate) async fn release(&self) {
         self.lost();
-        let released = sqlx::query(
-            "UPDATE outbox_consumer_lease SET holder = NULL, expires_at = clock_timestamp() \
-             WHERE group_id = $1 AND topic = $2 AND holder = $3",
-        )
-        .bind(&self.group)
-        .bind(&self.topic)
-        .bind(self.holder)
-        .execute(&self.pool)
-        .await;
+        let released = store::release(&self.pool, &self.group, &self.topic, self.holder).await;
         if let Err(e) = released {
             tracing::debug!(error = %crate::error_chain(&e), "cannot release the lease; it expires");
         }

@@ -286,40 +286,6 @@ fn cloud_event_id(source: &str, ce_id: &str) -> Uuid {
     Uuid::new_v5(&CLOUD_EVENTS_NAMESPACE, &name)
 }
 
-/// The application's headers as a JSON object for an inbox row (`None`: it has none). Of a
-/// header given twice, the first counts.
-pub(crate) fn headers_json(meta: &MessageMeta<'_>) -> Option<String> {
-    if meta.headers.is_empty() {
-        return None;
-    }
-    let mut object = serde_json::Map::new();
-    for (name, value) in &meta.headers {
-        object
-            .entry(*name)
-            .or_insert_with(|| String::from_utf8_lossy(value).into_owned().into());
-    }
-    Some(serde_json::Value::Object(object).to_string())
-}
-
-/// The headers of an inbox row (its JSON object), by name.
-pub(crate) fn headers_from_json(json: Option<&str>) -> Vec<(String, String)> {
-    let Some(json) = json else {
-        return Vec::new();
-    };
-    let object: serde_json::Map<String, serde_json::Value> =
-        serde_json::from_str(json).unwrap_or_default();
-    object
-        .into_iter()
-        .map(|(name, value)| {
-            let value = match value {
-                serde_json::Value::String(s) => s,
-                other => other.to_string(),
-            };
-            (name, value)
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -394,7 +394,8 @@
 //!
 //! # Status and metrics
 //!
-//! [`inbox_status`] (or [`Consumer::inbox_status`]) gives the inbox backlog figures. Consumers
+//! [`Consumer::inbox_status`] gives the inbox backlog figures (per topic:
+//! [`admin::status`](crate::admin::status)). Consumers
 //! record metrics through the [`metrics`](https://docs.rs/metrics) facade (their names and what to
 //! alert on: the
 //! [operations guide](https://github.com/outbox-rs/outbox/blob/main/docs/operations.md#metrics));
@@ -415,7 +416,8 @@ pub(crate) mod failure;
 mod handler;
 #[cfg(feature = "_broker")]
 mod ladder;
-#[cfg(feature = "nats")]
+#[cfg(feature = "_broker")]
+#[allow(dead_code)] // used by the brokers whose groups read a topic under a lease (JetStream)
 pub(crate) mod lease;
 #[cfg(feature = "_broker")]
 pub(crate) mod message;
@@ -433,10 +435,10 @@ pub(crate) mod shared;
 #[cfg(feature = "_broker")]
 pub(crate) mod source;
 #[cfg(feature = "_broker")]
-pub(crate) mod store;
-#[cfg(feature = "_broker")]
 mod upcast;
 
+#[cfg(feature = "_broker")]
+pub use crate::store::inbox::InboxStatus;
 #[cfg(feature = "_broker")]
 pub use builder::ConsumerBuilder;
 #[cfg(feature = "_broker")]
@@ -445,5 +447,3 @@ pub use handler::{BoxError, BoxFuture, Handler, HandlerError};
 pub use meta::MessageMeta;
 #[cfg(feature = "_broker")]
 pub use settings::{Mode, RetryPolicy};
-#[cfg(feature = "_broker")]
-pub use store::{inbox_status, InboxStatus};

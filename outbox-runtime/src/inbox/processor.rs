@@ -1,6 +1,7 @@
 //! Inbox mode's processors: each claims due rows `FOR UPDATE SKIP LOCKED` and runs their
 //! handlers, marking them processed in the same transaction (a row that fails gets an attempt,
 //! its error and a retry time, or is dead); a processor that stops on its own is restarted.
+//! The statements are `store/inbox.rs`'s.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -13,12 +14,13 @@ use uuid::Uuid;
 
 use super::batch::discard;
 use super::failure::Failure;
-use super::ladder::{self, Batch, Pass};
+use super::ladder::{self, Batch, Pass, Settled};
+use super::meta::MessageMeta;
 use super::settings::Settings;
 use super::shared::Shared;
-use super::store::{self, inbox_status, RowFailure};
 use crate::error::{Error, Result};
 use crate::sqlstate::DbError;
+use crate::store::inbox::{self as store, inbox_status, Claimed, RowFailure};
 
 /// Runs an inbox processor on a task, and runs it again if it ever stops before `cancel`
 /// (a bug: handler failures and panics are the rows' business, database failures are
@@ -151,17 +153,7 @@ impl Batch for Rows<'_> {
     /// failure is then recorded in a transaction of its own.
     async fn one_by_one(&mut self, known: &Known) -> Result<usize> {
         let shared = self.shared;
-        let ids: Vec<Uuid> = {
-            let mut conn = shared.pool.acquire().await?;
-            sqlx::query_scalar(
-                "SELECT event_id FROM inbox_event WHERE NOT processed AND dead_at IS NULL \
-                   AND (next_attempt_at IS NULL OR next_attempt_at <= now()) \
-                 ORDER BY received_at LIMIT $1",
-            )
-            .bind(shared.settings.batch_size as i64)
-            .fetch_all(&mut *conn)
-            .await?
-        };
+        let ids = store::due_ids(&shared.pool, shared.settings.batch_size).await?;
         for id in &ids {
             let seen: Known = known
                 .get(id)
@@ -173,11 +165,7 @@ impl Batch for Rows<'_> {
                 only: Some(std::slice::from_ref(id)),
             };
             if let Err(refused) = ladder::alone(&mut one, seen).await? {
-                let attempts: i32 =
-                    sqlx::query_scalar("SELECT attempts FROM inbox_event WHERE event_id = $1")
-                        .bind(id)
-                        .fetch_one(&shared.pool)
-                        .await?;
+                let attempts = store::attempts(&shared.pool, *id).await?;
                 let failure = Failure::refused_at_commit(&refused);
                 let failure = RowFailure::new(&shared.settings, *id, attempts, &failure);
                 let mut tx = shared.pool.begin().await?;
@@ -229,6 +217,27 @@ async fn process_optimistic(shared: &Shared) -> Result<Pass<Uuid, usize>> {
     }
     metrics::counter!("outbox_inbox_processed_total").increment(done.len() as u64);
     Ok(Pass::Done(rows.len()))
+}
+
+impl Claimed {
+    /// The metadata its handlers get.
+    fn meta(&self) -> MessageMeta<'_> {
+        MessageMeta {
+            event_id: self.event_id,
+            event_type: std::borrow::Cow::Borrowed(&self.event_type),
+            topic: &self.topic,
+            partition: self.partition,
+            offset: self.offset,
+            key: self.partition_key.as_deref().map(str::as_bytes),
+            headers: self
+                .headers
+                .iter()
+                .map(|(n, v)| (n.as_str(), v.as_bytes()))
+                .collect(),
+            attempt: u32::try_from(self.attempts).unwrap_or(0).saturating_add(1),
+            schema_version: u32::try_from(self.schema_version).unwrap_or(1).max(1),
+        }
+    }
 }
 
 impl RowFailure {
@@ -286,31 +295,24 @@ async fn process_isolated(
                 }
             }
         }
-        let failure = match result {
-            Ok(()) => match savepoint.commit().await {
-                Ok(()) => {
-                    done.push(row.event_id);
-                    continue;
-                }
-                Err(e) if DbError::of(&e) == DbError::Aborted => {
-                    let names: Vec<&str> = routes
-                        .get(&row.topic, &row.event_type)
-                        .iter()
-                        .map(|r| r.handler.name())
-                        .collect();
-                    Failure::left_aborted(&names.join("`, `"))
-                }
-                Err(e) => return Err(e.into()),
-            },
-            // The connection may be anywhere in a query: give up this transaction.
-            Err(failure @ Failure::Panicked(_)) if !known.contains_key(&row.event_id) => {
-                drop(savepoint);
+        let reused = known.contains_key(&row.event_id);
+        let names = || {
+            let names: Vec<&str> = routes
+                .get(&row.topic, &row.event_type)
+                .iter()
+                .map(|r| r.handler.name())
+                .collect();
+            names.join("`, `")
+        };
+        let failure = match ladder::settle(savepoint, result, reused, names).await? {
+            Settled::Kept => {
+                done.push(row.event_id);
+                continue;
+            }
+            Settled::Undone(failure) => failure,
+            Settled::Panicked(failure) => {
                 discard(tx).await;
                 return Ok(Pass::Failed(row.event_id, failure));
-            }
-            Err(failure) => {
-                savepoint.rollback().await?;
-                failure
             }
         };
         failed.push(RowFailure::new(

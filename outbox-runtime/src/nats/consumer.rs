@@ -1,5 +1,5 @@
 //! Consuming from NATS JetStream: a durable pull consumer per topic, its batches handled as
-//! Kafka's are ([`batch`](super::batch) in dedup mode, [`store`] in inbox mode), each message
+//! Kafka's are ([`batch`](super::batch) in dedup mode, [`receive`](crate::inbox::receive) in inbox mode), each message
 //! acknowledged only once the database committed it; a retryable failure redelivered by the
 //! server once its backoff has passed (`nak` with a delay); a dead letter published to
 //! `<topic>.dlq`, stored by its stream, and only then terminated.

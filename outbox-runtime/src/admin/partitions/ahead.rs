@@ -7,11 +7,7 @@ use std::time::Duration;
 use sqlx::PgPool;
 
 use crate::admin::CleanupTable;
-#[cfg(feature = "_broker")]
-use crate::error::Error;
 use crate::error::Result;
-#[cfg(feature = "_broker")]
-use crate::sqlstate::DbError;
 
 /// Creates `table`'s partitions up to its `ahead` past now; returns how many it created (0 for
 /// a table that is not partitioned). Attaching a partition takes no lock inserts wait for; it
@@ -37,16 +33,6 @@ pub async fn create_partitions(pool: &PgPool, table: CleanupTable) -> Result<u32
         .fetch_one(pool)
         .await?;
     Ok(created.max(0) as u32)
-}
-
-#[cfg(feature = "_broker")]
-/// Whether `error` is an insert that found no partition for its row
-/// ([`DbError::is_missing_partition`]): creating partitions is the cure.
-pub(crate) fn is_missing_partition(error: &Error) -> bool {
-    match error {
-        Error::Database(e) => DbError::is_missing_partition(e),
-        _ => false,
-    }
 }
 
 #[cfg(feature = "_broker")]

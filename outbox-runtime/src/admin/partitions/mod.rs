@@ -22,7 +22,7 @@ mod retention;
 
 pub use ahead::create_partitions;
 #[cfg(feature = "_broker")]
-pub(crate) use ahead::{is_missing_partition, keep_ahead};
+pub(crate) use ahead::keep_ahead;
 pub use convert::{convert_to_partitions, Conversion};
 pub(crate) use layout::quote;
 pub use layout::{partitions, set_partitioning, Partition, PartitionLayout};

@@ -1,17 +1,15 @@
-//! Inbox mode's SQL: receipt (with its per-row fallback), claiming due rows, marking them
-//! processed or failed, status.
+//! Inbox mode's SQL (`inbox_event`, a row per event): the receipt (with its per-row
+//! fallback for what `jsonb` refuses) under its source locks, the processors' claim of due
+//! rows, marking them processed or failed, and the backlog figures ([`inbox_status`]). Their
+//! callers decide when: `inbox/receive.rs` (the receipt, waiting out the database's failures)
+//! and `inbox/processor.rs` (the processors' transactions, down their ladder).
 
-use std::borrow::Cow;
 use std::time::Duration;
 
 use sqlx::{PgPool, Row as _};
 use uuid::Uuid;
 
-use tokio_util::sync::CancellationToken;
-
-use super::batch::Checked;
-use super::meta::MessageMeta;
-use super::shared::Shared;
+use super::source_lock;
 use crate::error::Result;
 use crate::sqlstate::DbError;
 
@@ -37,65 +35,6 @@ pub(crate) struct Received {
     /// Rows PostgreSQL refused (by index): a payload `jsonb` cannot hold. The dead-letter
     /// reason.
     pub refused: Vec<(usize, String)>,
-}
-
-/// Inbox mode's receipt of a batch, whatever the broker: stores the checked messages (`receive`,
-/// waiting out database failures), counts them, and returns for each message the reason it is a
-/// dead letter (not JSON, no event id, refused by `jsonb`), `None` for one stored (or already
-/// there). `None` once `cancel` fires: nothing is settled.
-pub(crate) async fn receive_checked(
-    shared: &Shared,
-    checked: &[Checked<'_>],
-    cancel: &CancellationToken,
-) -> Option<Vec<Option<String>>> {
-    let mut rows = Vec::with_capacity(checked.len());
-    let mut stored = Vec::with_capacity(checked.len());
-    let mut bad: Vec<Option<String>> = vec![None; checked.len()];
-    for (i, message) in checked.iter().enumerate() {
-        match message {
-            Ok(incoming) => {
-                stored.push(i);
-                let meta = &incoming.meta;
-                rows.push(InboxRow {
-                    event_id: meta.event_id,
-                    topic: meta.topic,
-                    event_type: meta.event_type.clone().into_owned(),
-                    partition_key: meta
-                        .key_bytes()
-                        .map(|k| String::from_utf8_lossy(k).into_owned()),
-                    // Where it was read: always known of a message off a broker.
-                    partition: meta.partition.unwrap_or_default(),
-                    offset: meta.offset.unwrap_or_default(),
-                    payload: incoming.payload,
-                    headers: super::message::headers_json(meta),
-                    schema_version: meta.schema_version,
-                });
-            }
-            Err(reason) => bad[i] = Some(reason.clone()),
-        }
-    }
-    let mut failures = 0;
-    let received = loop {
-        let e = match receive(&shared.pool, &rows).await {
-            Ok(received) => break received,
-            Err(e) => e,
-        };
-        failures += 1;
-        if !shared
-            .wait_out(&e, crate::admin::CleanupTable::Inbox, failures, cancel)
-            .await
-        {
-            return None;
-        }
-    };
-    metrics::counter!("outbox_inbox_received_total").increment(received.new);
-    let refused = received.refused.len() as u64;
-    metrics::counter!("outbox_consumer_duplicates_total")
-        .increment(rows.len() as u64 - received.new - refused);
-    for (row, reason) in received.refused {
-        bad[stored[row]] = Some(reason);
-    }
-    Some(bad)
 }
 
 /// Stores the messages (one statement; duplicates ignored). If PostgreSQL refuses the data (a
@@ -125,7 +64,7 @@ pub(crate) async fn receive(pool: &PgPool, rows: &[InboxRow<'_>]) -> Result<Rece
     }
 }
 
-/// First key of the advisory locks [`insert`] takes ("INBX").
+/// First key of the advisory locks [`insert`] takes ("INBX"; see [`source_lock`]).
 const RECEIPT_LOCK: i32 = 0x494E_4258;
 
 /// Stores the rows no partition holds yet, in one transaction at READ COMMITTED (whatever the
@@ -147,10 +86,8 @@ async fn insert(pool: &PgPool, rows: &[InboxRow<'_>]) -> std::result::Result<u64
         .map(|r| format!("{}\u{1f}{}", r.topic, r.partition))
         .collect();
     let sources: Vec<String> = sources.into_iter().collect();
-    let mut tx = pool
-        .begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
-        .await?;
-    super::shared::lock_sources(&mut tx, RECEIPT_LOCK, &sources).await?;
+    let mut tx = source_lock::begin(pool).await?;
+    source_lock::lock(&mut tx, RECEIPT_LOCK, &sources).await?;
     let ids: Vec<Uuid> = rows.iter().map(|r| r.event_id).collect();
     let topics: Vec<&str> = rows.iter().map(|r| r.topic).collect();
     let types: Vec<&str> = rows.iter().map(|r| r.event_type.as_str()).collect();
@@ -225,27 +162,8 @@ pub(crate) struct Claimed {
     pub(crate) schema_version: i64,
 }
 
-impl Claimed {
-    /// The metadata its handlers get.
-    pub(crate) fn meta(&self) -> MessageMeta<'_> {
-        MessageMeta {
-            event_id: self.event_id,
-            event_type: Cow::Borrowed(&self.event_type),
-            topic: &self.topic,
-            partition: self.partition,
-            offset: self.offset,
-            key: self.partition_key.as_deref().map(str::as_bytes),
-            headers: self
-                .headers
-                .iter()
-                .map(|(n, v)| (n.as_str(), v.as_bytes()))
-                .collect(),
-            attempt: u32::try_from(self.attempts).unwrap_or(0).saturating_add(1),
-            schema_version: u32::try_from(self.schema_version).unwrap_or(1).max(1),
-        }
-    }
-}
-
+/// Claims up to `limit` due rows (not processed, not dead, no retry pending), oldest first,
+/// `FOR UPDATE SKIP LOCKED` in `conn`'s transaction; `only`: of these ids alone.
 pub(crate) async fn claim(
     conn: &mut sqlx::PgConnection,
     limit: usize,
@@ -270,16 +188,14 @@ pub(crate) async fn claim(
                 partition_key: r.try_get("partition_key")?,
                 partition: r.try_get("source_partition")?,
                 offset: r.try_get("source_offset")?,
-                headers: super::message::headers_from_json(
-                    r.try_get::<Option<String>, _>("headers")?.as_deref(),
-                ),
+                headers: headers_from_json(r.try_get::<Option<String>, _>("headers")?.as_deref()),
                 schema_version: r.try_get("schema_version")?,
             })
         })
         .collect()
 }
 
-/// Marks rows processed.
+/// Marks rows processed (`processed`, `processed_at`, no retry pending).
 pub(crate) async fn mark_processed(conn: &mut sqlx::PgConnection, done: &[Uuid]) -> Result<()> {
     sqlx::query(
         "UPDATE inbox_event SET processed = true, processed_at = now(), next_attempt_at = NULL \
@@ -299,7 +215,8 @@ pub(crate) struct RowFailure {
     pub(crate) dead: bool,
 }
 
-/// Records failures: an attempt more, the error, when to try again; dead if `dead`.
+/// Records failures: an attempt more, the error (`last_error`), when to try again
+/// (`next_attempt_at`); `dead_at` if `dead`.
 pub(crate) async fn record_failures(
     conn: &mut sqlx::PgConnection,
     failed: &[RowFailure],
@@ -328,6 +245,30 @@ pub(crate) async fn record_failures(
     Ok(())
 }
 
+/// The ids of up to `limit` due rows, oldest first, locking nothing: what a processor handles
+/// one by one after a refused commit.
+pub(crate) async fn due_ids(pool: &PgPool, limit: usize) -> Result<Vec<Uuid>> {
+    let mut conn = pool.acquire().await?;
+    Ok(sqlx::query_scalar(
+        "SELECT event_id FROM inbox_event WHERE NOT processed AND dead_at IS NULL \
+           AND (next_attempt_at IS NULL OR next_attempt_at <= now()) \
+         ORDER BY received_at LIMIT $1",
+    )
+    .bind(limit as i64)
+    .fetch_all(&mut *conn)
+    .await?)
+}
+
+/// A row's `attempts` so far.
+pub(crate) async fn attempts(pool: &PgPool, event_id: Uuid) -> Result<i32> {
+    Ok(
+        sqlx::query_scalar("SELECT attempts FROM inbox_event WHERE event_id = $1")
+            .bind(event_id)
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
 /// Inbox backlog figures.
 #[derive(Debug, Clone, PartialEq, Eq)]
 #[non_exhaustive]
@@ -344,8 +285,9 @@ pub struct InboxStatus {
     pub processed_event_rows: i64,
 }
 
-/// Inbox backlog figures, from the database alone.
-pub async fn inbox_status(pool: &PgPool) -> Result<InboxStatus> {
+/// Inbox backlog figures, from the database alone (one statement over `inbox_event`'s
+/// unprocessed rows, and `processed_event`'s count).
+pub(crate) async fn inbox_status(pool: &PgPool) -> Result<InboxStatus> {
     let row = sqlx::query(
         "SELECT count(*) FILTER (WHERE dead_at IS NULL) AS unprocessed, \
                 count(*) FILTER (WHERE dead_at IS NULL AND next_attempt_at IS NOT NULL) AS retrying, \
@@ -364,4 +306,38 @@ pub async fn inbox_status(pool: &PgPool) -> Result<InboxStatus> {
         oldest_unprocessed_age: age.map(|s| Duration::from_secs_f64(s.max(0.0))),
         processed_event_rows: row.try_get("processed_event_rows")?,
     })
+}
+
+/// A message's headers (the application's: its metadata's) as a JSON object for its inbox
+/// row's `headers` (`None`: it has none). Of a header given twice, the first counts.
+pub(crate) fn headers_json(headers: &[(&str, &[u8])]) -> Option<String> {
+    if headers.is_empty() {
+        return None;
+    }
+    let mut object = serde_json::Map::new();
+    for (name, value) in headers {
+        object
+            .entry(*name)
+            .or_insert_with(|| String::from_utf8_lossy(value).into_owned().into());
+    }
+    Some(serde_json::Value::Object(object).to_string())
+}
+
+/// The headers of an inbox row (its `headers`, the JSON object [`headers_json`] made), by name.
+fn headers_from_json(json: Option<&str>) -> Vec<(String, String)> {
+    let Some(json) = json else {
+        return Vec::new();
+    };
+    let object: serde_json::Map<String, serde_json::Value> =
+        serde_json::from_str(json).unwrap_or_default();
+    object
+        .into_iter()
+        .map(|(name, value)| {
+            let value = match value {
+                serde_json::Value::String(s) => s,
+                other => other.to_string(),
+            };
+            (name, value)
+        })
+        .collect()
 }
