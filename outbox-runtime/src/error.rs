@@ -191,18 +191,6 @@ pub enum Error {
         source: Box<dyn std::error::Error + Send + Sync>,
     },
 
-    /// A JetStream consumer in dedup mode no longer holds its group's lease on a topic (it
-    /// stalled past it, or lost the database meanwhile): another instance reads the topic now,
-    /// and the messages it held are delivered again. It reads again once it gets the lease.
-    #[cfg(feature = "_broker")]
-    #[error("this consumer no longer holds group `{group}`'s lease on `{topic}`")]
-    LeaseLost {
-        /// The consumer group.
-        group: String,
-        /// The topic.
-        topic: String,
-    },
-
     /// A background task of a consumer (an inbox processor) panicked or was cancelled.
     #[error("{task} panicked or was cancelled")]
     Task {

@@ -566,7 +566,7 @@ async fn handover(end: impl FnOnce(Running)) {
         (leases[0].group.as_str(), leases[0].topic.as_str()),
         ("ledger", TOPIC)
     );
-    assert_eq!((leases[0].held, leases[0].expires_in_secs), (false, None));
+    assert_eq!((leases[0].owned, leases[0].expires_in_secs), (false, None));
 }
 
 /// Records the step; takes 3 s over account 1's third event (longer than the tests' `ack_wait`

@@ -147,7 +147,7 @@ fn print_status(status: &Status) {
             .map(|l| {
                 let state = match l.expires_in_secs {
                     None => "released".to_owned(),
-                    Some(s) if l.held => format!("held, {s:.0}s left"),
+                    Some(s) if l.owned => format!("owned, {s:.0}s left"),
                     Some(s) => format!("expired {:.0}s ago", -s),
                 };
                 vec![l.group.clone(), l.topic.clone(), state]

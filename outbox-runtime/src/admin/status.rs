@@ -71,8 +71,8 @@ pub struct ConsumerLease {
     pub group: String,
     /// The topic.
     pub topic: String,
-    /// Whether an instance holds it now (not released, not expired).
-    pub held: bool,
+    /// Whether an instance owns it now (not released, not expired).
+    pub owned: bool,
     /// Seconds until it expires unless renewed (negative: expired that long ago, its holder
     /// crashed or stalled; another instance takes it over); `None` once released.
     pub expires_in_secs: Option<f64>,
@@ -181,7 +181,7 @@ pub(crate) enum Count {
     Estimated,
 }
 
-/// [`status`] on a connection already held.
+/// [`status`] on a connection already taken from the pool.
 pub(super) async fn status_on(conn: &mut PgConnection, count: Count) -> Result<Status> {
     let outbox = sqlx::query(OUTBOX_SQL)
         .fetch_all(&mut *conn)
@@ -227,7 +227,7 @@ pub(super) async fn status_on(conn: &mut PgConnection, count: Count) -> Result<S
     .await?;
     let relay_instances = crate::store::relay::members(&mut *conn).await?;
     let consumer_leases = sqlx::query(
-        "SELECT group_id, topic, holder IS NOT NULL AND expires_at > now() AS held, \
+        "SELECT group_id, topic, holder IS NOT NULL AND expires_at > now() AS owned, \
                 CASE WHEN holder IS NOT NULL \
                      THEN extract(epoch FROM expires_at - now())::float8 END AS expires_in \
          FROM outbox_consumer_lease ORDER BY group_id, topic",
@@ -239,7 +239,7 @@ pub(super) async fn status_on(conn: &mut PgConnection, count: Count) -> Result<S
         Ok(ConsumerLease {
             group: r.try_get("group_id")?,
             topic: r.try_get("topic")?,
-            held: r.try_get("held")?,
+            owned: r.try_get("owned")?,
             expires_in_secs: r.try_get("expires_in")?,
         })
     })

@@ -28,7 +28,7 @@ use super::failure::Failure;
 use super::ladder::{self, Batch, Pass, Settled};
 use super::message::Incoming;
 use super::route::Routes;
-use crate::error::{Error, Result};
+use crate::error::Error;
 use crate::sqlstate::DbError;
 use crate::store::{dedup, lease, source_lock};
 
@@ -37,7 +37,7 @@ pub(crate) type Checked<'m> = std::result::Result<Incoming<'m>, String>;
 
 /// What became of a batch, or of its first `done` messages.
 #[derive(Debug, Default)]
-pub(crate) struct Outcome {
+pub(crate) struct Handled {
     /// Messages from the start of the batch that are done: committed, or failed (`failed`).
     pub done: usize,
     /// Failures among the first `done` messages, one per message, to retry or dead-letter.
@@ -48,17 +48,17 @@ pub(crate) struct Outcome {
     pub duplicates: u64,
 }
 
-impl Outcome {
+impl Handled {
     fn new(messages: usize) -> Self {
-        Outcome {
+        Handled {
             done: messages,
-            ..Outcome::default()
+            ..Handled::default()
         }
     }
 
     /// Adds `part`, the outcome of the messages from `offset` on. `false` if it stopped there
     /// (in place): so does the whole.
-    fn absorb(&mut self, part: Outcome, offset: usize) -> bool {
+    fn absorb(&mut self, part: Handled, offset: usize) -> bool {
         self.processed += part.processed;
         self.duplicates += part.duplicates;
         for (i, failure) in part.failed {
@@ -91,7 +91,7 @@ type Known = ladder::Known<(usize, usize)>;
 
 /// What became of a pass ([`chained`]) that gave its transaction up.
 enum Chained {
-    Pass(Pass<(usize, usize), Outcome>),
+    Pass(Pass<(usize, usize), Handled>),
     /// A handler panicked: the transaction was given up (the panic is known now, and never
     /// run again); the batch starts over.
     Panicked,
@@ -101,15 +101,15 @@ enum Chained {
 /// the batch there (what came before commits). An error is the database's (nothing lost: the
 /// offsets are not stored, and the dedup rows make doing it again harmless).
 ///
-/// With a `fence`, every transaction checks first that the lease is held, and fails with
-/// [`Error::LeaseLost`] if it is not.
+/// With a `fence`, every transaction checks first that the lease is still owned, and fails with
+/// [`Unhandled::LeaseLost`] if it is not.
 pub(crate) async fn handle(
     pool: &PgPool,
     routes: &Routes,
     messages: &[Checked<'_>],
     in_place: bool,
     fence: Option<&Fence<'_>>,
-) -> Result<Outcome> {
+) -> Result<Handled> {
     ladder::handle(&mut Messages {
         pool,
         routes,
@@ -120,7 +120,7 @@ pub(crate) async fn handle(
     .await
 }
 
-/// A lease ([`outbox_consumer_lease`](crate::inbox)) a batch's transactions must hold: checked
+/// A lease ([`outbox_consumer_lease`](crate::inbox)) a batch's transactions must own: checked
 /// in each before any work, `FOR KEY SHARE`, so that no instance takes it over (`FOR UPDATE`)
 /// before the transaction ends, while its holder still renews it (an update of no key column)
 /// during a batch longer than the lease.
@@ -130,6 +130,30 @@ pub(crate) struct Fence<'a> {
     pub topic: &'a str,
     pub holder: Uuid,
 }
+
+/// Why a batch was not handled (nothing of it committed).
+#[derive(Debug)]
+pub(crate) enum Unhandled {
+    /// The database failed: the batch is to be done again.
+    Database(Error),
+    /// The fence found the lease gone: another instance reads the topic now.
+    LeaseLost,
+}
+
+impl From<Error> for Unhandled {
+    fn from(e: Error) -> Self {
+        Unhandled::Database(e)
+    }
+}
+
+impl From<sqlx::Error> for Unhandled {
+    fn from(e: sqlx::Error) -> Self {
+        Unhandled::Database(e.into())
+    }
+}
+
+/// This file's results: [`Unhandled`] on error.
+type Result<T, E = Unhandled> = std::result::Result<T, E>;
 
 /// A dedup-mode batch, as the [`ladder`] handles it.
 #[derive(Clone, Copy)]
@@ -143,10 +167,11 @@ struct Messages<'a, 'm> {
 
 impl Batch for Messages<'_, '_> {
     type Key = (usize, usize);
-    type Outcome = Outcome;
+    type Handled = Handled;
+    type Error = Unhandled;
 
     /// In segments ([`chained`]), starting over after a panic.
-    async fn together(&mut self, known: &mut Known) -> Result<Pass<Self::Key, Outcome>> {
+    async fn together(&mut self, known: &mut Known) -> Result<Pass<Self::Key, Handled>> {
         loop {
             let chained = chained(*self, known);
             if let Chained::Pass(pass) = chained.await? {
@@ -155,7 +180,7 @@ impl Batch for Messages<'_, '_> {
         }
     }
 
-    async fn isolated(&mut self, known: &Known) -> Result<Pass<Self::Key, Outcome>> {
+    async fn isolated(&mut self, known: &Known) -> Result<Pass<Self::Key, Handled>> {
         let mut tx = begin(*self).await?;
         let outcome =
             match isolated_in(&mut tx, self.routes, self.messages, known, self.in_place).await? {
@@ -168,12 +193,12 @@ impl Batch for Messages<'_, '_> {
         Ok(match crate::uow::commit_checked(tx).await {
             Ok(()) => Pass::Done(outcome),
             Err(Error::Commit { source, .. }) => Pass::Refused(source),
-            Err(e) => return Err(e),
+            Err(e) => return Err(e.into()),
         })
     }
 
-    async fn one_by_one(&mut self, known: &Known) -> Result<Outcome> {
-        let mut outcome = Outcome::new(self.messages.len());
+    async fn one_by_one(&mut self, known: &Known) -> Result<Handled> {
+        let mut outcome = Handled::new(self.messages.len());
         for (i, message) in self.messages.iter().enumerate() {
             let mut one = Messages {
                 messages: std::slice::from_ref(message),
@@ -220,7 +245,7 @@ async fn chained(batch: Messages<'_, '_>, known: &mut Known) -> Result<Chained> 
         ..
     } = batch;
     let n = messages.len();
-    let mut outcome = Outcome::new(n);
+    let mut outcome = Handled::new(n);
     // Messages to handle alone: those whose failure is known.
     let mut alone: BTreeSet<usize> = known.keys().map(|(i, _)| *i).collect();
     let mut tx = begin(batch).await?;
@@ -310,7 +335,7 @@ async fn chained(batch: Messages<'_, '_>, known: &mut Known) -> Result<Chained> 
         Ok(()) => Pass::Done(outcome),
         Err(Error::Aborted { .. }) => Pass::Aborted,
         Err(Error::Commit { source, .. }) => Pass::Refused(source),
-        Err(e) => return Err(e),
+        Err(e) => return Err(e.into()),
     }))
 }
 
@@ -339,13 +364,10 @@ async fn begin(batch: Messages<'_, '_>) -> Result<sqlx::Transaction<'static, sql
     } = batch;
     let mut tx = source_lock::begin(pool).await?;
     if let Some(fence) = fence {
-        let held = lease::is_held(&mut tx, fence.group, fence.topic, fence.holder).await?;
-        if !held {
+        let owned = lease::is_owned(&mut tx, fence.group, fence.topic, fence.holder).await?;
+        if !owned {
             discard(tx).await;
-            return Err(Error::LeaseLost {
-                group: fence.group.to_owned(),
-                topic: fence.topic.to_owned(),
-            });
+            return Err(Unhandled::LeaseLost);
         }
     }
     let sources: BTreeSet<String> = messages
@@ -374,7 +396,9 @@ async fn begin(batch: Messages<'_, '_>) -> Result<sqlx::Transaction<'static, sql
 }
 
 /// `None` for an error that says the transaction is aborted.
-fn aborted_as_none<T, E: Into<Error>>(result: std::result::Result<T, E>) -> Result<Option<T>> {
+fn aborted_as_none<T, E: Into<Error>>(
+    result: std::result::Result<T, E>,
+) -> crate::Result<Option<T>> {
     match result.map_err(Into::into) {
         Ok(value) => Ok(Some(value)),
         Err(Error::Database(e)) if DbError::of(&e) == DbError::Aborted => Ok(None),
@@ -397,8 +421,8 @@ async fn optimistic_in(
     conn: &mut PgConnection,
     routes: &Routes,
     messages: &[Checked<'_>],
-) -> Result<std::result::Result<Outcome, (usize, usize, Failure)>> {
-    let mut outcome = Outcome::new(messages.len());
+) -> Result<std::result::Result<Handled, (usize, usize, Failure)>> {
+    let mut outcome = Handled::new(messages.len());
     let mut work = Vec::new();
     for (i, message) in messages.iter().enumerate() {
         match message {
@@ -446,7 +470,7 @@ async fn optimistic_in(
 
 /// What became of messages handled with a savepoint per message and handler.
 enum Isolated {
-    Done(Outcome),
+    Done(Handled),
     /// A handler panicked (not known before): the transaction must be given up.
     Panicked(usize, usize, Failure),
 }
@@ -458,8 +482,8 @@ async fn isolated_in(
     messages: &[Checked<'_>],
     known: &Known,
     in_place: bool,
-) -> Result<Isolated> {
-    let mut outcome = Outcome::new(messages.len());
+) -> crate::Result<Isolated> {
+    let mut outcome = Handled::new(messages.len());
     'messages: for (i, message) in messages.iter().enumerate() {
         let incoming = match message {
             Ok(incoming) => incoming,

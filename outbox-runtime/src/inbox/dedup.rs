@@ -4,12 +4,12 @@
 
 use tokio_util::sync::CancellationToken;
 
-use super::batch::{self, Checked, Outcome};
+use super::batch::{self, Checked, Handled};
 use super::failure::{Destination, Failure};
 use super::message;
 use super::settings::{RetryPolicy, Settings};
 use super::shared::Shared;
-use super::source::Batch;
+use super::source::Reading;
 
 /// Dedup mode's work on one batch `messages` of broker `b`: handled in one transaction (see
 /// [`batch::handle`]), then settled through `b` (each failed message first sent where its
@@ -17,7 +17,7 @@ use super::source::Batch;
 /// follows it tried again after a backoff, before anything else is settled, or dead-lettered
 /// once out of attempts. `false` once `cancel` fires or the batch's lease is lost (what is not
 /// settled comes again).
-pub(crate) async fn handle_batch<B: Batch>(
+pub(crate) async fn handle_batch<B: Reading>(
     shared: &Shared,
     b: &B,
     messages: &[B::Message],
@@ -31,7 +31,7 @@ pub(crate) async fn handle_batch<B: Batch>(
     while start < checked.len() {
         let fence = b.fence();
         let handling = handle(shared, &checked[start..], cancel, fence.as_ref());
-        let Some(outcome) = b.holding(&messages[start..], handling).await else {
+        let Some(outcome) = b.working_on(&messages[start..], handling).await else {
             return false;
         };
         let done = &messages[start..start + outcome.done];
@@ -69,7 +69,7 @@ pub(crate) async fn handle_batch<B: Batch>(
             continue;
         }
         retrying = retry_in_place(&mut checked, start, tries, &failure);
-        let waited = b.holding(&messages[start..], async {
+        let waited = b.working_on(&messages[start..], async {
             tokio::select! {
                 () = cancel.cancelled() => false,
                 () = tokio::time::sleep(settings.backoff(tries)) => true,
@@ -92,7 +92,7 @@ pub(crate) async fn handle(
     messages: &[Checked<'_>],
     cancel: &CancellationToken,
     fence: Option<&batch::Fence<'_>>,
-) -> Option<Outcome> {
+) -> Option<Handled> {
     let in_place = shared.settings.retry_policy == RetryPolicy::InPlace;
     let mut failures = 0;
     loop {
@@ -102,11 +102,15 @@ pub(crate) async fn handle(
                 metrics::counter!("outbox_consumer_duplicates_total").increment(outcome.duplicates);
                 return Some(outcome);
             }
-            Err(e @ crate::Error::LeaseLost { .. }) => {
-                tracing::warn!(error = %e, "a batch was not handled: another instance has the lease");
+            Err(batch::Unhandled::LeaseLost) => {
+                let fence = fence.map(|f| (f.group, f.topic));
+                tracing::warn!(
+                    ?fence,
+                    "a batch was not handled: another instance owns the lease"
+                );
                 return None;
             }
-            Err(e) => {
+            Err(batch::Unhandled::Database(e)) => {
                 failures += 1;
                 let table = crate::admin::CleanupTable::ProcessedEvent;
                 if !shared.wait_out(&e, table, failures, cancel).await {

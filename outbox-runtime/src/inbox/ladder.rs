@@ -34,28 +34,30 @@ pub(crate) trait Batch {
     /// What a failure is known by.
     type Key: Eq + Hash;
     /// What became of the batch.
-    type Outcome;
+    type Handled;
+    /// Why it was not handled: the database's error, or what else the batch's kind can stop
+    /// for (dedup mode: its lease lost).
+    type Error: From<crate::Error>;
 
     /// Every item straight in one transaction (no savepoint unless a failure needs one).
     async fn together(
         &mut self,
         known: &mut Known<Self::Key>,
-    ) -> Result<Pass<Self::Key, Self::Outcome>>;
+    ) -> Result<Pass<Self::Key, Self::Handled>, Self::Error>;
 
     /// One transaction, a savepoint per item: a failure undoes only its item's work. Failures
     /// in `known` are reused, not run again.
     async fn isolated(
         &mut self,
         known: &Known<Self::Key>,
-    ) -> Result<Pass<Self::Key, Self::Outcome>>;
+    ) -> Result<Pass<Self::Key, Self::Handled>, Self::Error>;
 
     /// After a refused commit: each item in a transaction of its own ([`alone`]).
-    async fn one_by_one(&mut self, known: &Known<Self::Key>) -> Result<Self::Outcome>;
+    async fn one_by_one(&mut self, known: &Known<Self::Key>) -> Result<Self::Handled, Self::Error>;
 }
 
-/// Handles `batch` down the ladder. An error is the database's (nothing of the batch is
-/// committed).
-pub(crate) async fn handle<B: Batch>(batch: &mut B) -> Result<B::Outcome> {
+/// Handles `batch` down the ladder. On an error nothing of the batch is committed.
+pub(crate) async fn handle<B: Batch>(batch: &mut B) -> Result<B::Handled, B::Error> {
     let mut known = Known::new();
     let mut isolate = false;
     loop {
@@ -95,7 +97,7 @@ pub(crate) async fn handle<B: Batch>(batch: &mut B) -> Result<B::Outcome> {
 pub(crate) async fn alone<B: Batch>(
     one: &mut B,
     mut known: Known<B::Key>,
-) -> Result<std::result::Result<B::Outcome, sqlx::Error>> {
+) -> Result<std::result::Result<B::Handled, sqlx::Error>, B::Error> {
     loop {
         match one.isolated(&known).await? {
             Pass::Done(outcome) => return Ok(Ok(outcome)),

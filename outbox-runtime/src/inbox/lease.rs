@@ -8,13 +8,13 @@
 //!   instance that lost it (stalled, cut off from the database) commits nothing more, and none
 //!   takes it over (`FOR UPDATE`) while a batch of the holder runs, however long;
 //! - the others wait, and take it over once it is released or expired;
-//! - a holder asks JetStream for more time for the messages it holds only while its lease is
+//! - an owner asks JetStream for more time for the messages it works on only while its lease is
 //!   valid, so that once another instance may have taken over, they become due again; an
 //!   instance that starts reading while messages delivered before are unsettled waits
 //!   `ack_wait` first (see `nats/consumer.rs`), so that they come again before anything newer.
 //!
 //! The lease's SQL is `store/lease.rs`'s; this file keeps its timing: when to try, renew or
-//! give up, and until when this process counts it as held.
+//! give up, and until when this process counts it as owned.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -34,8 +34,8 @@ pub(crate) struct Lease {
     topic: String,
     holder: Uuid,
     length: Duration,
-    /// Until when it is held, by this process's clock (a margin before the database's
-    /// `expires_at`); in the past while not held.
+    /// Until when it is owned, by this process's clock (a margin before the database's
+    /// `expires_at`); in the past while not owned.
     valid_until: Arc<Mutex<Instant>>,
 }
 
@@ -60,7 +60,7 @@ impl Lease {
         }
     }
 
-    /// Whether this process may take the lease as held: for asking the server for more time.
+    /// Whether this process may take the lease as owned: for asking the server for more time.
     pub(crate) fn is_valid(&self) -> bool {
         Instant::now() < *self.valid_until.lock().unwrap_or_else(|e| e.into_inner())
     }
@@ -77,7 +77,7 @@ impl Lease {
         }
     }
 
-    fn held_from(&self, asked_at: Instant) {
+    fn owned_from(&self, asked_at: Instant) {
         *self.valid_until.lock().unwrap_or_else(|e| e.into_inner()) =
             asked_at + self.length * 9 / 10;
     }
@@ -98,12 +98,12 @@ impl Lease {
         )
         .await?;
         if acquired.is_some() {
-            self.held_from(asked_at);
+            self.owned_from(asked_at);
         }
         Ok(acquired)
     }
 
-    /// Waits until this instance holds the lease, trying every third of its length; `None`
+    /// Waits until this instance owns the lease, trying every third of its length; `None`
     /// if `cancel` fires first.
     pub(crate) async fn acquire(&self, cancel: &CancellationToken) -> Option<Acquired> {
         let mut said = false;
@@ -150,7 +150,7 @@ impl Lease {
             )
             .await;
             match renewed {
-                Ok(true) => self.held_from(asked_at),
+                Ok(true) => self.owned_from(asked_at),
                 Ok(false) => {
                     tracing::warn!(group = %self.group, topic = %self.topic,
                         "this instance lost its lease on the topic (it expired): another reads it now");

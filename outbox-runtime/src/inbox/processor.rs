@@ -139,7 +139,8 @@ struct Rows<'a> {
 impl Batch for Rows<'_> {
     type Key = Uuid;
     /// Rows claimed.
-    type Outcome = usize;
+    type Handled = usize;
+    type Error = crate::Error;
 
     async fn together(&mut self, _known: &mut Known) -> Result<Pass<Uuid, usize>> {
         process_optimistic(self.shared).await

@@ -8,14 +8,14 @@ use tokio_util::sync::CancellationToken;
 use super::batch::Checked;
 use super::failure::Destination;
 use super::shared::Shared;
-use super::source::Batch;
+use super::source::Reading;
 use crate::store::inbox::{self as store, InboxRow};
 
 /// Stores batch `messages` of broker `b` in `inbox_event` (waiting out the database's
 /// failures), then settles it through `b`: each message that cannot be stored (not JSON, no
 /// event id, refused by `jsonb`) dead-lettered first. `false` once `cancel` fires (nothing
 /// of it settled: it comes again, and its stored rows are duplicates then).
-pub(crate) async fn receive_batch<B: Batch>(
+pub(crate) async fn receive_batch<B: Reading>(
     shared: &Shared,
     b: &B,
     messages: &[B::Message],
@@ -23,7 +23,7 @@ pub(crate) async fn receive_batch<B: Batch>(
 ) -> bool {
     let checked: Vec<Checked<'_>> = messages.iter().map(|m| b.check(m)).collect();
     let storing = receive_checked(shared, &checked, cancel);
-    let Some(bad) = b.holding(messages, storing).await else {
+    let Some(bad) = b.working_on(messages, storing).await else {
         return false;
     };
     let failed = bad

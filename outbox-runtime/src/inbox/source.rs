@@ -5,8 +5,8 @@
 //!   loop with paused retry partitions; JetStream's durable pull consumers under a lease) and
 //!   hands each to the core: [`dedup::handle_batch`](super::dedup::handle_batch) in dedup mode,
 //!   [`receive::receive_batch`](super::receive::receive_batch) in inbox mode.
-//! - [`Batch`]: what the core needs of a broker for one batch: check a message, say how often
-//!   it failed before, hold the batch while the core works on it, and settle what is done once
+//! - [`Reading`]: what the core needs of a broker's reading for one batch: check a message, say how often
+//!   it failed before, keep the batch while the core works on it, and settle what is done once
 //!   it committed (Kafka stores the offsets, JetStream acknowledges), sending each failed
 //!   message where the core's verdict says (a retry later, a dead letter) first.
 //!
@@ -15,7 +15,7 @@
 //!
 //! `Source` is a trait object, not an enum of the brokers, for the relay's reason (see
 //! `publish/transport.rs`): the core names no broker, the brokers' folders build on the core,
-//! and a consumer makes one call through it for its whole run. `Batch` is generic: the core's
+//! and a consumer makes one call through it for its whole run. `Reading` is generic: the core's
 //! loop is compiled for each broker, its calls per message direct.
 
 use std::any::Any;
@@ -66,7 +66,7 @@ pub(crate) trait Source: Send + Sync + 'static {
 }
 
 /// What the core needs of a broker for one batch it read (see the module's docs).
-pub(crate) trait Batch {
+pub(crate) trait Reading {
     /// A message as the broker delivered it.
     type Message;
 
@@ -83,10 +83,10 @@ pub(crate) trait Batch {
         None
     }
 
-    /// Awaits `work` while `held` stay this consumer's (JetStream tells the server it is still
+    /// Awaits `work` while `messages` stay this consumer's (JetStream tells the server it is still
     /// at them; Kafka's partitions stay assigned by themselves).
-    async fn holding<F: Future>(&self, held: &[Self::Message], work: F) -> F::Output {
-        let _ = held;
+    async fn working_on<F: Future>(&self, messages: &[Self::Message], work: F) -> F::Output {
+        let _ = messages;
         work.await
     }
 

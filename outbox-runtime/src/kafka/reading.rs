@@ -16,11 +16,11 @@ use crate::inbox::batch::Checked;
 use crate::inbox::failure::Destination;
 use crate::inbox::settings::Mode;
 use crate::inbox::shared::Shared;
-use crate::inbox::source::Batch;
+use crate::inbox::source::Reading;
 use crate::inbox::{dedup, receive};
 
 /// A consumer's Kafka while it reads: the consumer and the retry and dead-letter producer.
-struct Reading<'c> {
+struct KafkaReading<'c> {
     consumer: &'c StreamConsumer,
     forwarder: &'c Forwarder,
 }
@@ -33,7 +33,7 @@ pub(crate) async fn consume(
     cancel: &CancellationToken,
 ) -> Result<()> {
     let settings = &shared.settings;
-    let reading = Reading {
+    let reading = KafkaReading {
         consumer,
         forwarder,
     };
@@ -62,7 +62,7 @@ pub(crate) async fn consume(
     Ok(())
 }
 
-impl<'c> Batch for Reading<'c> {
+impl<'c> Reading for KafkaReading<'c> {
     type Message = BorrowedMessage<'c>;
 
     fn check<'m>(&self, msg: &'m BorrowedMessage<'c>) -> Checked<'m> {

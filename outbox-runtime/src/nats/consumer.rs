@@ -28,7 +28,7 @@ use crate::inbox::lease::Lease;
 use crate::inbox::message;
 use crate::inbox::settings::{Mode, Settings};
 use crate::inbox::shared::Shared;
-use crate::inbox::source::{Batch, Reads, Source};
+use crate::inbox::source::{Reading, Reads, Source};
 use crate::inbox::{dedup, receive};
 use crate::publish::Boxed;
 
@@ -109,7 +109,7 @@ struct Reader {
     jetstream: JetStream,
     context: jetstream::Context,
     topic: String,
-    /// Dedup mode: the group's lease on the topic, which this instance must hold to read it.
+    /// Dedup mode: the group's lease on the topic, which this instance must own to read it.
     lease: Option<Lease>,
     cancel: CancellationToken,
 }
@@ -348,9 +348,13 @@ impl Reader {
         }
     }
 
-    /// Awaits `future` while telling the server, every third of `ack_wait`, that `held` are
+    /// Awaits `future` while telling the server, every third of `ack_wait`, that `messages` are
     /// still being worked on (so that it does not deliver them again meanwhile).
-    async fn holding<F: std::future::Future>(&self, held: &[Received], future: F) -> F::Output {
+    async fn working_on<F: std::future::Future>(
+        &self,
+        messages: &[Received],
+        future: F,
+    ) -> F::Output {
         tokio::pin!(future);
         let every = self.jetstream.ack_wait / 3;
         let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
@@ -358,7 +362,7 @@ impl Reader {
             tokio::select! {
                 out = &mut future => return out,
                 _ = tick.tick(), if self.lease.as_ref().is_none_or(Lease::is_valid) => {
-                    for msg in held {
+                    for msg in messages {
                         msg.settle(AckKind::Progress).await;
                     }
                 }
@@ -366,9 +370,9 @@ impl Reader {
         }
     }
 
-    /// Waits `wait` holding `held`; `false` if `cancel` fires first.
-    async fn wait(&self, held: &[Received], wait: Duration) -> bool {
-        let waited = self.holding(held, async {
+    /// Waits `wait` still working on `messages`; `false` if `cancel` fires first.
+    async fn wait(&self, messages: &[Received], wait: Duration) -> bool {
+        let waited = self.working_on(messages, async {
             tokio::select! {
                 () = self.cancel.cancelled() => false,
                 () = tokio::time::sleep(wait) => true,
@@ -396,7 +400,7 @@ impl Reader {
                     .await?;
                 ack.await
             };
-            let e = match self.holding(std::slice::from_ref(msg), sent).await {
+            let e = match self.working_on(std::slice::from_ref(msg), sent).await {
                 Ok(_) => break,
                 Err(e) => e,
             };
@@ -434,7 +438,7 @@ impl Reader {
     }
 }
 
-impl Batch for Reader {
+impl Reading for Reader {
     type Message = Received;
 
     fn check<'m>(&self, msg: &'m Received) -> Checked<'m> {
@@ -449,8 +453,12 @@ impl Batch for Reader {
         self.lease.as_ref().map(Lease::fence)
     }
 
-    async fn holding<F: std::future::Future>(&self, held: &[Received], work: F) -> F::Output {
-        Reader::holding(self, held, work).await
+    async fn working_on<F: std::future::Future>(
+        &self,
+        messages: &[Received],
+        work: F,
+    ) -> F::Output {
+        Reader::working_on(self, messages, work).await
     }
 
     /// Acknowledges what committed; then a message to retry is refused (`nak`) with its

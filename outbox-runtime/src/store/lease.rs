@@ -1,6 +1,6 @@
 //! The JetStream consumers' leases' SQL (`outbox_consumer_lease`, a row per group and topic):
 //! taking a lease, renewing it, giving it up, and the check every dedup batch transaction makes
-//! that it still holds it. When to do each (and for how long a lease counts as held) is
+//! that it still owns it. When to do each (and for how long a lease counts as owned) is
 //! `inbox/lease.rs`'s.
 
 use std::time::Duration;
@@ -13,16 +13,16 @@ use crate::error::Result;
 /// How a lease was taken ([`try_acquire`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Acquired {
-    /// It was free (never held, released) or already this instance's.
+    /// It was free (never owned, released) or already this instance's.
     Free,
-    /// Another instance held it and let it expire (a crash, a stall): its unsettled messages
+    /// Another instance owned it and let it expire (a crash, a stall): its unsettled messages
     /// are still pending on the server.
     TakenOver,
 }
 
 /// Takes `group`'s lease on `topic` for `holder`, for `length` from now by the database's
 /// clock, if it is free, released, expired or already `holder`'s; `None` if another instance
-/// holds it. One transaction: inserts the lease's row if it has none, locks it
+/// owns it. One transaction: inserts the lease's row if it has none, locks it
 /// (`FOR UPDATE SKIP LOCKED`), reads its holder and whether it expired, and writes `holder`
 /// and `expires_at`.
 #[allow(dead_code)] // by the brokers that read under a lease (JetStream)
@@ -42,7 +42,7 @@ pub(crate) async fn try_acquire(
     .bind(topic)
     .execute(&mut *tx)
     .await?;
-    // A batch transaction of the holder has the row (`FOR KEY SHARE`): it is held, and
+    // A batch transaction of the holder has the row (`FOR KEY SHARE`): it is owned, and
     // waiting for it would queue the holder's renewals behind this.
     let row: Option<(Option<Uuid>, bool)> = sqlx::query_as(
         "SELECT holder, expires_at <= clock_timestamp() FROM outbox_consumer_lease \
@@ -77,7 +77,7 @@ pub(crate) async fn try_acquire(
 }
 
 /// Moves the lease's `expires_at` to `length` from now (the database's clock) if `holder`
-/// still holds it, expired or not; `false` if another instance has it.
+/// still owns it, expired or not; `false` if another instance has it.
 #[allow(dead_code)] // by the brokers that read under a lease (JetStream)
 pub(crate) async fn renew(
     pool: &PgPool,
@@ -100,7 +100,7 @@ pub(crate) async fn renew(
     Ok(renewed.rows_affected() == 1)
 }
 
-/// Clears the lease's holder and expires it now, if `holder` holds it.
+/// Clears the lease's owner (its `holder` column) and expires it now, if `holder` owns it.
 #[allow(dead_code)] // by the brokers that read under a lease (JetStream)
 pub(crate) async fn release(pool: &PgPool, group: &str, topic: &str, holder: Uuid) -> Result<()> {
     sqlx::query(
@@ -115,17 +115,17 @@ pub(crate) async fn release(pool: &PgPool, group: &str, topic: &str, holder: Uui
     Ok(())
 }
 
-/// The fence, in `conn`'s transaction: whether `holder` holds the lease and it has not
+/// The fence, in `conn`'s transaction: whether `holder` owns the lease and it has not
 /// expired. Reads the lease's row `FOR KEY SHARE`, so that no instance takes the lease over
 /// (`FOR UPDATE`) before the transaction ends, while its holder still renews it (an update of
 /// no key column).
-pub(crate) async fn is_held(
+pub(crate) async fn is_owned(
     conn: &mut PgConnection,
     group: &str,
     topic: &str,
     holder: Uuid,
 ) -> Result<bool> {
-    let held = sqlx::query(
+    let owned = sqlx::query(
         "SELECT 1 FROM outbox_consumer_lease \
          WHERE group_id = $1 AND topic = $2 AND holder = $3 \
            AND expires_at > clock_timestamp() \
@@ -136,5 +136,5 @@ pub(crate) async fn is_held(
     .bind(holder)
     .fetch_optional(conn)
     .await?;
-    Ok(held.is_some())
+    Ok(owned.is_some())
 }

@@ -263,7 +263,11 @@ where
         meta,
         payload: payload.as_bytes(),
     };
-    let outcome = batch::handle(pool, &routes, &[Ok(message)], false, None).await?;
+    let outcome = match batch::handle(pool, &routes, &[Ok(message)], false, None).await {
+        Ok(outcome) => outcome,
+        Err(batch::Unhandled::Database(e)) => return Err(e),
+        Err(batch::Unhandled::LeaseLost) => unreachable!("a batch without a fence"),
+    };
     Ok(match outcome.failed.into_iter().next() {
         Some((_, failure)) => Delivery::Failed {
             retryable: !failure.is_permanent(),
