@@ -496,7 +496,7 @@ async fn a_retried_parked_record_is_published_by_the_running_relay() {
 }
 
 /// What every batch's first statement reads: the failed rows of its shards that wait for a
-/// retry (`begin_sql` in `relay/store.rs`), through the index of rows with a retry time.
+/// retry (`begin_sql` in `store/relay.rs`), through the index of rows with a retry time.
 async fn retry_scan_buffers(pool: &PgPool) -> i64 {
     let mut conn = pool.acquire().await.unwrap();
     // As on a relay's session: indexes only.
