@@ -253,6 +253,82 @@ impl Browser {
             .expect("a page after signing in");
     }
 
+    /// Runs `script` (a function body: `return ...;`) in the page; its value.
+    pub async fn eval(&self, script: &str) -> serde_json::Value {
+        self.client
+            .execute(script, Vec::new())
+            .await
+            .unwrap_or_else(|e| panic!("the script failed: {e}\n{script}"))
+    }
+
+    /// Makes the page's viewport `width` CSS pixels wide (and `height` high): the window is
+    /// resized by what its frame takes beside the viewport. Returns the viewport's width as
+    /// the page measures it.
+    pub async fn set_viewport(&self, width: u32, height: u32) -> u32 {
+        let mut size = (width, height);
+        for _ in 0..3 {
+            self.client
+                .set_window_size(size.0, size.1)
+                .await
+                .expect("resize the window");
+            let inner = self
+                .eval("return [window.innerWidth, window.innerHeight];")
+                .await;
+            let (w, h) = (
+                inner[0].as_u64().unwrap() as u32,
+                inner[1].as_u64().unwrap() as u32,
+            );
+            if (w, h) == (width, height) {
+                return w;
+            }
+            size = (
+                size.0 + width - w.min(width),
+                size.1 + height - h.min(height),
+            );
+        }
+        self.eval("return window.innerWidth;")
+            .await
+            .as_u64()
+            .unwrap() as u32
+    }
+
+    /// How many CSS pixels the page is wider than its viewport (0: no horizontal scroll), and
+    /// the elements that reach past the viewport's right edge, by tag, id and class.
+    pub async fn horizontal_overflow(&self) -> (i64, Vec<String>) {
+        let found = self
+            .eval(
+                "const root = document.documentElement;
+                 const past = [];
+                 for (const e of document.body.querySelectorAll('*')) {
+                   const r = e.getBoundingClientRect();
+                   if (r.width > 0 && r.right > root.clientWidth + 0.5) {
+                     past.push(e.tagName.toLowerCase() + (e.id ? '#' + e.id : '')
+                       + (e.className && typeof e.className === 'string'
+                          ? '.' + e.className.trim().split(/\\s+/).join('.') : '')
+                       + ' ' + Math.round(r.right));
+                   }
+                 }
+                 return [root.scrollWidth - root.clientWidth, past.slice(0, 20)];",
+            )
+            .await;
+        let over = found[0].as_i64().unwrap();
+        let past = found[1]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_owned())
+            .collect();
+        (over, past)
+    }
+
+    /// The size of the page's HTML as the browser received it (bytes, decoded).
+    pub async fn page_bytes(&self) -> u64 {
+        self.eval("return performance.getEntriesByType('navigation')[0].decodedBodySize;")
+            .await
+            .as_u64()
+            .expect("a navigation entry")
+    }
+
     /// Saves a screenshot of the page as `target/console-screenshots/<name>.png`.
     pub async fn screenshot(&self, name: &str) -> PathBuf {
         let png = self.client.screenshot().await.expect("screenshot");
@@ -283,4 +359,20 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// `1,152,021`: a figure as the console writes it.
+pub fn thousands(n: i64) -> String {
+    let digits = n.unsigned_abs().to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if n < 0 {
+        out.insert(0, '-');
+    }
+    out
 }

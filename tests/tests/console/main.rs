@@ -1,7 +1,11 @@
 //! The operator console in headless Chromium, against the real database and the mock Kafka
 //! cluster: the overview's figures against the tables, retrying a parked row and a dead inbox
-//! row from the pages, finding an event, the relays page, pagination, and who may act.
-//! Screenshots of the pages go to `target/console-screenshots/`.
+//! row from the pages, finding an event, the relays page, pagination, and who may act; then,
+//! a module each, what an operator met in the browser (issue 35): the weight of a page of
+//! large payloads (`weight.rs`). Screenshots of the pages go to
+//! `target/console-screenshots/`.
+
+mod weight;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -21,7 +25,7 @@ use rdkafka::types::RDKafkaRespErr;
 use sqlx::PgPool;
 
 /// Parks `n` rows of `topic` as a relay would have (refused too often), oldest first.
-async fn park(pool: &PgPool, topic: &str, n: i64) {
+pub(crate) async fn park(pool: &PgPool, topic: &str, n: i64) {
     sqlx::query(
         "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type, payload, \
                                    topic, partition_key, attempts, last_error, parked_at) \
@@ -37,7 +41,7 @@ async fn park(pool: &PgPool, topic: &str, n: i64) {
     .unwrap();
 }
 
-fn with_actions() -> ConsoleSettings {
+pub(crate) fn with_actions() -> ConsoleSettings {
     ConsoleSettings::default()
         .allow_actions(TOKEN)
         .sample_interval(Duration::from_secs(1))
@@ -45,7 +49,7 @@ fn with_actions() -> ConsoleSettings {
 }
 
 /// Accepts the confirmation dialog the last click opened; returns its question.
-async fn confirm_dialog(browser: &Browser) -> String {
+pub(crate) async fn confirm_dialog(browser: &Browser) -> String {
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     loop {
         if let Ok(text) = browser.client.get_alert_text().await {
