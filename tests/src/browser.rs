@@ -345,8 +345,12 @@ impl Browser {
     }
 }
 
-/// `target/console-screenshots`, in the workspace's target directory.
+/// `target/console-screenshots`, in the workspace's target directory; or where
+/// `OUTBOX_CONSOLE_SCREENSHOTS` says (a target directory shared by several checkouts).
 pub fn screenshots_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("OUTBOX_CONSOLE_SCREENSHOTS") {
+        return PathBuf::from(dir);
+    }
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));

@@ -216,6 +216,7 @@ pub fn router(pool: PgPool, settings: ConsoleSettings) -> Result<Router> {
         .route("/dead/retry", post(handlers::dead_retry))
         .route("/dead/discard", post(handlers::dead_discard))
         .route("/event", get(handlers::event))
+        .route("/event/payload", get(handlers::event_payload))
         .route("/login", get(auth::login_page).post(auth::login))
         .route("/logout", post(auth::logout))
         .route("/assets/console.css", get(handlers::css))

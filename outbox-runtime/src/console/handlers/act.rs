@@ -190,12 +190,12 @@ async fn select(
     }
     // The rows as they are now; the action then takes exactly these.
     let rows: Vec<Row> = match action.list() {
-        List::Parked => admin::list_parked(&console.pool, &filter)
+        List::Parked => admin::list_parked_summaries(&console.pool, &filter)
             .await?
             .iter()
             .map(Row::parked)
             .collect(),
-        List::Dead => admin::list_dead(&console.pool, &filter)
+        List::Dead => admin::list_dead_summaries(&console.pool, &filter)
             .await?
             .iter()
             .map(Row::dead)

@@ -2,9 +2,34 @@
 
 use maud::{html, Markup};
 
-use super::format::{payload, time, time_opt, urlencode};
+use super::format::{n, payload, size, time, time_opt, urlencode};
 use super::frame::{layout, Nav, Page};
 use crate::admin::EventTrace;
+
+/// Payloads up to this size (as JSON) are shown on the page; a larger one on request.
+const SHOWN_INLINE: i64 = 32 * 1024;
+
+/// A payload on the event page: its size, and itself if it is small; a large one behind a link
+/// to it whole (`of`: `outbox` or `inbox`, the row it is read from).
+fn payload_field(
+    page: &Page<'_>,
+    value: &serde_json::Value,
+    bytes: i64,
+    id: &str,
+    of: &str,
+) -> Markup {
+    html! {
+        span.payload-size { (n(bytes)) " bytes as JSON (" (size(bytes)) ")" }
+        @if bytes <= SHOWN_INLINE {
+            (payload(value))
+        } @else {
+            " · too large to show here: "
+            a.payload-whole href={ (page.link("/event/payload")) "?id=" (urlencode(id)) "&of=" (of) } {
+                "open the payload"
+            }
+        }
+    }
+}
 
 pub(in crate::console) fn event(
     page: &Page<'_>,
@@ -73,7 +98,7 @@ fn event_trace(page: &Page<'_>, trace: &EventTrace) -> Markup {
                 dt { "Held since" } dd { (time_opt(o.held_at)) }
                 dt { "Parked" } dd { (time_opt(o.parked_at)) }
                 dt { "Headers" } dd { (payload(&o.headers)) }
-                dt { "Payload" } dd { (payload(&o.payload)) }
+                dt { "Payload" } dd { (payload_field(page, &o.payload, o.payload_bytes, &o.id.to_string(), "outbox")) }
             }
         }
         @if let Some(i) = &trace.inbox {
@@ -88,7 +113,7 @@ fn event_trace(page: &Page<'_>, trace: &EventTrace) -> Markup {
                 dt { "Last error" } dd { (i.last_error.as_deref().unwrap_or("-")) }
                 dt { "Dead" } dd { (time_opt(i.dead_at)) }
                 dt { "Headers" } dd { (payload(&i.headers)) }
-                dt { "Payload" } dd { (payload(&i.payload)) }
+                dt { "Payload" } dd { (payload_field(page, &i.payload, i.payload_bytes, &trace.event_id.to_string(), "inbox")) }
             }
         }
     }

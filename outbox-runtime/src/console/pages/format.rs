@@ -3,6 +3,8 @@
 use chrono::{DateTime, Utc};
 use maud::{html, Markup};
 
+use crate::admin::PayloadSummary;
+
 /// `2026-12-03 11:42:07 UTC`.
 pub(super) fn time(at: DateTime<Utc>) -> String {
     at.format("%Y-%m-%d %H:%M:%S UTC").to_string()
@@ -66,6 +68,48 @@ pub(super) fn payload(value: &serde_json::Value) -> Markup {
     }
 }
 
+/// A size in bytes, as an operator reads it: `345 B`, `12.3 kB`, `1.15 MB` (powers of ten,
+/// three significant figures).
+pub(super) fn size(bytes: i64) -> String {
+    let b = bytes.max(0) as f64;
+    let (value, unit) = match bytes {
+        ..=999 => return format!("{} B", bytes.max(0)),
+        1_000..=999_999 => (b / 1e3, "kB"),
+        1_000_000..=999_999_999 => (b / 1e6, "MB"),
+        _ => (b / 1e9, "GB"),
+    };
+    let decimals = if value < 10.0 {
+        2
+    } else if value < 100.0 {
+        1
+    } else {
+        0
+    };
+    format!("{value:.decimals$} {unit}")
+}
+
+/// A payload in a list: its size, and the start of a small one (a large one is not read: its
+/// size is what PostgreSQL stores, and its exact size is on its event page).
+pub(super) fn payload_summary(p: &PayloadSummary) -> Markup {
+    let (shown, title) = match p.json_bytes {
+        Some(bytes) => (size(bytes), format!("{} bytes as JSON", n(bytes))),
+        None if p.compressed => (
+            format!("{} compressed", size(p.stored_bytes)),
+            "stored compressed: larger as JSON; its exact size is on its event page".to_owned(),
+        ),
+        None => (
+            format!("≈{}", size(p.stored_bytes)),
+            "about (what PostgreSQL stores); its exact size is on its event page".to_owned(),
+        ),
+    };
+    html! {
+        span.size title=(title) { (shown) }
+        @if let Some(preview) = &p.preview {
+            " " code.preview title=(preview) { (preview) }
+        }
+    }
+}
+
 pub(super) fn urlencode(s: &str) -> String {
     form_urlencoded::byte_serialize(s.as_bytes()).collect()
 }
@@ -84,5 +128,11 @@ mod tests {
         assert_eq!(age(4.4), "4 s");
         assert_eq!(age(243.0), "4 min 3 s");
         assert_eq!(age(3.0 * 3600.0 + 240.0), "3 h 4 min");
+        assert_eq!(size(0), "0 B");
+        assert_eq!(size(999), "999 B");
+        assert_eq!(size(12_345), "12.3 kB");
+        assert_eq!(size(1_152_021), "1.15 MB");
+        assert_eq!(size(57_538_461), "57.5 MB");
+        assert_eq!(size(2_000_000_000), "2.00 GB");
     }
 }

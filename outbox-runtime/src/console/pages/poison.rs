@@ -4,9 +4,9 @@
 use chrono::{DateTime, Utc};
 use maud::{html, Markup};
 
-use super::format::{long_text, n, payload, time, urlencode};
+use super::format::{long_text, n, payload_summary, time, urlencode};
 use super::frame::{layout, Nav, Page};
-use crate::admin::{DeadInboxEvent, ParkedEvent};
+use crate::admin::{DeadInboxEventSummary, ParkedEventSummary, PayloadSummary};
 use crate::console::lists::{Action, List, ListQuery};
 
 /// A parked or dead row, as the lists and the confirmation show it.
@@ -21,11 +21,11 @@ pub(in crate::console) struct Row {
     last_error: String,
     written_at: DateTime<Utc>,
     failed_at: DateTime<Utc>,
-    payload: serde_json::Value,
+    payload: PayloadSummary,
 }
 
 impl Row {
-    pub(in crate::console) fn parked(r: &ParkedEvent) -> Row {
+    pub(in crate::console) fn parked(r: &ParkedEventSummary) -> Row {
         Row {
             id: r.id.to_string(),
             event_id: r.event_id.to_string(),
@@ -40,7 +40,7 @@ impl Row {
         }
     }
 
-    pub(in crate::console) fn dead(r: &DeadInboxEvent) -> Row {
+    pub(in crate::console) fn dead(r: &DeadInboxEventSummary) -> Row {
         Row {
             id: r.event_id.to_string(),
             event_id: r.event_id.to_string(),
@@ -135,7 +135,7 @@ pub(in crate::console) fn poison_list(
                         td.time { (time(r.written_at)) }
                         td.time { (time(r.failed_at)) }
                         td.error { (long_text(&r.last_error, 80)) }
-                        td { (payload(&r.payload)) }
+                        td.payload { (payload_summary(&r.payload)) }
                     }
                 }
             }
