@@ -279,6 +279,15 @@ impl Browser {
                 inner[1].as_u64().unwrap() as u32,
             );
             if (w, h) == (width, height) {
+                // Laid out again at the new size: two frames later.
+                self.client
+                    .execute_async(
+                        "const done = arguments[0]; \
+                         requestAnimationFrame(() => requestAnimationFrame(() => done(null)));",
+                        Vec::new(),
+                    )
+                    .await
+                    .expect("wait for two frames");
                 return w;
             }
             size = (
@@ -293,19 +302,38 @@ impl Browser {
     }
 
     /// How many CSS pixels the page is wider than its viewport (0: no horizontal scroll), and
-    /// the elements that reach past the viewport's right edge, by tag, id and class.
+    /// the elements that reach past the viewport's right edge or their parent's content box,
+    /// or whose content is wider than they are (and not clipped), by tag, id and class.
     pub async fn horizontal_overflow(&self) -> (i64, Vec<String>) {
+        // Reading an element's box can lay out what Chromium had left for later (the content
+        // of a closed `details`): measured until two readings agree.
+        let mut last = self.overflow_once().await;
+        for _ in 0..5 {
+            let now = self.overflow_once().await;
+            if now == last {
+                break;
+            }
+            last = now;
+        }
+        last
+    }
+
+    async fn overflow_once(&self) -> (i64, Vec<String>) {
         let found = self
             .eval(
                 "const root = document.documentElement;
                  const past = [];
                  for (const e of document.body.querySelectorAll('*')) {
                    const r = e.getBoundingClientRect();
-                   if (r.width > 0 && r.right > root.clientWidth + 0.5) {
+                   const p = e.parentElement.getBoundingClientRect();
+                   const inner = p.right - parseFloat(getComputedStyle(e.parentElement).paddingRight);
+                   if (r.width > 0 && (r.right > root.clientWidth + 0.5 || r.right > inner + 0.5
+                                       || e.scrollWidth > e.clientWidth + 1
+                                          && getComputedStyle(e).overflowX !== 'hidden')) {
                      past.push(e.tagName.toLowerCase() + (e.id ? '#' + e.id : '')
                        + (e.className && typeof e.className === 'string'
                           ? '.' + e.className.trim().split(/\\s+/).join('.') : '')
-                       + ' ' + Math.round(r.right));
+                       + ' right ' + Math.round(r.right) + ', scrolls ' + (e.scrollWidth - e.clientWidth));
                    }
                  }
                  return [root.scrollWidth - root.clientWidth, past.slice(0, 20)];",

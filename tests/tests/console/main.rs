@@ -2,9 +2,10 @@
 //! cluster: the overview's figures against the tables, retrying a parked row and a dead inbox
 //! row from the pages, finding an event, the relays page, pagination, and who may act; then,
 //! a module each, what an operator met in the browser (issue 35): the weight of a page of
-//! large payloads (`weight.rs`). Screenshots of the pages go to
+//! large payloads (`weight.rs`), every page at 1400 and 1024 pixels (`layout.rs`). Screenshots of the pages go to
 //! `target/console-screenshots/`.
 
+mod layout;
 mod weight;
 
 use std::sync::atomic::{AtomicBool, Ordering};
