@@ -19,7 +19,10 @@ fn payload_field(
     of: &str,
 ) -> Markup {
     html! {
-        span.payload-size { (n(bytes)) " bytes as JSON (" (size(bytes)) ")" }
+        span.payload-size {
+            (n(bytes)) " bytes as JSON"
+            @if bytes >= 1000 { " (" (size(bytes)) ")" }
+        }
         @if bytes <= SHOWN_INLINE {
             (payload(value))
         } @else {

@@ -10,6 +10,11 @@ pub(super) fn time(at: DateTime<Utc>) -> String {
     at.format("%Y-%m-%d %H:%M:%S UTC").to_string()
 }
 
+/// `2026-12-03 11:42`: a time in a list (the whole in its title).
+pub(super) fn minute(at: DateTime<Utc>) -> String {
+    at.format("%Y-%m-%d %H:%M").to_string()
+}
+
 pub(super) fn time_opt(at: Option<DateTime<Utc>>) -> String {
     at.map_or_else(|| "-".to_owned(), time)
 }
@@ -39,21 +44,6 @@ pub(super) fn n(v: i64) -> String {
         out.insert(0, '-');
     }
     out
-}
-
-/// A long text: its start, and the whole behind a disclosure.
-pub(super) fn long_text(text: &str, shown: usize) -> Markup {
-    let chars = text.chars().count();
-    html! {
-        @if chars <= shown {
-            span.text { (text) }
-        } @else {
-            details {
-                summary { (text.chars().take(shown).collect::<String>()) "…" }
-                pre { (text) }
-            }
-        }
-    }
 }
 
 /// A payload: one line of compact JSON, and the whole, pretty-printed, behind a disclosure.

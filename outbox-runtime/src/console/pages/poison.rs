@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 use maud::{html, Markup};
 
-use super::format::{long_text, n, payload_summary, time, urlencode};
+use super::format::{minute, n, payload_summary, time, urlencode};
 use super::frame::{layout, Nav, Page};
 use crate::admin::{DeadInboxEventSummary, ParkedEventSummary, PayloadSummary};
 use crate::console::lists::{Action, List, ListQuery};
@@ -101,23 +101,29 @@ pub(in crate::console) fn poison_list(
     };
     let filtered = !query.filter_query().is_empty();
     let form_id = "selection";
+    // One line a row: long values cut, whole in their title and on the event page.
     let table = html! {
-        table #rows {
+        table #rows .list {
             thead { tr {
                 @if page.actions() {
-                    th { input type="checkbox" .select-all aria-label="select all on this page"; }
-                    th { "Act" }
+                    th.c-select { input type="checkbox" .select-all aria-label="select all on this page"; }
+                    th.c-act.wide { "Act" }
                 }
-                @if list == List::Parked { th.num { "Id" } }
-                th { "Event id" } th { "Topic" } th { "Key" } th { "Type" } th.num { "Attempts" }
-                th { (written) } th { (failed) } th { "Last error" } th { "Payload" }
+                @match list {
+                    List::Parked => th.c-id.num title="The outbox row's id: its event page" { "Id" },
+                    List::Dead => th.c-event title="The event's id: its event page" { "Event id" },
+                }
+                th.c-topic { "Topic" } th.c-key { "Key" } th.c-type { "Type" }
+                th.c-attempts.num title="Attempts: publish attempts the broker refused, or handler runs that failed" { "Tries" }
+                th.c-time.wide { (written) " (UTC)" } th.c-time { (failed) " (UTC)" }
+                th.c-payload { "Payload" } th.c-error { "Last error" }
             } }
             tbody {
                 @for r in rows {
                     tr data-id=(r.id) {
                         @if page.actions() {
                             td { input type="checkbox" name="id" value=(r.id) form=(form_id) aria-label="select"; }
-                            td.act {
+                            td.act.wide {
                                 @for (action, label) in actions {
                                     button type="submit" form=(form_id) name="only" value=(r.id)
                                         formaction=(page.link(action.path()))
@@ -126,16 +132,18 @@ pub(in crate::console) fn poison_list(
                                 }
                             }
                         }
-                        @if list == List::Parked { td.num { (r.id) } }
-                        td { a href={ (page.link("/event")) "?id=" (r.event_id) } title=(r.event_id) { code { (r.event_id.get(..8).unwrap_or(&r.event_id)) "…" } } }
-                        td { (r.topic) }
-                        td { (long_text(&r.key, 24)) }
-                        td { (r.event_type) }
+                        @match list {
+                            List::Parked => td.num.id { a href={ (page.link("/event")) "?id=" (r.id) } title={ "event " (r.event_id) } { (r.id) } },
+                            List::Dead => td.event { a href={ (page.link("/event")) "?id=" (r.event_id) } title=(r.event_id) { code { (r.event_id.get(..8).unwrap_or(&r.event_id)) "…" } } },
+                        }
+                        td.topic title=(r.topic) { (r.topic) }
+                        td.key title=(r.key) { (r.key) }
+                        td.type title=(r.event_type) { (r.event_type) }
                         td.num { (r.attempts) }
-                        td.time { (time(r.written_at)) }
-                        td.time { (time(r.failed_at)) }
-                        td.error { (long_text(&r.last_error, 80)) }
+                        td.time.wide title=(time(r.written_at)) { (minute(r.written_at)) }
+                        td.time title=(time(r.failed_at)) { (minute(r.failed_at)) }
                         td.payload { (payload_summary(&r.payload)) }
+                        td.error title=(r.last_error) { (r.last_error) }
                     }
                 }
             }
@@ -206,13 +214,21 @@ pub(in crate::console) fn confirm(
     let content = html! {
         h1 { "Confirm" }
         p.question { (action.question(rows.len())) }
-        table #rows {
-            thead { tr { th { "Row" } th { "Topic" } th { "Type" } th { "Attempts" } th { "Last error" } } }
+        table #rows .list .confirm {
+            thead { tr {
+                th.c-row { "Row" } th.c-topic { "Topic" } th.c-key { "Key" } th.c-type { "Type" }
+                th.c-attempts.num title="Attempts" { "Tries" } th.c-payload { "Payload" } th.c-error { "Last error" }
+            } }
             tbody {
                 @for r in rows {
                     tr data-id=(r.id) {
-                        td { code { (r.id) } } td { (r.topic) } td { (r.event_type) }
-                        td.num { (r.attempts) } td.error { (long_text(&r.last_error, 80)) }
+                        td.row title=(r.id) { code { (r.id) } }
+                        td.topic title=(r.topic) { (r.topic) }
+                        td.key title=(r.key) { (r.key) }
+                        td.type title=(r.event_type) { (r.event_type) }
+                        td.num { (r.attempts) }
+                        td.payload { (payload_summary(&r.payload)) }
+                        td.error title=(r.last_error) { (r.last_error) }
                     }
                 }
             }
