@@ -2,9 +2,11 @@
 //! cluster: the overview's figures against the tables, retrying a parked row and a dead inbox
 //! row from the pages, finding an event, the relays page, pagination, and who may act; then,
 //! a module each, what an operator met in the browser (issue 35): the weight of a page of
-//! large payloads (`weight.rs`), every page at 1400 and 1024 pixels (`layout.rs`). Screenshots of the pages go to
+//! large payloads (`weight.rs`), every page at 1400 and 1024 pixels (`layout.rs`), the
+//! charts of a fresh console (`charts.rs`). Screenshots of the pages go to
 //! `target/console-screenshots/`.
 
+mod charts;
 mod layout;
 mod weight;
 
