@@ -206,6 +206,23 @@ impl Browser {
             .len()
     }
 
+    /// Waits (up to `timeout`) until `css` selects at least `n` elements; how many it selects.
+    pub async fn wait_for_count(&self, css: &str, n: usize, timeout: Duration) -> usize {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let found = self.count(css).await;
+            if found >= n {
+                return found;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "`{css}` selects {found}, not {n}, after {timeout:?}; the page: {}",
+                self.client.source().await.unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Waits (up to `timeout`) until `check` holds for the text of `css`.
     pub async fn wait_for_text(
         &self,

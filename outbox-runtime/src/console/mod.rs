@@ -204,6 +204,7 @@ pub fn router(pool: PgPool, settings: ConsoleSettings) -> Result<Router> {
         health: Mutex::new(None),
         checking: tokio::sync::Mutex::new(()),
         sampler: std::sync::Once::new(),
+        sampling: std::sync::atomic::AtomicBool::new(false),
         shard_sets: Mutex::new(Default::default()),
     });
     Ok(Router::new()
@@ -247,6 +248,8 @@ struct Console {
     /// one under way instead of each running their own.
     checking: tokio::sync::Mutex<()>,
     sampler: std::sync::Once,
+    /// Whether the sampler runs (it needs a tokio runtime).
+    sampling: std::sync::atomic::AtomicBool,
     /// Each relay instance's shards as last seen, and since when the console has seen them
     /// unchanged (by backend pid).
     shard_sets: Mutex<ShardSets>,
@@ -270,6 +273,8 @@ impl Console {
             return;
         };
         self.sampler.call_once(|| {
+            self.sampling
+                .store(true, std::sync::atomic::Ordering::Relaxed);
             let weak = Arc::downgrade(self);
             let interval = self.settings.sample_interval;
             runtime.spawn(async move {
@@ -298,10 +303,12 @@ impl Console {
         let health = Arc::new(
             crate::admin::health::health_estimated(&self.pool, &self.settings.thresholds).await?,
         );
+        let min_gap = chrono::Duration::from_std(self.settings.sample_interval / 2)
+            .unwrap_or(chrono::Duration::MAX);
         self.samples
             .lock()
             .expect("samples")
-            .push(Utc::now(), &health.status);
+            .push(Utc::now(), &health.status, min_gap);
         *self.health.lock().expect("health") = Some((tokio::time::Instant::now(), health.clone()));
         Ok(health)
     }

@@ -30,6 +30,27 @@ pub(super) fn age(secs: f64) -> String {
     }
 }
 
+/// `10 s`, `1 min 30 s`, `1 h`: a setting's interval.
+pub(super) fn interval(d: std::time::Duration) -> String {
+    let s = d.as_secs();
+    let parts = [(s / 3600, "h"), (s % 3600 / 60, "min"), (s % 60, "s")];
+    let words: Vec<String> = parts
+        .iter()
+        .filter(|(n, _)| *n > 0)
+        .map(|(n, unit)| format!("{n} {unit}"))
+        .collect();
+    if words.is_empty() {
+        format!("{} ms", d.as_millis())
+    } else {
+        words.join(" ")
+    }
+}
+
+/// `17:07:03`: a time of today, to the second (UTC).
+pub(super) fn clock(at: DateTime<Utc>) -> String {
+    at.format("%H:%M:%S").to_string()
+}
+
 /// `12,345`.
 pub(super) fn n(v: i64) -> String {
     let digits = v.unsigned_abs().to_string();
@@ -118,6 +139,8 @@ mod tests {
         assert_eq!(age(4.4), "4 s");
         assert_eq!(age(243.0), "4 min 3 s");
         assert_eq!(age(3.0 * 3600.0 + 240.0), "3 h 4 min");
+        assert_eq!(interval(std::time::Duration::from_secs(3600)), "1 h");
+        assert_eq!(interval(std::time::Duration::from_secs(90)), "1 min 30 s");
         assert_eq!(size(0), "0 B");
         assert_eq!(size(999), "999 B");
         assert_eq!(size(12_345), "12.3 kB");
