@@ -202,6 +202,7 @@ pub fn router(pool: PgPool, settings: ConsoleSettings) -> Result<Router> {
         started_at: Utc::now(),
         samples: Mutex::new(chart::Samples::default()),
         health: Mutex::new(None),
+        acted_at: Mutex::new(None),
         checking: tokio::sync::Mutex::new(()),
         sampler: std::sync::Once::new(),
         sampling: std::sync::atomic::AtomicBool::new(false),
@@ -242,8 +243,10 @@ struct Console {
     form_key: String,
     started_at: DateTime<Utc>,
     samples: Mutex<chart::Samples>,
-    /// The last health check, and when it ran: the warnings every page shows.
+    /// The last health check, and when it began: the warnings every page shows.
     health: Mutex<Option<(tokio::time::Instant, Arc<Health>)>>,
+    /// When the last action was done: a check that began before it is stale.
+    acted_at: Mutex<Option<tokio::time::Instant>>,
     /// Held while a health check runs: requests that find the last one stale wait for the
     /// one under way instead of each running their own.
     checking: tokio::sync::Mutex<()>,
@@ -300,6 +303,7 @@ impl Console {
     /// Runs the health check (with the backlog figures), keeps it for the pages' warnings and
     /// adds a sample to the charts.
     async fn check_health(&self) -> Result<Arc<Health>> {
+        let started = tokio::time::Instant::now();
         let health = Arc::new(
             crate::admin::health::health_estimated(&self.pool, &self.settings.thresholds).await?,
         );
@@ -309,17 +313,30 @@ impl Console {
             .lock()
             .expect("samples")
             .push(Utc::now(), &health.status, min_gap);
-        *self.health.lock().expect("health") = Some((tokio::time::Instant::now(), health.clone()));
+        // The newer of two checks that ran at once is kept.
+        let mut kept = self.health.lock().expect("health");
+        if kept.as_ref().is_none_or(|(at, _)| *at <= started) {
+            *kept = Some((started, health.clone()));
+        }
         Ok(health)
     }
 
-    /// The latest health check, run again (by one request at a time) if it is older than the
-    /// sample interval.
+    /// After an action: the checks that began before it no longer serve a page, so that the
+    /// page the operator lands on (and every later one) shows what is true now.
+    fn acted(&self) {
+        *self.acted_at.lock().expect("acted") = Some(tokio::time::Instant::now());
+    }
+
+    /// The latest health check, run again (by one request at a time) if it began longer ago
+    /// than the sample interval, or before the last action.
     async fn latest_health(&self) -> Result<Arc<Health>> {
         let fresh = || {
+            let acted = *self.acted_at.lock().expect("acted");
             let cached = self.health.lock().expect("health").clone();
             cached
-                .filter(|(at, _)| at.elapsed() < self.settings.sample_interval)
+                .filter(|(at, _)| {
+                    at.elapsed() < self.settings.sample_interval && acted.is_none_or(|a| *at > a)
+                })
                 .map(|(_, health)| health)
         };
         if let Some(health) = fresh() {

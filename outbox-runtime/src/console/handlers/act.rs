@@ -140,13 +140,10 @@ async fn act(
         let page = Page::new(&console, &headers, Some(warnings(&console).await));
         return pages::confirm(&page, action, &selected.rows, &form.back).into_response();
     }
-    let changed = attempt!(
-        console.clone(),
-        headers,
-        run(&console, action, &selected.filter)
-            .await
-            .map_err(ErrorPage::from)
-    );
+    let changed = run(&console, action, &selected.filter).await;
+    // Whatever it changed, the next page's warnings and figures are read again.
+    console.acted();
+    let changed = attempt!(console.clone(), headers, changed.map_err(ErrorPage::from));
     tracing::info!(
         target: "outbox_runtime::console",
         action = action.verb(),
