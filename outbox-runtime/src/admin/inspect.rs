@@ -120,6 +120,10 @@ pub struct OutboxRow {
     pub held_at: Option<DateTime<Utc>>,
     /// When it was parked (`None`: not parked).
     pub parked_at: Option<DateTime<Utc>>,
+    /// When an operator last retried it (parked), if one did.
+    pub retried_at: Option<DateTime<Utc>>,
+    /// What retried it (the console's Retry, `outbox parked retry`...).
+    pub retried_by: Option<String>,
     /// The application's headers stored with it.
     pub headers: serde_json::Value,
     /// Its payload.
@@ -152,6 +156,10 @@ pub struct InboxRow {
     pub last_error: Option<String>,
     /// When it was declared dead (`None`: not dead).
     pub dead_at: Option<DateTime<Utc>>,
+    /// When an operator last retried it (dead), if one did.
+    pub retried_at: Option<DateTime<Utc>>,
+    /// What retried it (the console's Retry, `outbox inbox dead retry`...).
+    pub retried_by: Option<String>,
     /// Its message's headers.
     pub headers: serde_json::Value,
     /// Its payload.
@@ -217,7 +225,8 @@ impl std::str::FromStr for EventRef {
 
 const OUTBOX_COLUMNS: &str = "id, event_id, topic, partition_key, aggregate_type, aggregate_id, \
      event_type, created_at, published_at, attempts, last_error, next_attempt_at, held_at, \
-     parked_at, headers, payload, octet_length(payload::text)::int8 AS payload_bytes";
+     parked_at, retried_at, retried_by, headers, payload, \
+     octet_length(payload::text)::int8 AS payload_bytes";
 
 /// Where an event is now: its outbox row, its inbox row and its dedup records. `None` for an
 /// outbox row id that no row has.
@@ -258,6 +267,8 @@ pub async fn find_event(pool: &PgPool, which: EventRef) -> Result<Option<EventTr
                 next_attempt_at: r.try_get("next_attempt_at")?,
                 held_at: r.try_get("held_at")?,
                 parked_at: r.try_get("parked_at")?,
+                retried_at: r.try_get("retried_at")?,
+                retried_by: r.try_get("retried_by")?,
                 headers: r.try_get("headers")?,
                 payload: r.try_get("payload")?,
                 payload_bytes: r.try_get("payload_bytes")?,
@@ -271,7 +282,8 @@ pub async fn find_event(pool: &PgPool, which: EventRef) -> Result<Option<EventTr
     };
     let inbox = sqlx::query(
         "SELECT topic, event_type, partition_key, source_partition, source_offset, received_at, \
-                processed, processed_at, attempts, last_error, dead_at, headers, payload, \
+                processed, processed_at, attempts, last_error, dead_at, retried_at, retried_by, \
+                headers, payload, \
                 octet_length(payload::text)::int8 AS payload_bytes \
          FROM inbox_event WHERE event_id = $1",
     )
@@ -292,6 +304,8 @@ pub async fn find_event(pool: &PgPool, which: EventRef) -> Result<Option<EventTr
             attempts: r.try_get("attempts")?,
             last_error: r.try_get("last_error")?,
             dead_at: r.try_get("dead_at")?,
+            retried_at: r.try_get("retried_at")?,
+            retried_by: r.try_get("retried_by")?,
             headers: r.try_get("headers")?,
             payload: r.try_get("payload")?,
             payload_bytes: r.try_get("payload_bytes")?,

@@ -47,9 +47,9 @@ pub use partitions::{
 };
 pub use poison::{
     count_dead, count_parked, discard_dead, drop_parked, list_dead, list_dead_summaries,
-    list_parked, list_parked_summaries, retry_dead, retry_parked, DeadInboxEvent,
-    DeadInboxEventSummary, ParkedEvent, ParkedEventSummary, PayloadSummary, PoisonFilter,
-    PAYLOAD_PREVIEW_CHARS, PAYLOAD_SUMMARY_MAX_STORED,
+    list_parked, list_parked_summaries, retry_dead, retry_dead_by, retry_parked, retry_parked_by,
+    DeadInboxEvent, DeadInboxEventSummary, ParkedEvent, ParkedEventSummary, PayloadSummary,
+    PoisonFilter, PAYLOAD_PREVIEW_CHARS, PAYLOAD_SUMMARY_MAX_STORED,
 };
 #[cfg(feature = "_broker")]
 pub use replay::{Replay, ReplayCounts, ReplayFilter};

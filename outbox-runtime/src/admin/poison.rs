@@ -91,7 +91,8 @@ impl PoisonFilter {
     }
 
     /// Binds `$1..$10` of [`OUTBOX_SELECT`] / [`INBOX_SELECT`] (each uses the cursor of its
-    /// own order and leaves the other's parameters unused).
+    /// own order and leaves the other's parameters unused); a statement's own parameters
+    /// follow from `$11`.
     fn bind<'q>(
         &'q self,
         query: Query<'q, Postgres, PgArguments>,
@@ -424,15 +425,26 @@ pub async fn count_dead(pool: &PgPool, filter: &PoisonFilter) -> Result<i64> {
 /// (attempts reset), and is woken at once. They are due for a retry now, which is how running
 /// relays, whose claims have moved past them, find them again. Their keys' later events were published meanwhile
 /// (a parked row does not hold its key), so a retried event reaches consumers after them.
+/// Each row keeps its last error, and records when it was retried and by what
+/// (`outbox_runtime::admin::retry_parked`; [`retry_parked_by`] names the action).
 /// Returns how many rows it un-parked.
 pub async fn retry_parked(pool: &PgPool, filter: &PoisonFilter) -> Result<u64> {
+    retry_parked_by(pool, filter, "outbox_runtime::admin::retry_parked").await
+}
+
+/// [`retry_parked`], recording `action` as what retried the rows (`retried_by`: the console
+/// records "Retry in the console", the CLI "outbox parked retry"), which the console's event
+/// page shows beside the time.
+pub async fn retry_parked_by(pool: &PgPool, filter: &PoisonFilter, action: &str) -> Result<u64> {
     let sql = format!(
-        "UPDATE outbox_event SET parked_at = NULL, attempts = 0, next_attempt_at = now() \
+        "UPDATE outbox_event SET parked_at = NULL, attempts = 0, next_attempt_at = now(), \
+                retried_at = now(), retried_by = $11 \
          WHERE parked_at IS NOT NULL AND id IN ({OUTBOX_SELECT})"
     );
     let mut tx = pool.begin().await?;
     let retried = filter
         .bind(sqlx::query(&sql))
+        .bind(action)
         .execute(&mut *tx)
         .await?
         .rows_affected();
@@ -483,13 +495,24 @@ pub async fn list_dead(pool: &PgPool, filter: &PoisonFilter) -> Result<Vec<DeadI
 }
 
 /// Revives the dead inbox rows the filter selects: the inbox processors handle them again,
-/// attempts reset. Returns how many rows it revived.
+/// attempts reset. Each row keeps its last error, and records when it was retried and by what
+/// ([`retry_dead_by`] names the action). Returns how many rows it revived.
 pub async fn retry_dead(pool: &PgPool, filter: &PoisonFilter) -> Result<u64> {
+    retry_dead_by(pool, filter, "outbox_runtime::admin::retry_dead").await
+}
+
+/// [`retry_dead`], recording `action` as what retried the rows (`retried_by`).
+pub async fn retry_dead_by(pool: &PgPool, filter: &PoisonFilter, action: &str) -> Result<u64> {
     let sql = format!(
-        "UPDATE inbox_event SET dead_at = NULL, attempts = 0, next_attempt_at = NULL \
+        "UPDATE inbox_event SET dead_at = NULL, attempts = 0, next_attempt_at = NULL, \
+                retried_at = now(), retried_by = $11 \
          WHERE dead_at IS NOT NULL AND event_id IN ({INBOX_SELECT})"
     );
-    let done = filter.bind(sqlx::query(&sql)).execute(pool).await?;
+    let done = filter
+        .bind(sqlx::query(&sql))
+        .bind(action)
+        .execute(pool)
+        .await?;
     Ok(done.rows_affected())
 }
 

@@ -143,7 +143,7 @@ async fn the_overview_shows_the_tables_figures_and_follows_them() {
 
     // Read-only: no page offers an action, and the server refuses one.
     browser.client.goto(&served.url("/parked")).await.unwrap();
-    assert_eq!(browser.text("#count").await, "2 row(s) match");
+    assert_eq!(browser.text("#count").await, "2 rows match");
     assert_eq!(browser.count("button[formaction]").await, 0);
     assert_eq!(browser.count("a[href='/login']").await, 0);
     let (code, body) = served
@@ -213,7 +213,7 @@ async fn a_parked_row_retried_from_the_page_is_published() {
         .unwrap();
     let question = confirm_dialog(&browser).await;
     assert!(question.starts_with("Retry 1 parked event"), "{question}");
-    assert_eq!(browser.text("#done").await, "Retried 1 row(s).");
+    assert_eq!(browser.text("#done").await, "Retried 1 row.");
 
     // The row is un-parked in PostgreSQL, published by the running relay, and on the broker.
     wait_for("published", Duration::from_secs(30), || async {
@@ -237,7 +237,7 @@ async fn a_parked_row_retried_from_the_page_is_published() {
     assert_eq!(received[0].outbox_id(), outbox_id);
     assert_eq!(received[0].header("event_id"), id.to_string());
     browser.client.goto(&served.url("/parked")).await.unwrap();
-    assert_eq!(browser.text("#count").await, "0 row(s) match");
+    assert_eq!(browser.text("#count").await, "0 rows match");
     browser.close().await;
     running.stop().await;
 }
@@ -300,7 +300,7 @@ async fn a_dead_inbox_row_retried_from_the_page_is_handled_and_found_by_id() {
         .unwrap();
     let question = confirm_dialog(&browser).await;
     assert!(question.starts_with("Retry 1 dead inbox row"), "{question}");
-    assert_eq!(browser.text("#done").await, "Retried 1 row(s).");
+    assert_eq!(browser.text("#done").await, "Retried 1 row.");
     wait_for("handled", Duration::from_secs(30), || async {
         count(
             &db.pool,
@@ -417,7 +417,7 @@ async fn parked_rows_come_a_page_at_a_time_and_filter_by_topic() {
         .goto(&served.url(&format!("/parked?topic={TOPIC}")))
         .await
         .unwrap();
-    assert_eq!(browser.text("#count").await, "120 row(s) match");
+    assert_eq!(browser.text("#count").await, "120 rows match");
     let mut seen: Vec<i64> = Vec::new();
     let mut pages = Vec::new();
     loop {
@@ -553,7 +553,7 @@ async fn an_action_needs_the_token_and_this_consoles_own_page() {
         )
         .await;
     assert_eq!(code, 200);
-    assert!(page.contains("Retry 1 parked event(s)?"), "{page}");
+    assert!(page.contains("Retry 1 parked event?"), "{page}");
     assert_eq!(parked().await, 1);
     // A selection of nothing, an id that is not one: clear errors.
     let (code, page) = served

@@ -14,6 +14,11 @@ fn human(secs: f64) -> String {
     }
 }
 
+/// `1 row`, `3 rows`: a figure and its noun, agreeing.
+fn count(n: i64, one: &str, many: &str) -> String {
+    format!("{n} {}", if n == 1 { one } else { many })
+}
+
 impl fmt::Display for Warning {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -36,8 +41,9 @@ impl fmt::Display for Warning {
             ),
             Warning::DeadRows { table, dead, live } => write!(
                 f,
-                "table {table} holds {dead} dead rows ({live} live): autovacuum is not keeping \
-                 up, or something holds the cleanup horizon"
+                "table {table} holds {} ({live} live): autovacuum is not keeping up, or \
+                 something holds the cleanup horizon",
+                count(*dead, "dead row", "dead rows")
             ),
             Warning::VacuumOverdue {
                 table,
@@ -118,7 +124,11 @@ impl fmt::Display for Warning {
             } => {
                 write!(
                     f,
-                    "{keys} keys of `{topic}` are held for an operator ({rows} rows wait)"
+                    "{} of `{topic}` {} held for an operator ({} wait{})",
+                    count(*keys, "key", "keys"),
+                    if *keys == 1 { "is" } else { "are" },
+                    count(*rows, "row", "rows"),
+                    if *rows == 1 { "s" } else { "" }
                 )?;
                 match error {
                     Some(e) => write!(f, ": {e}"),
@@ -127,11 +137,13 @@ impl fmt::Display for Warning {
             }
             Warning::Parked { topic, rows } => write!(
                 f,
-                "`{topic}` has {rows} parked outbox rows (outbox parked list)"
+                "`{topic}` has {} (outbox parked list)",
+                count(*rows, "parked outbox row", "parked outbox rows")
             ),
             Warning::DeadInbox { topic, rows } => write!(
                 f,
-                "`{topic}` has {rows} dead inbox rows (outbox inbox list)"
+                "`{topic}` has {} (outbox inbox list)",
+                count(*rows, "dead inbox row", "dead inbox rows")
             ),
             Warning::MissingTopic {
                 group,
@@ -202,5 +214,31 @@ mod tests {
         assert_eq!(human(4.4), "4s");
         assert_eq!(human(725.0), "12m05s");
         assert_eq!(human(12_000.0), "3h20m");
+    }
+
+    #[test]
+    fn figures_agree_with_their_nouns() {
+        let parked = |rows| Warning::Parked {
+            topic: "t".into(),
+            rows,
+        };
+        assert_eq!(
+            parked(1).to_string(),
+            "`t` has 1 parked outbox row (outbox parked list)"
+        );
+        assert_eq!(
+            parked(2).to_string(),
+            "`t` has 2 parked outbox rows (outbox parked list)"
+        );
+        let held = Warning::HeldKeys {
+            topic: "t".into(),
+            rows: 1,
+            keys: 1,
+            error: None,
+        };
+        assert_eq!(
+            held.to_string(),
+            "1 key of `t` is held for an operator (1 row waits)"
+        );
     }
 }

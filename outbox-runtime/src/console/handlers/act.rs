@@ -10,7 +10,7 @@ use uuid::Uuid;
 use crate::admin::{self, PoisonFilter};
 use crate::console::auth::{self, Refusal};
 use crate::console::lists::{Action, List};
-use crate::console::pages::{self, Page, Row};
+use crate::console::pages::{self, count, Page, Row};
 use crate::console::respond::{attempt, bad_input, warnings, with_query, ErrorPage, Shared};
 use crate::console::Console;
 
@@ -149,8 +149,9 @@ async fn act(
         action = action.verb(),
         rows = changed,
         ids = %selected.rows.iter().map(|r| r.id.as_str()).collect::<Vec<_>>().join(","),
-        "console action: {} {changed} row(s)",
-        action.verb()
+        "console action: {} {}",
+        action.verb(),
+        count(changed as i64, "row", "rows")
     );
     let sep = if back.contains('?') { '&' } else { '?' };
     Redirect::to(&format!("{back}{sep}done={}:{changed}", action.verb())).into_response()
@@ -210,11 +211,14 @@ async fn select(
     })
 }
 
+/// What a row retried from the console records as what retried it.
+const RETRIED_BY: &str = "Retry in the console";
+
 async fn run(console: &Console, action: Action, filter: &PoisonFilter) -> crate::Result<u64> {
     match action {
-        Action::RetryParked => admin::retry_parked(&console.pool, filter).await,
+        Action::RetryParked => admin::retry_parked_by(&console.pool, filter, RETRIED_BY).await,
         Action::SkipParked => admin::drop_parked(&console.pool, filter).await,
-        Action::RetryDead => admin::retry_dead(&console.pool, filter).await,
+        Action::RetryDead => admin::retry_dead_by(&console.pool, filter, RETRIED_BY).await,
         Action::DiscardDead => admin::discard_dead(&console.pool, filter).await,
     }
 }

@@ -51,6 +51,11 @@ pub(super) fn clock(at: DateTime<Utc>) -> String {
     at.format("%H:%M:%S").to_string()
 }
 
+/// `1 row`, `12,345 rows`: a figure and its noun, agreeing.
+pub(in crate::console) fn count(v: i64, one: &str, many: &str) -> String {
+    format!("{} {}", n(v), if v == 1 { one } else { many })
+}
+
 /// `12,345`.
 pub(super) fn n(v: i64) -> String {
     let digits = v.unsigned_abs().to_string();
@@ -139,6 +144,9 @@ mod tests {
         assert_eq!(age(4.4), "4 s");
         assert_eq!(age(243.0), "4 min 3 s");
         assert_eq!(age(3.0 * 3600.0 + 240.0), "3 h 4 min");
+        assert_eq!(count(1, "row", "rows"), "1 row");
+        assert_eq!(count(0, "row", "rows"), "0 rows");
+        assert_eq!(count(12_345, "row", "rows"), "12,345 rows");
         assert_eq!(interval(std::time::Duration::from_secs(3600)), "1 h");
         assert_eq!(interval(std::time::Duration::from_secs(90)), "1 min 30 s");
         assert_eq!(size(0), "0 B");

@@ -5,7 +5,7 @@ use maud::{html, Markup};
 
 use std::sync::atomic::Ordering;
 
-use super::format::{age, clock, interval, n, time, urlencode};
+use super::format::{age, clock, count, interval, n, time, urlencode};
 use super::frame::{layout, Nav, Page};
 use crate::admin::Health;
 use crate::console::chart::{self, Samples};
@@ -62,9 +62,9 @@ pub(in crate::console) fn overview(page: &Page<'_>, health: &Health, samples: &S
     let content = html! {
         h1 { "Overview" }
         p {
-            a href=(page.link("/relays")) { (status.relay_instances) " relay instance(s)" }
+            a href=(page.link("/relays")) { (count(status.relay_instances, "relay instance", "relay instances")) }
             " running on this database; "
-            (n(status.processed_event_rows)) " dedup records (about)."
+            (count(status.processed_event_rows, "dedup record", "dedup records")) " (about)."
         }
         section.charts {
             (chart::line_chart(&backlog, start, now))

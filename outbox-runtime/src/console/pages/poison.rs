@@ -4,7 +4,7 @@
 use chrono::{DateTime, Utc};
 use maud::{html, Markup};
 
-use super::format::{minute, n, payload_summary, time, urlencode};
+use super::format::{count, minute, n, payload_summary, time, urlencode};
 use super::frame::{layout, Nav, Page};
 use crate::admin::{DeadInboxEventSummary, ParkedEventSummary, PayloadSummary};
 use crate::console::lists::{Action, List, ListQuery};
@@ -58,15 +58,15 @@ impl Row {
 
 /// What the redirect after an action says it did (`retried:3`).
 fn done_message(done: &str) -> Option<String> {
-    let (verb, count) = done.split_once(':')?;
-    let count: u64 = count.parse().ok()?;
+    let (verb, count_of) = done.split_once(':')?;
+    let count_of: u64 = count_of.parse().ok()?;
     let verb = match verb {
         "retried" => "Retried",
         "skipped" => "Skipped (deleted)",
         "discarded" => "Discarded",
         _ => return None,
     };
-    Some(format!("{verb} {count} row(s)."))
+    Some(format!("{verb} {}.", count(count_of as i64, "row", "rows")))
 }
 
 pub(in crate::console) fn poison_list(
@@ -94,10 +94,12 @@ pub(in crate::console) fn poison_list(
             [(Action::RetryDead, "Retry"), (Action::DiscardDead, "Discard")],
         ),
     };
-    let count = if total > i64::from(cap) {
+    let matching = if total > i64::from(cap) {
         format!("{}+ rows match", n(i64::from(cap)))
+    } else if total == 1 {
+        "1 row matches".to_owned()
     } else {
-        format!("{} row(s) match", n(total))
+        format!("{} rows match", n(total))
     };
     let filtered = !query.filter_query().is_empty();
     let form_id = "selection";
@@ -163,7 +165,7 @@ pub(in crate::console) fn poison_list(
             button type="submit" { "Filter" }
             @if filtered { " " a href=(page.link(list.path())) { "clear" } }
         }
-        p #count { (count) @if query.after.is_some() { " · a later page" } }
+        p #count { (matching) @if query.after.is_some() { " · a later page" } }
         @if rows.is_empty() {
             p.empty #no-rows { "No rows here." }
         } @else {
@@ -175,6 +177,7 @@ pub(in crate::console) fn poison_list(
                     @for (action, label) in actions {
                         button type="submit" formaction=(page.link(action.path()))
                             data-confirm-selected=(action.question(0))
+                            data-confirm-one=(action.question(1))
                             class={ "bulk-" (action.verb()) } { (label) " selected" }
                         " "
                     }
@@ -238,7 +241,7 @@ pub(in crate::console) fn confirm(
             input type="hidden" name="confirmed" value="1";
             input type="hidden" name="back" value=(back);
             @for r in rows { input type="hidden" name="id" value=(r.id); }
-            button #confirm type="submit" { "Yes, " (action.word()) " " (rows.len()) " row(s)" }
+            button #confirm type="submit" { "Yes, " (action.word()) " " (count(rows.len() as i64, "row", "rows")) }
             " "
             a href={ (page.link(action.list().path())) @if !back.is_empty() { "?" (back) } } { "Cancel" }
         }
@@ -254,8 +257,9 @@ mod tests {
     fn the_done_message_says_only_what_an_action_did() {
         assert_eq!(
             done_message("retried:3").as_deref(),
-            Some("Retried 3 row(s).")
+            Some("Retried 3 rows.")
         );
+        assert_eq!(done_message("retried:1").as_deref(), Some("Retried 1 row."));
         assert_eq!(done_message("<b>:3"), None);
     }
 }
