@@ -173,6 +173,8 @@ pub(super) fn line_chart(chart: &Chart<'_>, start: DateTime<Utc>, now: DateTime<
                 text x=(LEFT - 6.0) y=(y(0.0) + 4.0) text-anchor="end" { "0" }
                 @if span > 0 {
                     text x=(LEFT) y=(H - 4.0) { (before_now(span)) }
+                }
+                @if span > 1 {
                     text x=(LEFT + (W - LEFT) / 2.0) y=(H - 4.0) text-anchor="middle" { (before_now(span / 2)) }
                 }
                 text x=(W - 4.0) y=(H - 4.0) text-anchor="end" { "now" }
