@@ -4,12 +4,14 @@
 //! a module each, what an operator met in the browser (issue 35): the weight of a page of
 //! large payloads (`weight.rs`), every page at 1400 and 1024 pixels (`layout.rs`), the
 //! charts of a fresh console (`charts.rs`), the page after an action (`after_action.rs`), the
-//! words (`words.rs`), the vacuum warning of a fresh installation (`vacuum.rs`). Screenshots of the pages go to
+//! words (`words.rs`), the vacuum warning of a fresh installation (`vacuum.rs`), a record
+//! too large for the broker (`too_large.rs`). Screenshots of the pages go to
 //! `target/console-screenshots/`.
 
 mod after_action;
 mod charts;
 mod layout;
+mod too_large;
 mod vacuum;
 mod weight;
 mod words;
