@@ -7,19 +7,23 @@
 //!   unpublished row's age and the rows published in the last minute; per topic, the inbox's
 //!   unprocessed and dead rows; charts of the backlog and the publish rate over the last hour.
 //!   The figures are at most one [`sample_interval`](ConsoleSettings::sample_interval) old
-//!   (one health check serves every page and tab meanwhile); the charts are sampled by the
-//!   console itself at that interval, from its first request on (the tables keep no history of
-//!   the backlog).
+//!   (one health check serves every page and tab meanwhile; after an action, the next page
+//!   reads them again); the charts are sampled by the console itself at that interval, from its
+//!   first request on (the tables keep no history of the backlog): until it has an hour of
+//!   samples, their axis starts at the first, and a chart with nothing to draw says why.
 //! - **Relays**: the live relay instances (their sessions), the shards each publishes, and the
 //!   keys held back by a missing topic or authorization, with the broker's error.
 //! - **Parked** outbox rows and **dead** inbox rows, a page at a time (keyset pagination: a
-//!   page costs the same with a million rows), filtered by topic, event type and time, with
+//!   page costs the same with a million rows; each payload summarized, its size and the start
+//!   of a small one, so that it costs the same whatever the payloads weigh; a row a line, long
+//!   values cut and whole in their title), filtered by topic, event type and time, with
 //!   **Retry** and **Skip** (parked) or **Retry** and **Discard** (dead), for one row or a
 //!   selection, each behind a confirmation. They call the same functions as the CLI's
 //!   `outbox parked` and `outbox inbox dead` commands ([`admin`](crate::admin)), on exactly
 //!   the rows selected.
 //! - **Find an event** by event id or outbox row id: its outbox row, inbox row and dedup
-//!   records.
+//!   records; its payload's size, the payload itself up to 32 KiB, a larger one on request
+//!   (`/event/payload`, as the relay sends it); a retried row says when and by what.
 //!
 //! The health warnings ([`admin::health`](crate::admin::health)) are at the top of every page.
 //!
