@@ -236,10 +236,10 @@ pub enum PublishError {
     #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
     #[error("{error}: {detail}")]
     KafkaTooLarge {
-        /// librdkafka's error.
-        error: rdkafka::error::KafkaError,
+        /// librdkafka's error (boxed: it is large, and this variant is rare).
+        error: Box<rdkafka::error::KafkaError>,
         /// Who refused it, its sizes, the limit.
-        detail: String,
+        detail: Box<str>,
     },
     /// The JetStream server or the NATS client refused or failed it (the client's error and
     /// its causes, on one line).

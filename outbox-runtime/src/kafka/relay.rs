@@ -176,7 +176,10 @@ fn failed(error: KafkaError, refused: Refused, size: &Size, limit: &str) -> Outc
             thousands(size.record()),
         ),
     };
-    class.outcome(PublishError::KafkaTooLarge { error, detail })
+    class.outcome(PublishError::KafkaTooLarge {
+        error: Box::new(error),
+        detail: detail.into(),
+    })
 }
 
 /// Who refused a record: the producer, when it was handed over, or the broker (or the
