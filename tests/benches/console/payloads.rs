@@ -1,7 +1,8 @@
 //! The parked and dead lists when every payload weighs a megabyte: the weight of a page (bytes
 //! of HTML) and how long it takes to answer (median of `REPEAT` requests over loopback HTTP),
-//! at the first page, a page at 90%, the dead list, an event page and its payload; and the
-//! peak memory of the process that serves them.
+//! at the first page, a page at 90%, the dead list, an event page and its payload; the peak
+//! memory of the process that serves them; and the first page in headless Chromium, to its
+//! `load` event (`BROWSER=0` leaves it out).
 //!
 //! `MODE=payloads ROWS=10000 BYTES=1000000 REPEAT=11 cargo bench -p outbox-tests --bench
 //! console`: `ROWS` parked rows and `ROWS / 10` dead rows, each with a payload of about `BYTES`
@@ -193,14 +194,46 @@ pub async fn run() {
             samples.push(t.elapsed().as_secs_f64() * 1000.0);
             size = body.split_once("\r\n\r\n").map_or(0, |(_, b)| b.len());
             if code != 200 {
-                println!("| {name} | {code} | - |");
+                samples.clear();
+                println!("| {name} | HTTP {code} | - |");
                 break;
             }
         }
-        println!("| {name} | {size} | {:.1} |", median(samples));
+        if !samples.is_empty() {
+            println!("| {name} | {size} | {:.1} |", median(samples));
+        }
     }
     println!(
         "peak memory of this process after the pages: {:.0} MB",
         peak_mb()
     );
+    if env("BROWSER", 1) == 1 {
+        in_the_browser(&served, repeat).await;
+    }
+}
+
+/// The parked list's first page in headless Chromium at 1400 px: from the request to the end
+/// of its `load` event (the page parsed, laid out and its script run), as the browser's
+/// navigation timing says, median of `repeat` loads.
+async fn in_the_browser(served: &Served, repeat: usize) {
+    let browser = outbox_tests::browser::Browser::start().await;
+    let mut samples = Vec::new();
+    let mut bytes = 0;
+    for _ in 0..repeat {
+        browser.client.goto(&served.url("/parked")).await.unwrap();
+        let timing = browser
+            .eval(
+                "const n = performance.getEntriesByType('navigation')[0];
+                 return [n.loadEventEnd - n.startTime, n.decodedBodySize];",
+            )
+            .await;
+        samples.push(timing[0].as_f64().unwrap());
+        bytes = timing[1].as_u64().unwrap();
+    }
+    println!(
+        "in headless Chromium, the parked list's first page: {bytes} bytes, {:.0} ms to its \
+         load event (median of {repeat})",
+        median(samples)
+    );
+    browser.close().await;
 }
