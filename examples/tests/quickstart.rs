@@ -431,7 +431,7 @@ async fn http_api_answers_errors_as_json_and_ctrl_c_stops_it() {
     }
     let (status, page) = page(&console, "/payments/parked").await;
     assert_eq!(status, 200, "{page}");
-    assert!(page.contains("0 row(s) match"), "{page}");
+    assert!(page.contains("0 rows match"), "{page}");
 
     let stopping = Instant::now();
     quickstart.interrupt();

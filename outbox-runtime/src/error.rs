@@ -216,6 +216,19 @@ pub enum PublishError {
     #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
     #[error(transparent)]
     Kafka(rdkafka::error::KafkaError),
+    /// The Kafka producer or broker refused the record as too large (librdkafka's
+    /// `MessageSizeTooLarge`, which it words as the broker's even when the producer refused the
+    /// record itself), and what the relay knows beside it: who refused it, the record's sizes,
+    /// the limit it met.
+    #[cfg(feature = "kafka")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
+    #[error("{error}: {detail}")]
+    KafkaTooLarge {
+        /// librdkafka's error (boxed: it is large, and this variant is rare).
+        error: Box<rdkafka::error::KafkaError>,
+        /// Who refused it, its sizes, the limit.
+        detail: Box<str>,
+    },
     /// The JetStream server or the NATS client refused or failed it (the client's error and
     /// its causes, on one line).
     #[cfg(feature = "nats")]

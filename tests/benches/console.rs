@@ -10,6 +10,8 @@
 //! thousand rare; the small one a thousandth of that. Rows are as the relay and the consumers
 //! leave them: a parked row without a retry time (until migration 18, it kept one); inbox rows
 //! in batches of 500 sharing a `received_at` (a consumer's transaction).
+//!
+//! `MODE=payloads` measures the lists with large payloads instead (`payloads.rs`).
 
 use std::time::Instant;
 
@@ -18,6 +20,9 @@ use outbox_tests::bench::{env, median};
 use outbox_tests::browser::Served;
 use outbox_tests::TestDb;
 use sqlx::PgPool;
+
+#[path = "console/payloads.rs"]
+mod payloads;
 
 async fn fill(pool: &PgPool, rows: i64) {
     sqlx::query(
@@ -122,6 +127,9 @@ async fn measure(served: &Served, path: &str, repeat: usize) -> f64 {
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
 async fn main() {
+    if std::env::var("MODE").as_deref() == Ok("payloads") {
+        return payloads::run().await;
+    }
     let rows: i64 = env("ROWS", 1_000_000);
     let repeat: usize = env("REPEAT", 15);
     let small = TestDb::new().await;

@@ -206,6 +206,23 @@ impl Browser {
             .len()
     }
 
+    /// Waits (up to `timeout`) until `css` selects at least `n` elements; how many it selects.
+    pub async fn wait_for_count(&self, css: &str, n: usize, timeout: Duration) -> usize {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let found = self.count(css).await;
+            if found >= n {
+                return found;
+            }
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "`{css}` selects {found}, not {n}, after {timeout:?}; the page: {}",
+                self.client.source().await.unwrap_or_default()
+            );
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
     /// Waits (up to `timeout`) until `check` holds for the text of `css`.
     pub async fn wait_for_text(
         &self,
@@ -253,6 +270,110 @@ impl Browser {
             .expect("a page after signing in");
     }
 
+    /// Runs `script` (a function body: `return ...;`) in the page; its value.
+    pub async fn eval(&self, script: &str) -> serde_json::Value {
+        self.client
+            .execute(script, Vec::new())
+            .await
+            .unwrap_or_else(|e| panic!("the script failed: {e}\n{script}"))
+    }
+
+    /// Makes the page's viewport `width` CSS pixels wide (and `height` high): the window is
+    /// resized by what its frame takes beside the viewport. Returns the viewport's width as
+    /// the page measures it.
+    pub async fn set_viewport(&self, width: u32, height: u32) -> u32 {
+        let mut size = (width, height);
+        for _ in 0..3 {
+            self.client
+                .set_window_size(size.0, size.1)
+                .await
+                .expect("resize the window");
+            let inner = self
+                .eval("return [window.innerWidth, window.innerHeight];")
+                .await;
+            let (w, h) = (
+                inner[0].as_u64().unwrap() as u32,
+                inner[1].as_u64().unwrap() as u32,
+            );
+            if (w, h) == (width, height) {
+                // Laid out again at the new size: two frames later.
+                self.client
+                    .execute_async(
+                        "const done = arguments[0]; \
+                         requestAnimationFrame(() => requestAnimationFrame(() => done(null)));",
+                        Vec::new(),
+                    )
+                    .await
+                    .expect("wait for two frames");
+                return w;
+            }
+            size = (
+                size.0 + width - w.min(width),
+                size.1 + height - h.min(height),
+            );
+        }
+        self.eval("return window.innerWidth;")
+            .await
+            .as_u64()
+            .unwrap() as u32
+    }
+
+    /// How many CSS pixels the page is wider than its viewport (0: no horizontal scroll), and
+    /// the elements that reach past the viewport's right edge or their parent's content box,
+    /// or whose content is wider than they are (and not clipped), by tag, id and class.
+    pub async fn horizontal_overflow(&self) -> (i64, Vec<String>) {
+        // Reading an element's box can lay out what Chromium had left for later (the content
+        // of a closed `details`): measured until two readings agree.
+        let mut last = self.overflow_once().await;
+        for _ in 0..5 {
+            let now = self.overflow_once().await;
+            if now == last {
+                break;
+            }
+            last = now;
+        }
+        last
+    }
+
+    async fn overflow_once(&self) -> (i64, Vec<String>) {
+        let found = self
+            .eval(
+                "const root = document.documentElement;
+                 const past = [];
+                 for (const e of document.body.querySelectorAll('*')) {
+                   const r = e.getBoundingClientRect();
+                   const p = e.parentElement.getBoundingClientRect();
+                   const inner = p.right - parseFloat(getComputedStyle(e.parentElement).paddingRight);
+                   if (r.width > 0 && (r.right > root.clientWidth + 0.5 || r.right > inner + 0.5
+                                       || e.scrollWidth > e.clientWidth + 1
+                                          && getComputedStyle(e).overflowX !== 'hidden')) {
+                     past.push(e.tagName.toLowerCase() + (e.id ? '#' + e.id : '')
+                       + (e.className && typeof e.className === 'string'
+                          ? '.' + e.className.trim().split(/\\s+/).join('.') : '')
+                       + ' right ' + Math.round(r.right) + ', scrolls ' + (e.scrollWidth - e.clientWidth));
+                   }
+                 }
+                 return [root.scrollWidth - root.clientWidth, past.slice(0, 20)];",
+            )
+            .await;
+        let over = found[0].as_i64().unwrap();
+        let past = found[1]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|v| v.as_str().unwrap().to_owned())
+            .collect();
+        (over, past)
+    }
+
+    /// The size of the page's HTML as the browser received it (bytes, decoded).
+    pub async fn page_bytes(&self) -> u64 {
+        self.eval("return performance.getEntriesByType('navigation')[0].decodedBodySize;")
+            .await
+            .as_u64()
+            .expect("a navigation entry")
+    }
+
     /// Saves a screenshot of the page as `target/console-screenshots/<name>.png`.
     pub async fn screenshot(&self, name: &str) -> PathBuf {
         let png = self.client.screenshot().await.expect("screenshot");
@@ -269,8 +390,12 @@ impl Browser {
     }
 }
 
-/// `target/console-screenshots`, in the workspace's target directory.
+/// `target/console-screenshots`, in the workspace's target directory; or where
+/// `OUTBOX_CONSOLE_SCREENSHOTS` says (a target directory shared by several checkouts).
 pub fn screenshots_dir() -> PathBuf {
+    if let Some(dir) = std::env::var_os("OUTBOX_CONSOLE_SCREENSHOTS") {
+        return PathBuf::from(dir);
+    }
     let target = std::env::var_os("CARGO_TARGET_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(|| PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../target"));
@@ -283,4 +408,20 @@ fn free_port() -> u16 {
         .local_addr()
         .unwrap()
         .port()
+}
+
+/// `1,152,021`: a figure as the console writes it.
+pub fn thousands(n: i64) -> String {
+    let digits = n.unsigned_abs().to_string();
+    let mut out = String::new();
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i).is_multiple_of(3) {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    if n < 0 {
+        out.insert(0, '-');
+    }
+    out
 }

@@ -621,3 +621,93 @@ async fn the_upgrade_takes_parked_rows_out_of_the_retry_index() {
     .unwrap();
     assert_eq!(due, 10);
 }
+
+/// The last error of the record `event_id`, once it is parked.
+async fn parked_error(pool: &PgPool, relay: &relay::Relay, event_id: uuid::Uuid) -> String {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while relay.status().await.unwrap().parked < 1 {
+        assert!(Instant::now() < deadline, "{:?}", relay.status().await);
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    sqlx::query_scalar("SELECT last_error FROM outbox_event WHERE event_id = $1")
+        .bind(event_id)
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// A record refused as too large is parked with what an operator needs first: its payload's
+/// size, and the limit it met: the producer's `message.max.bytes` when the producer refused it
+/// before sending; the broker's (whose answer does not say it) when the broker did.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_record_too_large_is_parked_with_its_size_and_the_limit_it_met() {
+    let db = TestDb::new().await;
+    let kafka = Kafka::mock();
+    kafka.create_topic(TOPIC, PARTITIONS).await;
+    let size = |id: uuid::Uuid| {
+        let pool = db.pool.clone();
+        async move {
+            let bytes: i64 = sqlx::query_scalar(
+                "SELECT octet_length(payload::text)::int8 FROM outbox_event WHERE event_id = $1",
+            )
+            .bind(id)
+            .fetch_one(&pool)
+            .await
+            .unwrap();
+            outbox_tests::browser::thousands(bytes)
+        }
+    };
+
+    // The producer's limit: refused before sending.
+    let mut big = deposit(1, 0);
+    big.note = "y".repeat(20_000);
+    let mut uow = Uow::begin(&db.pool).await.unwrap();
+    let id = uow.emit(&big).await.unwrap();
+    uow.commit().await.unwrap();
+    let mut config = rdkafka::ClientConfig::new();
+    config.set("message.max.bytes", "10000");
+    let relay = relay_on(&db.pool, &kafka)
+        .producer_config(config)
+        .brokers(kafka.bootstrap())
+        .max_attempts(1)
+        .build()
+        .unwrap();
+    let running = Running::relay(&relay);
+    let error = parked_error(&db.pool, &relay, id).await;
+    running.stop().await;
+    assert!(
+        error.starts_with("Message production error: MessageSizeTooLarge"),
+        "{error}"
+    );
+    assert!(
+        error.contains(&format!("its payload is {} bytes", size(id).await))
+            && error.contains("the producer refused it before sending")
+            && error.contains("message.max.bytes = 10000"),
+        "{error}"
+    );
+    sqlx::query("DELETE FROM outbox_event")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+
+    // The broker's limit: refused on delivery, the producer's own setting its default.
+    let mut uow = Uow::begin(&db.pool).await.unwrap();
+    let id = uow.emit(&deposit(2, 0)).await.unwrap();
+    uow.commit().await.unwrap();
+    kafka.fail_produce_requests(&[RDKafkaRespErr::RD_KAFKA_RESP_ERR_MSG_SIZE_TOO_LARGE; 5]);
+    let relay = relay_on(&db.pool, &kafka).max_attempts(1).build().unwrap();
+    let running = Running::relay(&relay);
+    let error = parked_error(&db.pool, &relay, id).await;
+    running.stop().await;
+    kafka.clear_produce_errors();
+    assert!(
+        error.starts_with("Message production error: MessageSizeTooLarge"),
+        "{error}"
+    );
+    assert!(
+        error.contains(&format!("its payload is {} bytes", size(id).await))
+            && error.contains("the broker refused it")
+            && error.contains("message.max.bytes = 1000000 (librdkafka's default)"),
+        "{error}"
+    );
+}

@@ -85,7 +85,9 @@ async fn act_on(act: Act, retry: bool) -> Result {
         .iter()
         .fold(PoisonFilter::all(), |f, r| f.event_id(r.event_id));
     if retry {
-        let n = admin::retry_dead(&pool, &exact).await.map_err(chain)?;
+        let n = admin::retry_dead_by(&pool, &exact, "outbox inbox dead retry")
+            .await
+            .map_err(chain)?;
         out!("revived {n} dead inbox rows; running inbox processors handle them now");
     } else {
         let n = admin::discard_dead(&pool, &exact).await.map_err(chain)?;

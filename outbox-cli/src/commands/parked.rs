@@ -70,7 +70,9 @@ pub async fn run(action: ParkedAction) -> Result {
     // Exactly the rows listed to the user, even if more were parked meanwhile.
     let exact = rows.iter().fold(PoisonFilter::all(), |f, r| f.id(r.id));
     if retry {
-        let n = admin::retry_parked(&pool, &exact).await.map_err(chain)?;
+        let n = admin::retry_parked_by(&pool, &exact, "outbox parked retry")
+            .await
+            .map_err(chain)?;
         out!("un-parked {n} events; running relays publish them now");
     } else {
         let n = admin::drop_parked(&pool, &exact).await.map_err(chain)?;

@@ -120,10 +120,16 @@ pub struct OutboxRow {
     pub held_at: Option<DateTime<Utc>>,
     /// When it was parked (`None`: not parked).
     pub parked_at: Option<DateTime<Utc>>,
+    /// When an operator last retried it (parked), if one did.
+    pub retried_at: Option<DateTime<Utc>>,
+    /// What retried it (the console's Retry, `outbox parked retry`...).
+    pub retried_by: Option<String>,
     /// The application's headers stored with it.
     pub headers: serde_json::Value,
     /// Its payload.
     pub payload: serde_json::Value,
+    /// Its payload's size as JSON text, in bytes (what the relay sends).
+    pub payload_bytes: i64,
 }
 
 /// An inbox row, as [`find_event`] shows it.
@@ -150,10 +156,16 @@ pub struct InboxRow {
     pub last_error: Option<String>,
     /// When it was declared dead (`None`: not dead).
     pub dead_at: Option<DateTime<Utc>>,
+    /// When an operator last retried it (dead), if one did.
+    pub retried_at: Option<DateTime<Utc>>,
+    /// What retried it (the console's Retry, `outbox inbox dead retry`...).
+    pub retried_by: Option<String>,
     /// Its message's headers.
     pub headers: serde_json::Value,
     /// Its payload.
     pub payload: serde_json::Value,
+    /// Its payload's size as JSON text, in bytes.
+    pub payload_bytes: i64,
 }
 
 /// A dedup record: a handler that handled the event in dedup mode.
@@ -213,7 +225,8 @@ impl std::str::FromStr for EventRef {
 
 const OUTBOX_COLUMNS: &str = "id, event_id, topic, partition_key, aggregate_type, aggregate_id, \
      event_type, created_at, published_at, attempts, last_error, next_attempt_at, held_at, \
-     parked_at, headers, payload";
+     parked_at, retried_at, retried_by, headers, payload, \
+     octet_length(payload::text)::int8 AS payload_bytes";
 
 /// Where an event is now: its outbox row, its inbox row and its dedup records. `None` for an
 /// outbox row id that no row has.
@@ -254,8 +267,11 @@ pub async fn find_event(pool: &PgPool, which: EventRef) -> Result<Option<EventTr
                 next_attempt_at: r.try_get("next_attempt_at")?,
                 held_at: r.try_get("held_at")?,
                 parked_at: r.try_get("parked_at")?,
+                retried_at: r.try_get("retried_at")?,
+                retried_by: r.try_get("retried_by")?,
                 headers: r.try_get("headers")?,
                 payload: r.try_get("payload")?,
+                payload_bytes: r.try_get("payload_bytes")?,
             })
         })
         .transpose()?;
@@ -266,7 +282,9 @@ pub async fn find_event(pool: &PgPool, which: EventRef) -> Result<Option<EventTr
     };
     let inbox = sqlx::query(
         "SELECT topic, event_type, partition_key, source_partition, source_offset, received_at, \
-                processed, processed_at, attempts, last_error, dead_at, headers, payload \
+                processed, processed_at, attempts, last_error, dead_at, retried_at, retried_by, \
+                headers, payload, \
+                octet_length(payload::text)::int8 AS payload_bytes \
          FROM inbox_event WHERE event_id = $1",
     )
     .bind(event_id)
@@ -286,8 +304,11 @@ pub async fn find_event(pool: &PgPool, which: EventRef) -> Result<Option<EventTr
             attempts: r.try_get("attempts")?,
             last_error: r.try_get("last_error")?,
             dead_at: r.try_get("dead_at")?,
+            retried_at: r.try_get("retried_at")?,
+            retried_by: r.try_get("retried_by")?,
             headers: r.try_get("headers")?,
             payload: r.try_get("payload")?,
+            payload_bytes: r.try_get("payload_bytes")?,
         })
     })
     .transpose()?;
@@ -311,4 +332,34 @@ pub async fn find_event(pool: &PgPool, which: EventRef) -> Result<Option<EventTr
         inbox,
         processed,
     }))
+}
+
+/// Whose payload [`payload_text`] reads: the event's outbox row or its inbox row.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PayloadOf {
+    /// Its outbox row (found by event id or outbox row id).
+    Outbox,
+    /// Its inbox row (found by event id).
+    Inbox,
+}
+
+/// An event's payload as JSON text, exactly as the relay sends it (`payload::text`), for a
+/// payload too large to show inline; `None` when there is no such row.
+pub async fn payload_text(pool: &PgPool, which: EventRef, of: PayloadOf) -> Result<Option<String>> {
+    let query = match (of, which) {
+        (PayloadOf::Outbox, EventRef::EventId(id)) => sqlx::query_scalar::<_, String>(
+            "SELECT payload::text FROM outbox_event WHERE event_id = $1",
+        )
+        .bind(id),
+        (PayloadOf::Outbox, EventRef::OutboxId(id)) => {
+            sqlx::query_scalar::<_, String>("SELECT payload::text FROM outbox_event WHERE id = $1")
+                .bind(id)
+        }
+        (PayloadOf::Inbox, EventRef::EventId(id)) => sqlx::query_scalar::<_, String>(
+            "SELECT payload::text FROM inbox_event WHERE event_id = $1",
+        )
+        .bind(id),
+        (PayloadOf::Inbox, EventRef::OutboxId(_)) => return Ok(None),
+    };
+    Ok(query.fetch_optional(pool).await?)
 }

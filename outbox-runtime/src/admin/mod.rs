@@ -1,8 +1,10 @@
 //! Operations on the outbox and inbox tables, for operators and their tools (the `outbox` CLI
 //! is a thin layer over this module): backlog figures per topic ([`status`]), retention
 //! ([`Cleanup`]), the broker's topics ([`EnsureTopics`]), poison events (parked outbox rows and dead inbox rows: [`list_parked`],
-//! [`retry_parked`], [`drop_parked`], [`list_dead`], [`retry_dead`], [`discard_dead`]), replay ([`Replay`]),
-//! where things are ([`relay_instances`], [`held_keys`], [`find_event`]).
+//! [`retry_parked`], [`drop_parked`], [`list_dead`], [`retry_dead`], [`discard_dead`]; a page of
+//! them with each payload summarized, [`list_parked_summaries`] and [`list_dead_summaries`]),
+//! replay ([`Replay`]), where things are ([`relay_instances`], [`held_keys`], [`find_event`],
+//! an event's payload as the relay sends it, [`payload_text`]).
 //!
 //! Everything here works on the database alone, except [`replay`](crate::admin::Replay), which
 //! publishes (feature `kafka` or `nats`). Every function is safe to run while relays and consumers run:
@@ -36,16 +38,18 @@ pub use health::{
     VACUUM_OVERDUE_MIN_DEAD_ROWS,
 };
 pub use inspect::{
-    find_event, held_keys, relay_instances, DedupRow, EventRef, EventTrace, HeldKey, InboxRow,
-    OutboxRow, RelayInstance,
+    find_event, held_keys, payload_text, relay_instances, DedupRow, EventRef, EventTrace, HeldKey,
+    InboxRow, OutboxRow, PayloadOf, RelayInstance,
 };
 pub use partitions::{
     convert_to_partitions, create_partitions, partitions, set_partitioning, Conversion, Partition,
     PartitionLayout,
 };
 pub use poison::{
-    count_dead, count_parked, discard_dead, drop_parked, list_dead, list_parked, retry_dead,
-    retry_parked, DeadInboxEvent, ParkedEvent, PoisonFilter,
+    count_dead, count_parked, discard_dead, drop_parked, list_dead, list_dead_summaries,
+    list_parked, list_parked_summaries, retry_dead, retry_dead_by, retry_parked, retry_parked_by,
+    DeadInboxEvent, DeadInboxEventSummary, ParkedEvent, ParkedEventSummary, PayloadSummary,
+    PoisonFilter, PAYLOAD_PREVIEW_CHARS, PAYLOAD_SUMMARY_MAX_STORED,
 };
 #[cfg(feature = "_broker")]
 pub use replay::{Replay, ReplayCounts, ReplayFilter};

@@ -91,7 +91,8 @@ impl PoisonFilter {
     }
 
     /// Binds `$1..$10` of [`OUTBOX_SELECT`] / [`INBOX_SELECT`] (each uses the cursor of its
-    /// own order and leaves the other's parameters unused).
+    /// own order and leaves the other's parameters unused); a statement's own parameters
+    /// follow from `$11`.
     fn bind<'q>(
         &'q self,
         query: Query<'q, Postgres, PgArguments>,
@@ -201,6 +202,173 @@ pub struct DeadInboxEvent {
     pub payload: serde_json::Value,
 }
 
+/// A payload as a listing shows it: its size, and the start of a small one, read without
+/// reading a large one (a page of a list costs the same whatever its rows' payloads weigh).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
+pub struct PayloadSummary {
+    /// Its size as JSON text, in bytes (what the relay sends); `None` for a payload larger
+    /// than [`PAYLOAD_SUMMARY_MAX_STORED`] in storage, whose text a listing does not make.
+    pub json_bytes: Option<i64>,
+    /// What PostgreSQL stores for it, in bytes (`pg_column_size`), read without reading it:
+    /// about its size as JSON, or less when it is stored compressed.
+    pub stored_bytes: i64,
+    /// Whether PostgreSQL stores it compressed (then it is larger than `stored_bytes`).
+    pub compressed: bool,
+    /// Its first [`PAYLOAD_PREVIEW_CHARS`] characters as JSON text; `None` for a payload
+    /// larger than [`PAYLOAD_SUMMARY_MAX_STORED`] in storage.
+    pub preview: Option<String>,
+}
+
+/// Payloads stored in more bytes than this are summarized by their stored size alone: their
+/// text is not made (a listing reads no more than this of each row's payload; compressed, a
+/// payload can expand to some times more).
+pub const PAYLOAD_SUMMARY_MAX_STORED: i64 = 8192;
+
+/// How much of a small payload a [`PayloadSummary`] shows.
+pub const PAYLOAD_PREVIEW_CHARS: i64 = 200;
+
+/// A parked outbox row as a listing shows it: [`ParkedEvent`] with its payload summarized.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct ParkedEventSummary {
+    /// The outbox row's id (`outbox_event.id`).
+    pub id: i64,
+    /// The event's id.
+    pub event_id: Uuid,
+    /// The topic it is to be published to.
+    pub topic: String,
+    /// Its record key.
+    pub partition_key: String,
+    /// The aggregate's type.
+    pub aggregate_type: String,
+    /// The aggregate's id, as text.
+    pub aggregate_id: String,
+    /// The event's type.
+    pub event_type: String,
+    /// Publish attempts the broker refused.
+    pub attempts: i32,
+    /// The error of its last refused attempt.
+    pub last_error: Option<String>,
+    /// When it was written to the outbox.
+    pub created_at: DateTime<Utc>,
+    /// When the relay parked it.
+    pub parked_at: DateTime<Utc>,
+    /// Its payload's size, and the start of a small one.
+    pub payload: PayloadSummary,
+}
+
+/// A dead inbox row as a listing shows it: [`DeadInboxEvent`] with its payload summarized.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+#[non_exhaustive]
+pub struct DeadInboxEventSummary {
+    /// The event's id.
+    pub event_id: Uuid,
+    /// The topic its handlers are routed by.
+    pub topic: String,
+    /// Its message's `event_type` header (empty if there was none).
+    pub event_type: String,
+    /// Its message's key, as text; `None` if it had none.
+    pub partition_key: Option<String>,
+    /// Handling attempts that failed.
+    pub attempts: i32,
+    /// The error of its last failed attempt.
+    pub last_error: Option<String>,
+    /// When the consumer stored it in the inbox.
+    pub received_at: DateTime<Utc>,
+    /// When it was declared dead.
+    pub dead_at: DateTime<Utc>,
+    /// Its payload's size, and the start of a small one.
+    pub payload: PayloadSummary,
+}
+
+/// The columns of a [`PayloadSummary`] of `payload`, in a query over a page of rows (the
+/// page chosen first, in a subquery: so that no row outside it has its payload read).
+fn payload_summary_columns() -> String {
+    format!(
+        "pg_column_size(payload)::int8 AS stored_bytes, \
+         pg_column_compression(payload) IS NOT NULL AS compressed, \
+         CASE WHEN pg_column_size(payload) <= {max} \
+              THEN octet_length(payload::text)::int8 END AS json_bytes, \
+         CASE WHEN pg_column_size(payload) <= {max} \
+              THEN left(payload::text, {PAYLOAD_PREVIEW_CHARS}) END AS preview",
+        max = PAYLOAD_SUMMARY_MAX_STORED
+    )
+}
+
+fn payload_summary(r: &sqlx::postgres::PgRow) -> Result<PayloadSummary> {
+    Ok(PayloadSummary {
+        json_bytes: r.try_get("json_bytes")?,
+        stored_bytes: r.try_get("stored_bytes")?,
+        compressed: r.try_get("compressed")?,
+        preview: r.try_get("preview")?,
+    })
+}
+
+/// [`list_parked`] with each payload summarized ([`PayloadSummary`]): a page of rows whose
+/// payloads weigh megabytes costs what a page of small ones does.
+pub async fn list_parked_summaries(
+    pool: &PgPool,
+    filter: &PoisonFilter,
+) -> Result<Vec<ParkedEventSummary>> {
+    let sql = format!(
+        "SELECT id, event_id, topic, partition_key, aggregate_type, aggregate_id, event_type, \
+                attempts, last_error, created_at, parked_at, {} \
+         FROM (SELECT * FROM outbox_event WHERE {}) AS page ORDER BY id",
+        payload_summary_columns(),
+        outbox_where!()
+    );
+    let rows = filter.bind(sqlx::query(&sql)).fetch_all(pool).await?;
+    rows.iter()
+        .map(|r| {
+            Ok(ParkedEventSummary {
+                id: r.try_get("id")?,
+                event_id: r.try_get("event_id")?,
+                topic: r.try_get("topic")?,
+                partition_key: r.try_get("partition_key")?,
+                aggregate_type: r.try_get("aggregate_type")?,
+                aggregate_id: r.try_get("aggregate_id")?,
+                event_type: r.try_get("event_type")?,
+                attempts: r.try_get("attempts")?,
+                last_error: r.try_get("last_error")?,
+                created_at: r.try_get("created_at")?,
+                parked_at: r.try_get("parked_at")?,
+                payload: payload_summary(r)?,
+            })
+        })
+        .collect()
+}
+
+/// [`list_dead`] with each payload summarized ([`PayloadSummary`]).
+pub async fn list_dead_summaries(
+    pool: &PgPool,
+    filter: &PoisonFilter,
+) -> Result<Vec<DeadInboxEventSummary>> {
+    let sql = format!(
+        "SELECT event_id, topic, event_type, partition_key, attempts, last_error, received_at, \
+                dead_at, {} \
+         FROM (SELECT * FROM inbox_event WHERE {}) AS page ORDER BY received_at, event_id",
+        payload_summary_columns(),
+        inbox_where!()
+    );
+    let rows = filter.bind(sqlx::query(&sql)).fetch_all(pool).await?;
+    rows.iter()
+        .map(|r| {
+            Ok(DeadInboxEventSummary {
+                event_id: r.try_get("event_id")?,
+                topic: r.try_get("topic")?,
+                event_type: r.try_get("event_type")?,
+                partition_key: r.try_get("partition_key")?,
+                attempts: r.try_get("attempts")?,
+                last_error: r.try_get("last_error")?,
+                received_at: r.try_get("received_at")?,
+                dead_at: r.try_get("dead_at")?,
+                payload: payload_summary(r)?,
+            })
+        })
+        .collect()
+}
+
 /// The parked outbox rows the filter selects, oldest first.
 pub async fn list_parked(pool: &PgPool, filter: &PoisonFilter) -> Result<Vec<ParkedEvent>> {
     // The rows themselves, not their ids looked up again: the lookup by id would probe every
@@ -257,15 +425,26 @@ pub async fn count_dead(pool: &PgPool, filter: &PoisonFilter) -> Result<i64> {
 /// (attempts reset), and is woken at once. They are due for a retry now, which is how running
 /// relays, whose claims have moved past them, find them again. Their keys' later events were published meanwhile
 /// (a parked row does not hold its key), so a retried event reaches consumers after them.
+/// Each row keeps its last error, and records when it was retried and by what
+/// (`outbox_runtime::admin::retry_parked`; [`retry_parked_by`] names the action).
 /// Returns how many rows it un-parked.
 pub async fn retry_parked(pool: &PgPool, filter: &PoisonFilter) -> Result<u64> {
+    retry_parked_by(pool, filter, "outbox_runtime::admin::retry_parked").await
+}
+
+/// [`retry_parked`], recording `action` as what retried the rows (`retried_by`: the console
+/// records "Retry in the console", the CLI "outbox parked retry"), which the console's event
+/// page shows beside the time.
+pub async fn retry_parked_by(pool: &PgPool, filter: &PoisonFilter, action: &str) -> Result<u64> {
     let sql = format!(
-        "UPDATE outbox_event SET parked_at = NULL, attempts = 0, next_attempt_at = now() \
+        "UPDATE outbox_event SET parked_at = NULL, attempts = 0, next_attempt_at = now(), \
+                retried_at = now(), retried_by = $11 \
          WHERE parked_at IS NOT NULL AND id IN ({OUTBOX_SELECT})"
     );
     let mut tx = pool.begin().await?;
     let retried = filter
         .bind(sqlx::query(&sql))
+        .bind(action)
         .execute(&mut *tx)
         .await?
         .rows_affected();
@@ -316,13 +495,24 @@ pub async fn list_dead(pool: &PgPool, filter: &PoisonFilter) -> Result<Vec<DeadI
 }
 
 /// Revives the dead inbox rows the filter selects: the inbox processors handle them again,
-/// attempts reset. Returns how many rows it revived.
+/// attempts reset. Each row keeps its last error, and records when it was retried and by what
+/// ([`retry_dead_by`] names the action). Returns how many rows it revived.
 pub async fn retry_dead(pool: &PgPool, filter: &PoisonFilter) -> Result<u64> {
+    retry_dead_by(pool, filter, "outbox_runtime::admin::retry_dead").await
+}
+
+/// [`retry_dead`], recording `action` as what retried the rows (`retried_by`).
+pub async fn retry_dead_by(pool: &PgPool, filter: &PoisonFilter, action: &str) -> Result<u64> {
     let sql = format!(
-        "UPDATE inbox_event SET dead_at = NULL, attempts = 0, next_attempt_at = NULL \
+        "UPDATE inbox_event SET dead_at = NULL, attempts = 0, next_attempt_at = NULL, \
+                retried_at = now(), retried_by = $11 \
          WHERE dead_at IS NOT NULL AND event_id IN ({INBOX_SELECT})"
     );
-    let done = filter.bind(sqlx::query(&sql)).execute(pool).await?;
+    let done = filter
+        .bind(sqlx::query(&sql))
+        .bind(action)
+        .execute(pool)
+        .await?;
     Ok(done.rows_affected())
 }
 

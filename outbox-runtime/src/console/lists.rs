@@ -4,6 +4,7 @@
 use chrono::{DateTime, NaiveDateTime, Utc};
 use serde::Deserialize;
 
+use super::pages::count;
 use crate::admin::PoisonFilter;
 
 /// Which list of poison rows.
@@ -142,18 +143,37 @@ impl Action {
 
     /// The question the operator confirms, for `n` rows.
     pub(super) fn question(self, n: usize) -> String {
+        let one = n == 1;
+        let n = n as i64;
         match self {
             Action::RetryParked => format!(
-                "Retry {n} parked event(s)? The relay publishes them again, after their keys' later events."
+                "Retry {}? The relay publishes {} again, after {} later events.",
+                count(n, "parked event", "parked events"),
+                if one { "it" } else { "them" },
+                if one { "its key's" } else { "their keys'" },
             ),
             Action::SkipParked => format!(
-                "Skip {n} parked event(s)? They are deleted and will never be published."
+                "Skip {}? {} deleted and will never be published.",
+                count(n, "parked event", "parked events"),
+                if one { "It is" } else { "They are" },
             ),
-            Action::RetryDead => {
-                format!("Retry {n} dead inbox row(s)? Their handlers run again.")
-            }
+            Action::RetryDead => format!(
+                "Retry {}? {} run again.",
+                count(n, "dead inbox row", "dead inbox rows"),
+                if one {
+                    "Its handlers"
+                } else {
+                    "Their handlers"
+                },
+            ),
             Action::DiscardDead => format!(
-                "Discard {n} dead inbox row(s)? Their handlers never run; a redelivery is not handled either."
+                "Discard {}? {} never run; a redelivery is not handled either.",
+                count(n, "dead inbox row", "dead inbox rows"),
+                if one {
+                    "Its handlers"
+                } else {
+                    "Their handlers"
+                },
             ),
         }
     }

@@ -7,19 +7,23 @@
 //!   unpublished row's age and the rows published in the last minute; per topic, the inbox's
 //!   unprocessed and dead rows; charts of the backlog and the publish rate over the last hour.
 //!   The figures are at most one [`sample_interval`](ConsoleSettings::sample_interval) old
-//!   (one health check serves every page and tab meanwhile); the charts are sampled by the
-//!   console itself at that interval, from its first request on (the tables keep no history of
-//!   the backlog).
+//!   (one health check serves every page and tab meanwhile; after an action, the next page
+//!   reads them again); the charts are sampled by the console itself at that interval, from its
+//!   first request on (the tables keep no history of the backlog): until it has an hour of
+//!   samples, their axis starts at the first, and a chart with nothing to draw says why.
 //! - **Relays**: the live relay instances (their sessions), the shards each publishes, and the
 //!   keys held back by a missing topic or authorization, with the broker's error.
 //! - **Parked** outbox rows and **dead** inbox rows, a page at a time (keyset pagination: a
-//!   page costs the same with a million rows), filtered by topic, event type and time, with
+//!   page costs the same with a million rows; each payload summarized, its size and the start
+//!   of a small one, so that it costs the same whatever the payloads weigh; a row a line, long
+//!   values cut and whole in their title), filtered by topic, event type and time, with
 //!   **Retry** and **Skip** (parked) or **Retry** and **Discard** (dead), for one row or a
 //!   selection, each behind a confirmation. They call the same functions as the CLI's
 //!   `outbox parked` and `outbox inbox dead` commands ([`admin`](crate::admin)), on exactly
 //!   the rows selected.
 //! - **Find an event** by event id or outbox row id: its outbox row, inbox row and dedup
-//!   records.
+//!   records; its payload's size, the payload itself up to 32 KiB, a larger one on request
+//!   (`/event/payload`, as the relay sends it); a retried row says when and by what.
 //!
 //! The health warnings ([`admin::health`](crate::admin::health)) are at the top of every page.
 //!
@@ -202,8 +206,10 @@ pub fn router(pool: PgPool, settings: ConsoleSettings) -> Result<Router> {
         started_at: Utc::now(),
         samples: Mutex::new(chart::Samples::default()),
         health: Mutex::new(None),
+        acted_at: Mutex::new(None),
         checking: tokio::sync::Mutex::new(()),
         sampler: std::sync::Once::new(),
+        sampling: std::sync::atomic::AtomicBool::new(false),
         shard_sets: Mutex::new(Default::default()),
     });
     Ok(Router::new()
@@ -216,6 +222,7 @@ pub fn router(pool: PgPool, settings: ConsoleSettings) -> Result<Router> {
         .route("/dead/retry", post(handlers::dead_retry))
         .route("/dead/discard", post(handlers::dead_discard))
         .route("/event", get(handlers::event))
+        .route("/event/payload", get(handlers::event_payload))
         .route("/login", get(auth::login_page).post(auth::login))
         .route("/logout", post(auth::logout))
         .route("/assets/console.css", get(handlers::css))
@@ -240,12 +247,16 @@ struct Console {
     form_key: String,
     started_at: DateTime<Utc>,
     samples: Mutex<chart::Samples>,
-    /// The last health check, and when it ran: the warnings every page shows.
+    /// The last health check, and when it began: the warnings every page shows.
     health: Mutex<Option<(tokio::time::Instant, Arc<Health>)>>,
+    /// When the last action was done: a check that began before it is stale.
+    acted_at: Mutex<Option<tokio::time::Instant>>,
     /// Held while a health check runs: requests that find the last one stale wait for the
     /// one under way instead of each running their own.
     checking: tokio::sync::Mutex<()>,
     sampler: std::sync::Once,
+    /// Whether the sampler runs (it needs a tokio runtime).
+    sampling: std::sync::atomic::AtomicBool,
     /// Each relay instance's shards as last seen, and since when the console has seen them
     /// unchanged (by backend pid).
     shard_sets: Mutex<ShardSets>,
@@ -269,6 +280,8 @@ impl Console {
             return;
         };
         self.sampler.call_once(|| {
+            self.sampling
+                .store(true, std::sync::atomic::Ordering::Relaxed);
             let weak = Arc::downgrade(self);
             let interval = self.settings.sample_interval;
             runtime.spawn(async move {
@@ -294,24 +307,40 @@ impl Console {
     /// Runs the health check (with the backlog figures), keeps it for the pages' warnings and
     /// adds a sample to the charts.
     async fn check_health(&self) -> Result<Arc<Health>> {
+        let started = tokio::time::Instant::now();
         let health = Arc::new(
             crate::admin::health::health_estimated(&self.pool, &self.settings.thresholds).await?,
         );
+        let min_gap = chrono::Duration::from_std(self.settings.sample_interval / 2)
+            .unwrap_or(chrono::Duration::MAX);
         self.samples
             .lock()
             .expect("samples")
-            .push(Utc::now(), &health.status);
-        *self.health.lock().expect("health") = Some((tokio::time::Instant::now(), health.clone()));
+            .push(Utc::now(), &health.status, min_gap);
+        // The newer of two checks that ran at once is kept.
+        let mut kept = self.health.lock().expect("health");
+        if kept.as_ref().is_none_or(|(at, _)| *at <= started) {
+            *kept = Some((started, health.clone()));
+        }
         Ok(health)
     }
 
-    /// The latest health check, run again (by one request at a time) if it is older than the
-    /// sample interval.
+    /// After an action: the checks that began before it no longer serve a page, so that the
+    /// page the operator lands on (and every later one) shows what is true now.
+    fn acted(&self) {
+        *self.acted_at.lock().expect("acted") = Some(tokio::time::Instant::now());
+    }
+
+    /// The latest health check, run again (by one request at a time) if it began longer ago
+    /// than the sample interval, or before the last action.
     async fn latest_health(&self) -> Result<Arc<Health>> {
         let fresh = || {
+            let acted = *self.acted_at.lock().expect("acted");
             let cached = self.health.lock().expect("health").clone();
             cached
-                .filter(|(at, _)| at.elapsed() < self.settings.sample_interval)
+                .filter(|(at, _)| {
+                    at.elapsed() < self.settings.sample_interval && acted.is_none_or(|a| *at > a)
+                })
                 .map(|(_, health)| health)
         };
         if let Some(health) = fresh() {

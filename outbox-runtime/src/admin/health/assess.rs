@@ -3,7 +3,9 @@
 
 use chrono::{DateTime, Utc};
 
-use super::probes::{Held, Layout, MissingTopic, Prepared, Session, Slot, Standby};
+use super::probes::{
+    Held, Layout, MissingTopic, Prepared, Relation, Session, Since, Slot, Standby,
+};
 use super::report::TableHealth;
 use super::thresholds::{HealthThresholds, VACUUM_OVERDUE_MIN_DEAD_ROWS};
 use super::warning::Warning;
@@ -24,7 +26,7 @@ pub(super) fn server(autovacuum: bool, track_counts: bool) -> Vec<Warning> {
     warnings
 }
 
-/// Each table's: autovacuum off where it is set, dead rows piling up, a vacuum overdue.
+/// Each table's: autovacuum off where it is set, dead rows piling up.
 pub(super) fn tables(tables: &[TableHealth], thresholds: &HealthThresholds) -> Vec<Warning> {
     let mut warnings = Vec::new();
     for t in tables {
@@ -43,16 +45,52 @@ pub(super) fn tables(tables: &[TableHealth], thresholds: &HealthThresholds) -> V
                 live: t.live_rows,
             });
         }
-        let overdue = t
-            .last_vacuum_age_secs
-            .is_none_or(|age| age > thresholds.vacuum_age.as_secs_f64());
-        if t.dead_rows >= VACUUM_OVERDUE_MIN_DEAD_ROWS && overdue {
-            warnings.push(Warning::VacuumOverdue {
-                table: t.table.clone(),
-                dead: t.dead_rows,
-                last_vacuum_age_secs: t.last_vacuum_age_secs,
-            });
+    }
+    warnings
+}
+
+/// The tables and partitions autovacuum is not keeping up with: at least
+/// [`VACUUM_OVERDUE_MIN_DEAD_ROWS`] dead rows, past autovacuum's own trigger for the table (or
+/// autovacuum cannot vacuum it: `server` off, or the table's own setting), no vacuum running on
+/// it, and none for longer than the threshold: since its last one, or, never vacuumed, since it
+/// could first hold rows (the latest of the installation, its lower bound and the statistics'
+/// reset). A partition created minutes ago, whatever its lower bound, is not behind.
+pub(super) fn vacuums(
+    relations: Vec<Relation>,
+    since: &Since,
+    server: bool,
+    thresholds: &HealthThresholds,
+) -> Vec<Warning> {
+    let secs = |at: DateTime<Utc>| (since.now - at).num_milliseconds() as f64 / 1000.0;
+    let mut warnings = Vec::new();
+    for r in relations {
+        if r.dead < VACUUM_OVERDUE_MIN_DEAD_ROWS || r.vacuuming {
+            continue;
         }
+        // autovacuum vacuums a table once its dead rows pass this (relation_needs_vacanalyze).
+        let autovacuum_at = (server && r.autovacuum)
+            .then(|| (r.threshold + r.scale_factor * r.reltuples).floor() as i64);
+        if autovacuum_at.is_some_and(|at| r.dead <= at) {
+            continue;
+        }
+        let last_vacuum_age_secs = r.last_vacuum.map(secs);
+        let rows_age_secs = [since.installed, r.lower_bound, since.stats_reset]
+            .into_iter()
+            .flatten()
+            .max()
+            .map(secs);
+        let behind_for = last_vacuum_age_secs.or(rows_age_secs);
+        if behind_for.is_some_and(|age| age <= thresholds.vacuum_age.as_secs_f64()) {
+            continue;
+        }
+        warnings.push(Warning::VacuumBehind {
+            table: r.table,
+            partition: r.partition,
+            dead: r.dead,
+            autovacuum_at,
+            last_vacuum_age_secs,
+            rows_age_secs,
+        });
     }
     warnings
 }
@@ -249,4 +287,96 @@ pub(super) fn partitions(
         });
     }
     warnings
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(minutes_ago: i64) -> DateTime<Utc> {
+        now() - chrono::Duration::minutes(minutes_ago)
+    }
+
+    fn now() -> DateTime<Utc> {
+        DateTime::parse_from_rfc3339("2026-12-04T14:36:00Z")
+            .unwrap()
+            .with_timezone(&Utc)
+    }
+
+    /// Today's partition of a new installation's outbox (it opened at midnight), 41,448 rows
+    /// dead, never vacuumed, with the server's autovacuum settings (50 + 20%).
+    fn partition(last_vacuum: Option<DateTime<Utc>>, reltuples: f64) -> Relation {
+        Relation {
+            table: "outbox_event".into(),
+            partition: Some("outbox_event_20261204".into()),
+            dead: 41_448,
+            reltuples,
+            autovacuum: true,
+            threshold: 50.0,
+            scale_factor: 0.2,
+            last_vacuum,
+            lower_bound: Some(at(14 * 60 + 36)),
+            vacuuming: false,
+        }
+    }
+
+    fn installed(minutes_ago: i64) -> Since {
+        Since {
+            now: now(),
+            installed: Some(at(minutes_ago)),
+            stats_reset: None,
+        }
+    }
+
+    #[test]
+    fn a_partition_of_a_minute_old_installation_is_not_behind_whatever_its_lower_bound() {
+        let t = HealthThresholds::default();
+        let fresh = vacuums(vec![partition(None, 0.0)], &installed(1), true, &t);
+        assert_eq!(fresh, []);
+        // Two hours on, still never vacuumed though autovacuum would have: behind, and said
+        // so as never vacuumed, two hours at most.
+        let old = vacuums(vec![partition(None, 0.0)], &installed(120), true, &t);
+        match &old[..] {
+            [Warning::VacuumBehind {
+                last_vacuum_age_secs: None,
+                rows_age_secs: Some(age),
+                autovacuum_at: Some(50),
+                ..
+            }] => assert_eq!(*age, 7200.0),
+            other => panic!("{other:?}"),
+        }
+    }
+
+    #[test]
+    fn below_autovacuums_trigger_or_vacuumed_lately_is_not_behind() {
+        let t = HealthThresholds::default();
+        // 41,448 dead rows of 1,000,000: under autovacuum's 200,050.
+        let big = vacuums(vec![partition(None, 1e6)], &installed(600), true, &t);
+        assert_eq!(big, []);
+        let lately = vacuums(
+            vec![partition(Some(at(20)), 0.0)],
+            &installed(600),
+            true,
+            &t,
+        );
+        assert_eq!(lately, []);
+        // Autovacuum off: whatever the trigger, behind once the threshold has passed.
+        let off = vacuums(
+            vec![partition(Some(at(90)), 1e6)],
+            &installed(600),
+            false,
+            &t,
+        );
+        assert!(matches!(
+            &off[..],
+            [Warning::VacuumBehind {
+                autovacuum_at: None,
+                ..
+            }]
+        ));
+        // A vacuum running on it: it is being dealt with.
+        let mut running = partition(None, 0.0);
+        running.vacuuming = true;
+        assert_eq!(vacuums(vec![running], &installed(600), true, &t), []);
+    }
 }

@@ -14,6 +14,27 @@ fn human(secs: f64) -> String {
     }
 }
 
+/// `41,448`.
+fn thousands(n: i64) -> String {
+    let digits = n.unsigned_abs().to_string();
+    let mut out = String::with_capacity(digits.len() + digits.len() / 3 + 1);
+    if n < 0 {
+        out.push('-');
+    }
+    for (i, c) in digits.chars().enumerate() {
+        if i > 0 && (digits.len() - i) % 3 == 0 {
+            out.push(',');
+        }
+        out.push(c);
+    }
+    out
+}
+
+/// `1 row`, `41,448 rows`: a figure and its noun, agreeing.
+fn count(n: i64, one: &str, many: &str) -> String {
+    format!("{} {}", thousands(n), if n == 1 { one } else { many })
+}
+
 impl fmt::Display for Warning {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -36,8 +57,10 @@ impl fmt::Display for Warning {
             ),
             Warning::DeadRows { table, dead, live } => write!(
                 f,
-                "table {table} holds {dead} dead rows ({live} live): autovacuum is not keeping \
-                 up, or something holds the cleanup horizon"
+                "table {table} holds {} ({} live): autovacuum is not keeping up, or \
+                 something holds the cleanup horizon",
+                count(*dead, "dead row", "dead rows"),
+                thousands(*live)
             ),
             Warning::VacuumOverdue {
                 table,
@@ -56,6 +79,48 @@ impl fmt::Display for Warning {
                 f,
                 "table {table} has never been vacuumed and holds {dead} dead rows"
             ),
+            Warning::VacuumBehind {
+                table,
+                partition,
+                dead,
+                autovacuum_at,
+                last_vacuum_age_secs,
+                rows_age_secs,
+            } => {
+                let what = match partition {
+                    Some(p) => format!("partition {p} of {table}"),
+                    None => format!("table {table}"),
+                };
+                let dead = count(*dead, "dead row", "dead rows");
+                match (last_vacuum_age_secs, rows_age_secs) {
+                    (Some(age), _) => write!(
+                        f,
+                        "{what} was last vacuumed {} ago and holds {dead}",
+                        human(*age)
+                    )?,
+                    (None, Some(rows)) => write!(
+                        f,
+                        "{what} has never been vacuumed in the {} it can have held rows, and \
+                         holds {dead}",
+                        human(*rows)
+                    )?,
+                    (None, None) => write!(f, "{what} has never been vacuumed and holds {dead}")?,
+                }
+                match autovacuum_at {
+                    Some(at) => write!(
+                        f,
+                        ", past the {} at which autovacuum vacuums it: autovacuum is not keeping \
+                         up (its workers busy with other tables, or autovacuum_naptime long)",
+                        thousands(*at)
+                    ),
+                    None => write!(
+                        f,
+                        ": autovacuum cannot vacuum it (off), and nothing else did (VACUUM {} \
+                         does)",
+                        partition.as_deref().unwrap_or(table)
+                    ),
+                }
+            }
             Warning::LongTransaction {
                 pid,
                 application_name,
@@ -118,7 +183,11 @@ impl fmt::Display for Warning {
             } => {
                 write!(
                     f,
-                    "{keys} keys of `{topic}` are held for an operator ({rows} rows wait)"
+                    "{} of `{topic}` {} held for an operator ({} wait{})",
+                    count(*keys, "key", "keys"),
+                    if *keys == 1 { "is" } else { "are" },
+                    count(*rows, "row", "rows"),
+                    if *rows == 1 { "s" } else { "" }
                 )?;
                 match error {
                     Some(e) => write!(f, ": {e}"),
@@ -127,11 +196,13 @@ impl fmt::Display for Warning {
             }
             Warning::Parked { topic, rows } => write!(
                 f,
-                "`{topic}` has {rows} parked outbox rows (outbox parked list)"
+                "`{topic}` has {} (outbox parked list)",
+                count(*rows, "parked outbox row", "parked outbox rows")
             ),
             Warning::DeadInbox { topic, rows } => write!(
                 f,
-                "`{topic}` has {rows} dead inbox rows (outbox inbox list)"
+                "`{topic}` has {} (outbox inbox list)",
+                count(*rows, "dead inbox row", "dead inbox rows")
             ),
             Warning::MissingTopic {
                 group,
@@ -202,5 +273,56 @@ mod tests {
         assert_eq!(human(4.4), "4s");
         assert_eq!(human(725.0), "12m05s");
         assert_eq!(human(12_000.0), "3h20m");
+    }
+
+    #[test]
+    fn figures_agree_with_their_nouns() {
+        let parked = |rows| Warning::Parked {
+            topic: "t".into(),
+            rows,
+        };
+        assert_eq!(
+            parked(1).to_string(),
+            "`t` has 1 parked outbox row (outbox parked list)"
+        );
+        assert_eq!(
+            parked(2).to_string(),
+            "`t` has 2 parked outbox rows (outbox parked list)"
+        );
+        let held = Warning::HeldKeys {
+            topic: "t".into(),
+            rows: 1,
+            keys: 1,
+            error: None,
+        };
+        assert_eq!(
+            held.to_string(),
+            "1 key of `t` is held for an operator (1 row waits)"
+        );
+    }
+
+    #[test]
+    fn a_vacuum_behind_says_never_when_never_and_how_old_the_table_can_be() {
+        let behind = |last, rows, at| Warning::VacuumBehind {
+            table: "outbox_event".into(),
+            partition: Some("outbox_event_20261204".into()),
+            dead: 41_448,
+            autovacuum_at: at,
+            last_vacuum_age_secs: last,
+            rows_age_secs: rows,
+        };
+        assert_eq!(
+            behind(None, Some(7_500.0), Some(5_050)).to_string(),
+            "partition outbox_event_20261204 of outbox_event has never been vacuumed in the \
+             2h05m it can have held rows, and holds 41,448 dead rows, past the 5,050 at which \
+             autovacuum vacuums it: autovacuum is not keeping up (its workers busy with other \
+             tables, or autovacuum_naptime long)"
+        );
+        assert_eq!(
+            behind(Some(5_400.0), Some(86_400.0), None).to_string(),
+            "partition outbox_event_20261204 of outbox_event was last vacuumed 1h30m ago and \
+             holds 41,448 dead rows: autovacuum cannot vacuum it (off), and nothing else did \
+             (VACUUM outbox_event_20261204 does)"
+        );
     }
 }

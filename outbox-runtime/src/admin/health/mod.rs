@@ -2,7 +2,9 @@
 //!
 //! [`health`] reads the backlog ([`status`](super::status)) and PostgreSQL's own statistics
 //! and returns a [`Warning`] for each problem it finds: autovacuum off (for the server or a
-//! table), dead rows piling up, a table not vacuumed for long, the cleanup horizon held back (a
+//! table), dead rows piling up, a table (a partition) autovacuum is not keeping up with (said
+//! as it is: never vacuumed, or last vacuumed when; how long it can have held rows), the
+//! cleanup horizon held back (a
 //! long or idle-in-transaction session, a replication slot or a standby's feedback, a prepared
 //! transaction), an old
 //! unpublished or unprocessed row, held keys, parked rows, dead inbox rows, a consumer's missing
@@ -63,6 +65,14 @@ async fn check(pool: &PgPool, thresholds: &HealthThresholds, count: Count) -> Re
 
     let tables = probes::tables(conn).await?;
     warnings.extend(assess::tables(&tables, thresholds));
+    let relations = probes::relations(conn, VACUUM_OVERDUE_MIN_DEAD_ROWS).await?;
+    let since = probes::since(conn).await?;
+    warnings.extend(assess::vacuums(
+        relations,
+        &since,
+        autovacuum && track_counts,
+        thresholds,
+    ));
 
     // What holds the cleanup horizon.
     let sessions = probes::sessions(conn).await?;

@@ -13,19 +13,15 @@ use crate::sqlstate::DbError;
 
 /// The framework's tables; a partitioned one as the sum of its partitions: their rows, and the
 /// vacuum of the one that needs it most (the oldest vacuum among those with dead rows, `NULL` if
-/// one of them never had one; the latest when none has dead rows). A partition never vacuumed
-/// counts from its lower bound (it took no rows before; a young one is not overdue), except the
-/// first, which takes everything before its upper bound.
+/// one of them never had one; the latest when none has dead rows).
 const TABLES_SQL: &str = "\
 WITH t AS ( \
     SELECT coalesce(i.inhparent, c.oid) AS parent, c.relname::text AS rel, \
            s.n_live_tup, s.n_dead_tup, \
            coalesce((SELECT option_value FROM pg_options_to_table(c.reloptions) \
                      WHERE option_name = 'autovacuum_enabled'), 'on')::bool AS autovacuum, \
-           extract(epoch FROM now() - coalesce(greatest(s.last_vacuum, s.last_autovacuum), \
-               CASE WHEN i.inhparent IS NOT NULL THEN substring( \
-                   pg_get_expr(c.relpartbound, c.oid) FROM 'FROM \\(''([^'']*)''\\)')::timestamptz \
-               END))::float8 AS vacuum_age, \
+           extract(epoch FROM now() - greatest(s.last_vacuum, s.last_autovacuum))::float8 \
+               AS vacuum_age, \
            extract(epoch FROM now() - greatest(s.last_analyze, s.last_autoanalyze))::float8 \
                AS analyze_age \
     FROM pg_class c JOIN pg_stat_all_tables s ON s.relid = c.oid \
@@ -45,6 +41,35 @@ SELECT p.relname::text AS name, sum(n_live_tup)::int8 AS live, sum(n_dead_tup)::
        min(analyze_age) AS analyze_age \
 FROM t JOIN pg_class p ON p.oid = t.parent \
 GROUP BY p.relname ORDER BY p.relname";
+
+/// Each table of the framework, or partition of one, with at least `$1` dead rows: what
+/// autovacuum decides by (its settings for it, or the server's; its rows as last counted), its
+/// last vacuum, its lower bound (a partition), and whether a vacuum runs on it now.
+const RELATIONS_SQL: &str = "\
+SELECT p.relname::text AS table_name, \
+       CASE WHEN i.inhparent IS NOT NULL THEN c.relname::text END AS partition, \
+       s.n_dead_tup AS dead, greatest(c.reltuples, 0)::float8 AS reltuples, \
+       coalesce((SELECT option_value FROM pg_options_to_table(c.reloptions) \
+                 WHERE option_name = 'autovacuum_enabled'), 'on')::bool AS autovacuum, \
+       coalesce((SELECT option_value FROM pg_options_to_table(c.reloptions) \
+                 WHERE option_name = 'autovacuum_vacuum_threshold'), \
+                current_setting('autovacuum_vacuum_threshold'))::float8 AS threshold, \
+       coalesce((SELECT option_value FROM pg_options_to_table(c.reloptions) \
+                 WHERE option_name = 'autovacuum_vacuum_scale_factor'), \
+                current_setting('autovacuum_vacuum_scale_factor'))::float8 AS scale_factor, \
+       greatest(s.last_vacuum, s.last_autovacuum) AS last_vacuum, \
+       CASE WHEN i.inhparent IS NOT NULL THEN substring( \
+           pg_get_expr(c.relpartbound, c.oid) FROM 'FROM \\(''([^'']*)''\\)')::timestamptz \
+       END AS lower_bound, \
+       EXISTS (SELECT 1 FROM pg_stat_progress_vacuum v WHERE v.relid = c.oid) AS vacuuming \
+FROM pg_class c JOIN pg_stat_all_tables s ON s.relid = c.oid \
+LEFT JOIN pg_inherits i ON i.inhrelid = c.oid \
+JOIN pg_class p ON p.oid = coalesce(i.inhparent, c.oid) \
+WHERE c.relkind = 'r' AND s.n_dead_tup >= $1 \
+  AND coalesce(i.inhparent, c.oid) IN (to_regclass('outbox_event'), \
+      to_regclass('inbox_event'), to_regclass('processed_event'), \
+      to_regclass('outbox_relay_waiting')) \
+ORDER BY 1, 2";
 
 /// Sessions of this database that hold the horizon of its tables: those with a transaction id
 /// or a snapshot, but neither autovacuum's workers nor a plain `VACUUM` (PostgreSQL leaves
@@ -118,6 +143,85 @@ pub(super) async fn tables(conn: &mut PgConnection) -> Result<Vec<TableHealth>> 
             })
         })
         .collect()
+}
+
+/// A table, or a partition, with dead rows ([`RELATIONS_SQL`]).
+pub(super) struct Relation {
+    pub(super) table: String,
+    pub(super) partition: Option<String>,
+    pub(super) dead: i64,
+    /// Its rows as last counted (0 before its first vacuum or analyze, as autovacuum takes it).
+    pub(super) reltuples: f64,
+    /// Its own `autovacuum_enabled`.
+    pub(super) autovacuum: bool,
+    /// Its `autovacuum_vacuum_threshold` (or the server's).
+    pub(super) threshold: f64,
+    /// Its `autovacuum_vacuum_scale_factor` (or the server's).
+    pub(super) scale_factor: f64,
+    pub(super) last_vacuum: Option<DateTime<Utc>>,
+    /// A partition's lower bound (`None`: a plain table, or the first partition).
+    pub(super) lower_bound: Option<DateTime<Utc>>,
+    /// Whether a vacuum runs on it now (seen only with `pg_read_all_stats`, or our own role's).
+    pub(super) vacuuming: bool,
+}
+
+/// The tables and partitions with at least `min_dead` dead rows.
+pub(super) async fn relations(conn: &mut PgConnection, min_dead: i64) -> Result<Vec<Relation>> {
+    sqlx::query(RELATIONS_SQL)
+        .bind(min_dead)
+        .fetch_all(conn)
+        .await?
+        .into_iter()
+        .map(|r| {
+            Ok(Relation {
+                table: r.try_get("table_name")?,
+                partition: r.try_get("partition")?,
+                dead: r.try_get("dead")?,
+                reltuples: r.try_get("reltuples")?,
+                autovacuum: r.try_get("autovacuum")?,
+                threshold: r.try_get("threshold")?,
+                scale_factor: r.try_get("scale_factor")?,
+                last_vacuum: r.try_get("last_vacuum")?,
+                lower_bound: r.try_get("lower_bound")?,
+                vacuuming: r.try_get("vacuuming")?,
+            })
+        })
+        .collect()
+}
+
+/// What bounds how long a table can have held rows: the server's time, the installation's
+/// first migration (no table of the framework is older), the statistics' last reset (dead
+/// rows and vacuums are counted from it).
+pub(super) struct Since {
+    pub(super) now: DateTime<Utc>,
+    pub(super) installed: Option<DateTime<Utc>>,
+    pub(super) stats_reset: Option<DateTime<Utc>>,
+}
+
+pub(super) async fn since(conn: &mut PgConnection) -> Result<Since> {
+    let (now, stats_reset): (DateTime<Utc>, Option<DateTime<Utc>>) = sqlx::query_as(
+        "SELECT now(), (SELECT stats_reset FROM pg_stat_database \
+                        WHERE datname = current_database())",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    // A database migrated by other means has no ledger.
+    let installed: Option<DateTime<Utc>> =
+        sqlx::query_scalar("SELECT min(applied_at) FROM outbox_schema_migrations")
+            .fetch_one(&mut *conn)
+            .await
+            .or_else(|e| {
+                if DbError::is_undefined_table(&e) {
+                    Ok(None)
+                } else {
+                    Err(e)
+                }
+            })?;
+    Ok(Since {
+        now,
+        installed,
+        stats_reset,
+    })
 }
 
 /// A session of this database holding the cleanup horizon ([`SESSIONS_SQL`]).

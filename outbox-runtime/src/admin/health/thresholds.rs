@@ -64,8 +64,10 @@ impl HealthThresholds {
         self
     }
 
-    /// Warns when a table with at least [`VACUUM_OVERDUE_MIN_DEAD_ROWS`] dead rows was last
-    /// vacuumed longer ago than this, or never (default 1 hour).
+    /// Warns when autovacuum is not keeping up with a table (a partition of a partitioned
+    /// one) with at least [`VACUUM_OVERDUE_MIN_DEAD_ROWS`] dead rows, more than autovacuum's
+    /// own trigger for it (or autovacuum off for it): not vacuumed for longer than this since
+    /// its last vacuum, or, never vacuumed, since it could first hold rows (default 1 hour).
     pub fn vacuum_age(mut self, age: Duration) -> Self {
         self.vacuum_age = age;
         self

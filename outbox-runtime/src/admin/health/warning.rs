@@ -143,8 +143,9 @@ pub enum Warning {
         /// Its live rows (PostgreSQL's estimate).
         live: i64,
     },
-    /// A table with dead rows was last vacuumed longer ago than
-    /// [`HealthThresholds::vacuum_age`](super::HealthThresholds::vacuum_age), or never.
+    /// Not reported any more: [`Warning::VacuumBehind`] is, of the same kind. (It took a
+    /// partition never vacuumed for one last vacuumed at its lower bound, even when the
+    /// partition was created hours after that, and warned whatever autovacuum's own trigger.)
     VacuumOverdue {
         /// The table.
         table: String,
@@ -153,6 +154,35 @@ pub enum Warning {
         /// Seconds since its last vacuum, by hand or automatic; `None`: never (since the
         /// statistics were last reset).
         last_vacuum_age_secs: Option<f64>,
+    },
+    /// Autovacuum is not keeping up with a table (a partition of a partitioned one): it holds
+    /// at least [`VACUUM_OVERDUE_MIN_DEAD_ROWS`](super::VACUUM_OVERDUE_MIN_DEAD_ROWS) dead rows,
+    /// more than autovacuum's trigger for it (or autovacuum cannot vacuum it), no vacuum runs
+    /// on it, and none has for longer than
+    /// [`HealthThresholds::vacuum_age`](super::HealthThresholds::vacuum_age): since its last
+    /// vacuum, or, never vacuumed, since it could first hold rows (see `rows_age_secs`). Its
+    /// kind is [`WarningKind::VacuumOverdue`] (in JSON too).
+    #[serde(rename = "vacuum_overdue")]
+    VacuumBehind {
+        /// The table.
+        table: String,
+        /// Its partition, on a partitioned table: where the dead rows are (`VACUUM
+        /// <partition>` removes them).
+        partition: Option<String>,
+        /// Its dead rows (PostgreSQL's estimate).
+        dead: i64,
+        /// The dead rows past which autovacuum vacuums it (its `autovacuum_vacuum_threshold`
+        /// plus its scale factor times its rows); `None`: autovacuum cannot (off for the
+        /// server or for it).
+        autovacuum_at: Option<i64>,
+        /// Seconds since its last vacuum, by hand or automatic; `None`: never (since the
+        /// statistics were last reset).
+        last_vacuum_age_secs: Option<f64>,
+        /// At most how long it has been able to hold rows, in seconds: since the latest of the
+        /// installation's first migration (no table of the framework is older), its lower
+        /// bound (a partition holds no row from before it), and the statistics' last reset;
+        /// `None` if none is known.
+        rows_age_secs: Option<f64>,
     },
     /// A session of this database has held a transaction (or a snapshot) open longer than
     /// [`HealthThresholds::transaction_age`](super::HealthThresholds::transaction_age): no row that became dead after it started can be
@@ -313,7 +343,9 @@ impl Warning {
         match self {
             Warning::AutovacuumOff { .. } => WarningKind::AutovacuumOff,
             Warning::DeadRows { .. } => WarningKind::DeadRows,
-            Warning::VacuumOverdue { .. } => WarningKind::VacuumOverdue,
+            Warning::VacuumOverdue { .. } | Warning::VacuumBehind { .. } => {
+                WarningKind::VacuumOverdue
+            }
             Warning::LongTransaction { .. } => WarningKind::LongTransaction,
             Warning::ReplicationSlot { .. } => WarningKind::ReplicationSlot,
             Warning::StandbyFeedback { .. } => WarningKind::StandbyFeedback,
@@ -337,6 +369,9 @@ impl Warning {
         let what = match self {
             Warning::AutovacuumOff { table, .. } => table.clone().unwrap_or_default(),
             Warning::DeadRows { table, .. } | Warning::VacuumOverdue { table, .. } => table.clone(),
+            Warning::VacuumBehind {
+                table, partition, ..
+            } => partition.clone().unwrap_or_else(|| table.clone()),
             Warning::LongTransaction { pid, .. } => pid.to_string(),
             Warning::StandbyFeedback {
                 application_name, ..

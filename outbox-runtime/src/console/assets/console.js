@@ -36,7 +36,9 @@ document.addEventListener("click", (event) => {
       alert("Select at least one row first.");
       return;
     }
-    question = button.dataset.confirmSelected.replace(/\b0\b/, String(ticked));
+    question = ticked === 1
+      ? button.dataset.confirmOne
+      : button.dataset.confirmSelected.replace(/\b0\b/, String(ticked));
   }
   if (!confirm(question)) {
     event.preventDefault();

@@ -10,7 +10,7 @@ use uuid::Uuid;
 use crate::admin::{self, PoisonFilter};
 use crate::console::auth::{self, Refusal};
 use crate::console::lists::{Action, List};
-use crate::console::pages::{self, Page, Row};
+use crate::console::pages::{self, count, Page, Row};
 use crate::console::respond::{attempt, bad_input, warnings, with_query, ErrorPage, Shared};
 use crate::console::Console;
 
@@ -140,20 +140,18 @@ async fn act(
         let page = Page::new(&console, &headers, Some(warnings(&console).await));
         return pages::confirm(&page, action, &selected.rows, &form.back).into_response();
     }
-    let changed = attempt!(
-        console.clone(),
-        headers,
-        run(&console, action, &selected.filter)
-            .await
-            .map_err(ErrorPage::from)
-    );
+    let changed = run(&console, action, &selected.filter).await;
+    // Whatever it changed, the next page's warnings and figures are read again.
+    console.acted();
+    let changed = attempt!(console.clone(), headers, changed.map_err(ErrorPage::from));
     tracing::info!(
         target: "outbox_runtime::console",
         action = action.verb(),
         rows = changed,
         ids = %selected.rows.iter().map(|r| r.id.as_str()).collect::<Vec<_>>().join(","),
-        "console action: {} {changed} row(s)",
-        action.verb()
+        "console action: {} {}",
+        action.verb(),
+        count(changed as i64, "row", "rows")
     );
     let sep = if back.contains('?') { '&' } else { '?' };
     Redirect::to(&format!("{back}{sep}done={}:{changed}", action.verb())).into_response()
@@ -190,12 +188,12 @@ async fn select(
     }
     // The rows as they are now; the action then takes exactly these.
     let rows: Vec<Row> = match action.list() {
-        List::Parked => admin::list_parked(&console.pool, &filter)
+        List::Parked => admin::list_parked_summaries(&console.pool, &filter)
             .await?
             .iter()
             .map(Row::parked)
             .collect(),
-        List::Dead => admin::list_dead(&console.pool, &filter)
+        List::Dead => admin::list_dead_summaries(&console.pool, &filter)
             .await?
             .iter()
             .map(Row::dead)
@@ -213,11 +211,14 @@ async fn select(
     })
 }
 
+/// What a row retried from the console records as what retried it.
+const RETRIED_BY: &str = "Retry in the console";
+
 async fn run(console: &Console, action: Action, filter: &PoisonFilter) -> crate::Result<u64> {
     match action {
-        Action::RetryParked => admin::retry_parked(&console.pool, filter).await,
+        Action::RetryParked => admin::retry_parked_by(&console.pool, filter, RETRIED_BY).await,
         Action::SkipParked => admin::drop_parked(&console.pool, filter).await,
-        Action::RetryDead => admin::retry_dead(&console.pool, filter).await,
+        Action::RetryDead => admin::retry_dead_by(&console.pool, filter, RETRIED_BY).await,
         Action::DiscardDead => admin::discard_dead(&console.pool, filter).await,
     }
 }

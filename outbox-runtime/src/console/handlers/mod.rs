@@ -8,4 +8,4 @@ mod read;
 
 pub(super) use act::{dead_discard, dead_retry, parked_retry, parked_skip};
 pub(super) use assets::{css, js};
-pub(super) use read::{dead, event, not_found, overview, parked, relays};
+pub(super) use read::{dead, event, event_payload, not_found, overview, parked, relays};

@@ -3,13 +3,13 @@
 
 use axum::extract::rejection::QueryRejection;
 use axum::extract::{Query, State};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use chrono::{DateTime, Utc};
 use serde::Deserialize;
 use uuid::Uuid;
 
-use crate::admin::{self, EventRef};
+use crate::admin::{self, EventRef, PayloadOf};
 use crate::console::lists::{given, parse_time, List, ListQuery};
 use crate::console::pages::{self, Page, Row};
 use crate::console::respond::{
@@ -87,7 +87,7 @@ pub(in crate::console) async fn parked(
                 .map_err(|_| bad_input(format!("`after`: `{after}` is not a row id")))?;
             page_filter = page_filter.after_id(id);
         }
-        let mut rows = admin::list_parked(&console.pool, &page_filter).await?;
+        let mut rows = admin::list_parked_summaries(&console.pool, &page_filter).await?;
         let total = admin::count_parked(&console.pool, &filter.limit(COUNT_CAP + 1)).await?;
         let next = (rows.len() > console.settings.page_size as usize).then(|| {
             rows.truncate(console.settings.page_size as usize);
@@ -124,7 +124,7 @@ pub(in crate::console) async fn dead(
             (None, None) => {}
             _ => return Err(bad_input("`after` and `after_id` go together")),
         }
-        let mut rows = admin::list_dead(&console.pool, &page_filter).await?;
+        let mut rows = admin::list_dead_summaries(&console.pool, &page_filter).await?;
         let total = admin::count_dead(&console.pool, &filter.limit(COUNT_CAP + 1)).await?;
         let next = (rows.len() > console.settings.page_size as usize).then(|| {
             rows.truncate(console.settings.page_size as usize);
@@ -169,6 +169,53 @@ pub(in crate::console) async fn event(
     };
     let page = Page::new(&console, &headers, Some(warnings(&console).await));
     pages::event(&page, id.as_deref(), found.as_ref().map(Option::as_ref)).into_response()
+}
+
+#[derive(Debug, Deserialize)]
+pub(in crate::console) struct PayloadQuery {
+    id: Option<String>,
+    of: Option<String>,
+}
+
+/// An event's payload, whole, as the relay sends it: what the event page links to when the
+/// payload is too large to show.
+pub(in crate::console) async fn event_payload(
+    State(console): Shared,
+    headers: HeaderMap,
+    query: Result<Query<PayloadQuery>, QueryRejection>,
+) -> Response {
+    let query = attempt!(console.clone(), headers, query_of(query));
+    let which: EventRef = attempt!(
+        console.clone(),
+        headers,
+        given(&query.id)
+            .unwrap_or_default()
+            .parse()
+            .map_err(bad_input)
+    );
+    let of = match given(&query.of) {
+        Some("outbox") | None => PayloadOf::Outbox,
+        Some("inbox") => PayloadOf::Inbox,
+        Some(other) => {
+            let failure = bad_input(format!("`of`: `{other}` is neither `outbox` nor `inbox`"));
+            return crate::console::respond::fail(console, headers, failure).await;
+        }
+    };
+    let text = attempt!(
+        console.clone(),
+        headers,
+        admin::payload_text(&console.pool, which, of)
+            .await
+            .map_err(ErrorPage::from)
+    );
+    match text {
+        Some(text) => (
+            [(header::CONTENT_TYPE, "application/json; charset=utf-8")],
+            text,
+        )
+            .into_response(),
+        None => not_found(State(console), headers).await,
+    }
 }
 
 pub(in crate::console) async fn not_found(State(console): Shared, headers: HeaderMap) -> Response {

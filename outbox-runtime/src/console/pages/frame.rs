@@ -7,7 +7,7 @@ use axum::http::HeaderMap;
 use chrono::Utc;
 use maud::{html, Markup, DOCTYPE};
 
-use super::format::time;
+use super::format::{count, time};
 use crate::admin::Health;
 use crate::console::{auth, Console};
 
@@ -133,7 +133,7 @@ fn warnings(page: &Page<'_>) -> Markup {
             }
             Some(Warnings::Checked(health)) => {
                 section.warnings #warnings {
-                    h2 { (health.warnings.len()) " health warning(s)" }
+                    h2 { (count(health.warnings.len() as i64, "health warning", "health warnings")) }
                     ul {
                         @for w in &health.warnings {
                             li data-kind=(w.kind().as_str()) { strong { (w.kind().as_str()) } ": " (w.to_string()) }

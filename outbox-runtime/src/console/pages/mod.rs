@@ -15,6 +15,7 @@ mod poison;
 mod relays;
 
 pub(super) use event::event;
+pub(super) use format::count;
 pub(super) use frame::{Page, Warnings};
 pub(super) use login::login;
 pub(super) use message::{message, message_back};

@@ -3,7 +3,9 @@
 use chrono::{DateTime, Utc};
 use maud::{html, Markup};
 
-use super::format::{age, n, time, urlencode};
+use std::sync::atomic::Ordering;
+
+use super::format::{age, clock, count, interval, n, time, urlencode};
 use super::frame::{layout, Nav, Page};
 use crate::admin::Health;
 use crate::console::chart::{self, Samples};
@@ -15,32 +17,67 @@ pub(in crate::console) fn overview(page: &Page<'_>, health: &Health, samples: &S
     let series = |f: fn(&chart::Sample) -> f64| -> Vec<(DateTime<Utc>, f64)> {
         samples.iter().map(|s| (s.at, f(s))).collect()
     };
+    let every = interval(settings.sample_interval);
+    let start = chart::axis_start(now, samples);
+    // Why a chart has nothing to draw, if it has not.
+    let empty = |nothing: String, zeros: bool| match samples.first() {
+        None if !page.console.sampling.load(Ordering::Relaxed) => Some(
+            "No samples: this console is not served on a tokio runtime, which its sampler needs."
+                .to_owned(),
+        ),
+        None => Some(format!("No sample yet: the first comes within {every}.")),
+        Some(first) if samples.len() == 1 => Some(format!(
+            "One sample so far, at {} UTC: a line needs two; the next in {every}.",
+            clock(first.at)
+        )),
+        Some(_) if zeros => Some(nothing),
+        Some(_) => None,
+    };
+    let backlog = chart::Chart {
+        title: "Backlog",
+        class: "backlog",
+        unit: "rows",
+        series: vec![
+            ("outbox unpublished", "#c0392b", series(|s| s.outbox_backlog)),
+            ("inbox unprocessed", "#2471a3", series(|s| s.inbox_backlog)),
+        ],
+        empty: empty(
+            format!(
+                "No backlog since {} UTC: at every sample, every event was published and every inbox row processed.",
+                clock(start)
+            ),
+            samples.iter().all(|s| s.outbox_backlog == 0.0 && s.inbox_backlog == 0.0),
+        ),
+    };
+    let rate = chart::Chart {
+        title: "Publish rate",
+        class: "publish-rate",
+        unit: "events/s",
+        series: vec![("published", "#1e8449", series(|s| s.publish_rate))],
+        empty: empty(
+            format!("Nothing was published since {} UTC.", clock(start)),
+            samples.iter().all(|s| s.publish_rate == 0.0),
+        ),
+    };
     let content = html! {
         h1 { "Overview" }
         p {
-            a href=(page.link("/relays")) { (status.relay_instances) " relay instance(s)" }
+            a href=(page.link("/relays")) { (count(status.relay_instances, "relay instance", "relay instances")) }
             " running on this database; "
-            (n(status.processed_event_rows)) " dedup records (about)."
+            (count(status.processed_event_rows, "dedup record", "dedup records")) " (about)."
         }
         section.charts {
-            @if samples.len() < 2 {
-                p.note {
-                    "Collecting samples for the charts: this console reads the figures every "
-                    (settings.sample_interval.as_secs()) " s since " (time(page.console.started_at))
-                    " and keeps the last hour."
+            (chart::line_chart(&backlog, start, now))
+            (chart::line_chart(&rate, start, now))
+            p.note {
+                @if samples.first().is_some() && !chart::full_window(now, start) {
+                    "The charts start at this console's first sample, " (time(start)) " ("
+                    (age((now - start).num_milliseconds() as f64 / 1000.0)) " ago), and span the last hour once it has one. "
+                } @else {
+                    "The last hour. "
                 }
-            } @else {
-                (chart::line_chart("Backlog", "rows", now, &[
-                    ("outbox unpublished", "#c0392b", series(|s| s.outbox_backlog)),
-                    ("inbox unprocessed", "#2471a3", series(|s| s.inbox_backlog)),
-                ]))
-                (chart::line_chart("Publish rate", "events/s", now, &[
-                    ("published", "#1e8449", series(|s| s.publish_rate)),
-                ]))
-                p.note {
-                    "Sampled by this console every " (settings.sample_interval.as_secs())
-                    " s since " (time(page.console.started_at)) "; the publish rate is the last minute's average."
-                }
+                "This console samples the figures every " (every) " (since " (time(page.console.started_at))
+                "); the publish rate is the last minute's average."
             }
         }
         h2 { "Outbox, by topic" }

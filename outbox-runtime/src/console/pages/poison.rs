@@ -4,9 +4,9 @@
 use chrono::{DateTime, Utc};
 use maud::{html, Markup};
 
-use super::format::{long_text, n, payload, time, urlencode};
+use super::format::{count, minute, n, payload_summary, time, urlencode};
 use super::frame::{layout, Nav, Page};
-use crate::admin::{DeadInboxEvent, ParkedEvent};
+use crate::admin::{DeadInboxEventSummary, ParkedEventSummary, PayloadSummary};
 use crate::console::lists::{Action, List, ListQuery};
 
 /// A parked or dead row, as the lists and the confirmation show it.
@@ -21,11 +21,11 @@ pub(in crate::console) struct Row {
     last_error: String,
     written_at: DateTime<Utc>,
     failed_at: DateTime<Utc>,
-    payload: serde_json::Value,
+    payload: PayloadSummary,
 }
 
 impl Row {
-    pub(in crate::console) fn parked(r: &ParkedEvent) -> Row {
+    pub(in crate::console) fn parked(r: &ParkedEventSummary) -> Row {
         Row {
             id: r.id.to_string(),
             event_id: r.event_id.to_string(),
@@ -40,7 +40,7 @@ impl Row {
         }
     }
 
-    pub(in crate::console) fn dead(r: &DeadInboxEvent) -> Row {
+    pub(in crate::console) fn dead(r: &DeadInboxEventSummary) -> Row {
         Row {
             id: r.event_id.to_string(),
             event_id: r.event_id.to_string(),
@@ -58,15 +58,15 @@ impl Row {
 
 /// What the redirect after an action says it did (`retried:3`).
 fn done_message(done: &str) -> Option<String> {
-    let (verb, count) = done.split_once(':')?;
-    let count: u64 = count.parse().ok()?;
+    let (verb, count_of) = done.split_once(':')?;
+    let count_of: u64 = count_of.parse().ok()?;
     let verb = match verb {
         "retried" => "Retried",
         "skipped" => "Skipped (deleted)",
         "discarded" => "Discarded",
         _ => return None,
     };
-    Some(format!("{verb} {count} row(s)."))
+    Some(format!("{verb} {}.", count(count_of as i64, "row", "rows")))
 }
 
 pub(in crate::console) fn poison_list(
@@ -94,30 +94,38 @@ pub(in crate::console) fn poison_list(
             [(Action::RetryDead, "Retry"), (Action::DiscardDead, "Discard")],
         ),
     };
-    let count = if total > i64::from(cap) {
+    let matching = if total > i64::from(cap) {
         format!("{}+ rows match", n(i64::from(cap)))
+    } else if total == 1 {
+        "1 row matches".to_owned()
     } else {
-        format!("{} row(s) match", n(total))
+        format!("{} rows match", n(total))
     };
     let filtered = !query.filter_query().is_empty();
     let form_id = "selection";
+    // One line a row: long values cut, whole in their title and on the event page.
     let table = html! {
-        table #rows {
+        table #rows .list {
             thead { tr {
                 @if page.actions() {
-                    th { input type="checkbox" .select-all aria-label="select all on this page"; }
-                    th { "Act" }
+                    th.c-select { input type="checkbox" .select-all aria-label="select all on this page"; }
+                    th.c-act.wide { "Act" }
                 }
-                @if list == List::Parked { th.num { "Id" } }
-                th { "Event id" } th { "Topic" } th { "Key" } th { "Type" } th.num { "Attempts" }
-                th { (written) } th { (failed) } th { "Last error" } th { "Payload" }
+                @match list {
+                    List::Parked => th.c-id.num title="The outbox row's id: its event page" { "Id" },
+                    List::Dead => th.c-event title="The event's id: its event page" { "Event id" },
+                }
+                th.c-topic { "Topic" } th.c-key { "Key" } th.c-type { "Type" }
+                th.c-attempts.num title="Attempts: publish attempts the broker refused, or handler runs that failed" { "Tries" }
+                th.c-time.wide { (written) " (UTC)" } th.c-time { (failed) " (UTC)" }
+                th.c-payload { "Payload" } th.c-error { "Last error" }
             } }
             tbody {
                 @for r in rows {
                     tr data-id=(r.id) {
                         @if page.actions() {
                             td { input type="checkbox" name="id" value=(r.id) form=(form_id) aria-label="select"; }
-                            td.act {
+                            td.act.wide {
                                 @for (action, label) in actions {
                                     button type="submit" form=(form_id) name="only" value=(r.id)
                                         formaction=(page.link(action.path()))
@@ -126,16 +134,18 @@ pub(in crate::console) fn poison_list(
                                 }
                             }
                         }
-                        @if list == List::Parked { td.num { (r.id) } }
-                        td { a href={ (page.link("/event")) "?id=" (r.event_id) } title=(r.event_id) { code { (r.event_id.get(..8).unwrap_or(&r.event_id)) "…" } } }
-                        td { (r.topic) }
-                        td { (long_text(&r.key, 24)) }
-                        td { (r.event_type) }
+                        @match list {
+                            List::Parked => td.num.id { a href={ (page.link("/event")) "?id=" (r.id) } title={ "event " (r.event_id) } { (r.id) } },
+                            List::Dead => td.event { a href={ (page.link("/event")) "?id=" (r.event_id) } title=(r.event_id) { code { (r.event_id.get(..8).unwrap_or(&r.event_id)) "…" } } },
+                        }
+                        td.topic title=(r.topic) { (r.topic) }
+                        td.key title=(r.key) { (r.key) }
+                        td.type title=(r.event_type) { (r.event_type) }
                         td.num { (r.attempts) }
-                        td.time { (time(r.written_at)) }
-                        td.time { (time(r.failed_at)) }
-                        td.error { (long_text(&r.last_error, 80)) }
-                        td { (payload(&r.payload)) }
+                        td.time.wide title=(time(r.written_at)) { (minute(r.written_at)) }
+                        td.time title=(time(r.failed_at)) { (minute(r.failed_at)) }
+                        td.payload { (payload_summary(&r.payload)) }
+                        td.error title=(r.last_error) { (r.last_error) }
                     }
                 }
             }
@@ -155,7 +165,7 @@ pub(in crate::console) fn poison_list(
             button type="submit" { "Filter" }
             @if filtered { " " a href=(page.link(list.path())) { "clear" } }
         }
-        p #count { (count) @if query.after.is_some() { " · a later page" } }
+        p #count { (matching) @if query.after.is_some() { " · a later page" } }
         @if rows.is_empty() {
             p.empty #no-rows { "No rows here." }
         } @else {
@@ -167,6 +177,7 @@ pub(in crate::console) fn poison_list(
                     @for (action, label) in actions {
                         button type="submit" formaction=(page.link(action.path()))
                             data-confirm-selected=(action.question(0))
+                            data-confirm-one=(action.question(1))
                             class={ "bulk-" (action.verb()) } { (label) " selected" }
                         " "
                     }
@@ -206,13 +217,21 @@ pub(in crate::console) fn confirm(
     let content = html! {
         h1 { "Confirm" }
         p.question { (action.question(rows.len())) }
-        table #rows {
-            thead { tr { th { "Row" } th { "Topic" } th { "Type" } th { "Attempts" } th { "Last error" } } }
+        table #rows .list .confirm {
+            thead { tr {
+                th.c-row { "Row" } th.c-topic { "Topic" } th.c-key { "Key" } th.c-type { "Type" }
+                th.c-attempts.num title="Attempts" { "Tries" } th.c-payload { "Payload" } th.c-error { "Last error" }
+            } }
             tbody {
                 @for r in rows {
                     tr data-id=(r.id) {
-                        td { code { (r.id) } } td { (r.topic) } td { (r.event_type) }
-                        td.num { (r.attempts) } td.error { (long_text(&r.last_error, 80)) }
+                        td.row title=(r.id) { code { (r.id) } }
+                        td.topic title=(r.topic) { (r.topic) }
+                        td.key title=(r.key) { (r.key) }
+                        td.type title=(r.event_type) { (r.event_type) }
+                        td.num { (r.attempts) }
+                        td.payload { (payload_summary(&r.payload)) }
+                        td.error title=(r.last_error) { (r.last_error) }
                     }
                 }
             }
@@ -222,7 +241,7 @@ pub(in crate::console) fn confirm(
             input type="hidden" name="confirmed" value="1";
             input type="hidden" name="back" value=(back);
             @for r in rows { input type="hidden" name="id" value=(r.id); }
-            button #confirm type="submit" { "Yes, " (action.word()) " " (rows.len()) " row(s)" }
+            button #confirm type="submit" { "Yes, " (action.word()) " " (count(rows.len() as i64, "row", "rows")) }
             " "
             a href={ (page.link(action.list().path())) @if !back.is_empty() { "?" (back) } } { "Cancel" }
         }
@@ -238,8 +257,9 @@ mod tests {
     fn the_done_message_says_only_what_an_action_did() {
         assert_eq!(
             done_message("retried:3").as_deref(),
-            Some("Retried 3 row(s).")
+            Some("Retried 3 rows.")
         );
+        assert_eq!(done_message("retried:1").as_deref(), Some("Retried 1 row."));
         assert_eq!(done_message("<b>:3"), None);
     }
 }

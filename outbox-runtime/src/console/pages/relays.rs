@@ -3,7 +3,7 @@
 use chrono::{DateTime, Utc};
 use maud::{html, Markup};
 
-use super::format::{age, long_text, n, time, time_opt};
+use super::format::{age, minute, n, time, time_opt};
 use super::frame::{layout, Nav, Page};
 use crate::admin::{HeldKey, RelayInstance};
 
@@ -72,18 +72,19 @@ pub(in crate::console) fn relays(
         @if held.is_empty() {
             p.empty #no-held-keys { "No key is held." }
         } @else {
-            table #held-keys {
+            table #held-keys .list {
                 thead { tr {
-                    th { "Topic" } th { "Key" } th.num { "Rows" } th { "Held since" } th { "Error" }
+                    th.c-topic { "Topic" } th.c-key { "Key" } th.c-rows.num { "Rows" }
+                    th.c-since { "Held since (UTC)" } th.c-error { "Error" }
                 } }
                 tbody {
                     @for h in held {
                         tr data-topic=(h.topic) {
-                            td { (h.topic) }
-                            td { (long_text(&h.partition_key, 40)) }
+                            td.topic title=(h.topic) { (h.topic) }
+                            td.key title=(h.partition_key) { (h.partition_key) }
                             td.num { (n(h.rows)) }
-                            td { (time(h.held_since)) " (" (age((now - h.held_since).num_milliseconds() as f64 / 1000.0)) ")" }
-                            td.error { (long_text(h.last_error.as_deref().unwrap_or(""), 120)) }
+                            td title=(time(h.held_since)) { (minute(h.held_since)) " (" (age((now - h.held_since).num_milliseconds() as f64 / 1000.0)) ")" }
+                            td.error.wrap title=[h.last_error.as_deref()] { (h.last_error.as_deref().unwrap_or("")) }
                         }
                     }
                 }
