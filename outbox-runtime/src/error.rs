@@ -235,6 +235,12 @@ pub enum PublishError {
     #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
     #[error("JetStream: {0}")]
     JetStream(String),
+    /// RabbitMQ refused it (a `nack`, a return: unroutable), or the channel or connection
+    /// failed before it was confirmed.
+    #[cfg(feature = "rabbitmq")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
+    #[error("RabbitMQ: {0}")]
+    RabbitMq(String),
     /// Sent, not acknowledged within the publish timeout.
     #[error("no acknowledgement within the publish timeout ({0:?})")]
     Timeout(std::time::Duration),

@@ -8,7 +8,7 @@
 #![cfg_attr(docsrs, feature(doc_cfg))]
 // A build with a broker's machinery (`prometheus` turns it on) but no broker to use it.
 #![cfg_attr(
-    not(any(feature = "kafka", feature = "nats")),
+    not(any(feature = "kafka", feature = "nats", feature = "rabbitmq")),
     allow(dead_code, unused_imports)
 )]
 
@@ -33,6 +33,9 @@ pub mod nats;
 mod prometheus;
 #[cfg(feature = "_broker")]
 mod publish;
+#[cfg(feature = "rabbitmq")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
+pub mod rabbitmq;
 pub mod relay;
 mod sqlstate;
 mod store;

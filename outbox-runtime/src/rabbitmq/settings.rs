@@ -1,0 +1,155 @@
+//! [`RabbitMq`]: the settings a user gives for RabbitMQ.
+
+use std::time::Duration;
+
+/// RabbitMQ as a relay, consumer or replay talks to it: the server's URL and the topology's
+/// shape. Give it to `RelayBuilder::rabbitmq`, `ConsumerBuilder::rabbitmq` or
+/// `Replay::rabbitmq`.
+///
+/// # The mapping
+///
+/// - **Exchange**: the event's topic names a durable `direct` exchange (`order.events`).
+/// - **Shards**: a key's hash picks one of [`shards`](Self::shards) shards (FNV-1a of the
+///   partition key, modulo the shard count: the same on every relay, in any language), and
+///   the record is published with the shard's number as its routing key. Each consumer group
+///   has one queue per shard, `<topic>.<group>.<shard>`, bound with that number: what a Kafka
+///   partition is to a key, a shard queue is here. The relay and every consumer of a topic
+///   must use the same shard count (a shard no queue is bound for is refused as unroutable:
+///   held, not lost).
+/// - **Order per key**: each shard queue has a single active consumer
+///   (`x-single-active-consumer`): however many instances of a group run, one reads a shard at
+///   a time, in the queue's order; another takes over when it goes away, and what it had not
+///   acknowledged comes first. A plugin-free consistent-hash exchange does not exist, and
+///   competing consumers on one queue would interleave a key's messages: hence shards.
+/// - **Queues** are quorum queues by default ([`quorum_queues`](Self::quorum_queues)):
+///   replicated, durable, with a delivery limit that dead-letters a message which keeps
+///   coming back (a handler that crashes the process), the way a poison message must end.
+/// - **Headers**: those a Kafka record carries (`event_id`, `event_type`, `aggregate_type`,
+///   `aggregate_id`, `content-type`, `outbox_id`, the application's own, and with
+///   [`CloudEvents`](crate::relay::CloudEvents) the attributes as `cloudEvents:*` headers, the
+///   AMQP binding's prefix), plus `outbox_key` and `outbox_timestamp_ms`; the message's
+///   `message_id` is the event id, `content_type` `application/json`, persistent.
+/// - **Publisher confirms**: a row is marked published only once the server confirmed it and
+///   did not return it; a `nack`, a return (no exchange, no queue bound for its shard), a
+///   closed channel or a timeout leaves it unpublished. RabbitMQ has no duplicate window: what
+///   a relay sends again after a crash or a lost confirm is delivered twice, and the consumers'
+///   deduplication (by event id) makes its effect once.
+///
+/// # Topology
+///
+/// By default ([`declare_topology`](Self::declare_topology)) the relay declares each topic's
+/// exchange before its first publish, and a consumer declares the exchange, its group's shard
+/// queues and bindings, their retry (delay) queues and the dead-letter queue when it starts.
+/// With `declare_topology(false)` nothing is declared: a missing exchange or queue holds the
+/// topic's records (`outbox status` and the `outbox_relay_held` gauge show it) until an
+/// operator creates them (`outbox topics ensure --transport rabbitmq`).
+#[derive(Debug, Clone)]
+pub struct RabbitMq {
+    pub(crate) url: String,
+    pub(crate) shards: u16,
+    pub(crate) quorum: bool,
+    pub(crate) declare: bool,
+    pub(crate) heartbeat: Duration,
+}
+
+impl RabbitMq {
+    /// The server at `url` (`amqp://user:password@host:5672/vhost`; `amqps://` with the
+    /// `rabbitmq-tls` feature), with 4 shards, quorum queues, declaring the topology.
+    pub fn new(url: impl Into<String>) -> Self {
+        RabbitMq {
+            url: url.into(),
+            shards: 4,
+            quorum: true,
+            declare: true,
+            heartbeat: Duration::from_secs(10),
+        }
+    }
+
+    /// How many shards (queues per consumer group) a topic has: how many consumer instances
+    /// of a group can read it at once (default 4, at most 1,000). The same on the relay and
+    /// every consumer of the topic.
+    pub fn shards(mut self, shards: u16) -> Self {
+        self.shards = shards;
+        self
+    }
+
+    /// Whether the queues a consumer declares are quorum queues (default `true`), or classic
+    /// ones (for a server whose quorum queues are off; no delivery limit then).
+    pub fn quorum_queues(mut self, quorum: bool) -> Self {
+        self.quorum = quorum;
+        self
+    }
+
+    /// Whether the relay and consumers declare exchanges and queues (default `true`).
+    pub fn declare_topology(mut self, declare: bool) -> Self {
+        self.declare = declare;
+        self
+    }
+
+    /// The AMQP heartbeat (default 10 s, at least 1 s): a connection that hears nothing for
+    /// two of them is given up and opened again.
+    pub fn heartbeat(mut self, heartbeat: Duration) -> Self {
+        self.heartbeat = heartbeat;
+        self
+    }
+
+    /// The URL without its password, for messages.
+    pub(crate) fn redacted_url(&self) -> String {
+        redacted(&self.url)
+    }
+
+    pub(crate) fn check(&self) -> Result<(), String> {
+        if !(1..=1000).contains(&self.shards) {
+            return Err(format!(
+                "shards must be between 1 and 1000, not {}",
+                self.shards
+            ));
+        }
+        if self.heartbeat < Duration::from_secs(1) || self.heartbeat.as_secs() > 600 {
+            return Err(format!(
+                "the heartbeat must be between 1 s and 10 min, not {:?}",
+                self.heartbeat
+            ));
+        }
+        super::link::arguments(self, "check").map(|_| ())
+    }
+}
+
+/// `url` with its password replaced by `***`.
+pub(crate) fn redacted(url: &str) -> String {
+    let Some((scheme, rest)) = url.split_once("://") else {
+        return url.to_owned();
+    };
+    match rest.split_once('@') {
+        Some((user_info, host)) => {
+            let user = user_info.split(':').next().unwrap_or("");
+            format!("{scheme}://{user}:***@{host}")
+        }
+        None => url.to_owned(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn passwords_are_left_out_of_urls() {
+        assert_eq!(
+            redacted("amqp://app:secret@mq:5672/prod"),
+            "amqp://app:***@mq:5672/prod"
+        );
+        assert_eq!(redacted("amqp://mq:5672"), "amqp://mq:5672");
+    }
+
+    #[test]
+    fn settings_that_cannot_work_are_refused() {
+        assert!(RabbitMq::new("amqp://guest:guest@127.0.0.1:5672")
+            .check()
+            .is_ok());
+        let e = RabbitMq::new("amqp://h").shards(0).check().unwrap_err();
+        assert!(e.contains("shards"), "{e}");
+        let e = RabbitMq::new("http://h").check().unwrap_err();
+        assert!(e.contains("URL"), "{e}");
+    }
+}
