@@ -9,6 +9,7 @@
 //! cargo run --example quickstart -- --demo 1 --trace      # and print every span: one trace per order
 //! cargo run --example quickstart -- --console 127.0.0.1:3001  # and the operator console
 //! cargo run --example quickstart -- --transport nats       # through nats-server -js (NATS_URL)
+//! cargo run --example quickstart -- --transport rabbitmq   # through RabbitMQ (RABBITMQ_URL)
 //! ```
 //!
 //! It prints the address it listens on and `curl` commands to try.
@@ -55,6 +56,9 @@
 //!   (`JetStream::create_streams`); a retry is the server's redelivery, so there is no retry
 //!   subject. The application's code is the same on either broker: only the builders' broker
 //!   setting differs.
+//! - `RABBITMQ_URL`: with `--transport rabbitmq`, the server, default
+//!   `amqp://guest:guest@127.0.0.1:5672`. The consumers declare their exchanges and queues when
+//!   they start (a retry waits in a delay queue).
 //!
 //! Ctrl-C shuts down gracefully: the HTTP server finishes the requests in flight, then the
 //! relays and consumers finish their batch in hand and stop.

@@ -4,15 +4,16 @@ use std::net::{Ipv4Addr, SocketAddr};
 
 pub const USAGE: &str = "\
 usage: cargo run --example quickstart -- [--listen ADDR] [--demo N] [--trace] [--console ADDR]
-                                         [--transport kafka|nats]
+                                         [--transport kafka|nats|rabbitmq]
 
   --listen ADDR   serve the orders API on ADDR (default 127.0.0.1:3000; port 0: a free port)
   --demo N        post N orders to the API, wait until all are paid, print the time, stop
   --trace         print every span as it ends (stderr): each order's spans share a trace id
   --console ADDR  serve the operator console of both databases on ADDR (e.g. 127.0.0.1:3001):
                   read-only, or with actions if OUTBOX_CONSOLE_TOKEN is set
-  --transport T   the broker between the services: kafka (default) or nats (NATS JetStream at
-                  NATS_URL; the streams are created)
+  --transport T   the broker between the services: kafka (default), nats (NATS JetStream at
+                  NATS_URL; the streams are created) or rabbitmq (at RABBITMQ_URL; the
+                  exchanges and queues are declared)
   --help          this text
 
 environment:
@@ -21,6 +22,8 @@ environment:
   KAFKA_BROKERS   a Kafka to use (default: an embedded mock cluster)
   NATS_URL        with --transport nats: the nats-server (default nats://127.0.0.1:4222),
                   with JetStream enabled (`nats-server -js`)
+  RABBITMQ_URL    with --transport rabbitmq: the server (default
+                  amqp://guest:guest@127.0.0.1:5672)
   OUTBOX_CONSOLE_TOKEN  with --console: allows its actions to whoever signs in with it";
 
 #[derive(Debug)]
@@ -42,6 +45,7 @@ pub struct Args {
 pub enum Transport {
     Kafka,
     Nats,
+    RabbitMq,
 }
 
 impl Args {
@@ -88,8 +92,9 @@ impl Args {
                     parsed.transport = match value()?.as_str() {
                         "kafka" => Transport::Kafka,
                         "nats" => Transport::Nats,
+                        "rabbitmq" => Transport::RabbitMq,
                         other => {
-                            return Err(format!("`--transport {other}`: kafka or nats"));
+                            return Err(format!("`--transport {other}`: kafka, nats or rabbitmq"));
                         }
                     };
                 }

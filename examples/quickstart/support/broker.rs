@@ -1,11 +1,12 @@
 //! The broker between the services: Kafka ([`Kafka`]: `KAFKA_BROKERS` or an embedded mock
-//! cluster), or NATS JetStream (`--transport nats`, at `NATS_URL`). Relays and consumers are
-//! built the same way on either: only their broker setting differs ([`Broker::relay`],
+//! cluster), NATS JetStream (`--transport nats`, at `NATS_URL`) or RabbitMQ (`--transport
+//! rabbitmq`, at `RABBITMQ_URL`). Relays and consumers are built the same way on each: only their broker setting differs ([`Broker::relay`],
 //! [`Broker::consumer`]).
 
 use std::time::Duration;
 
 use outbox_runtime::inbox::ConsumerBuilder;
+use outbox_runtime::rabbitmq::RabbitMq;
 use outbox_runtime::relay::{JetStream, RelayBuilder};
 
 use super::args::Transport;
@@ -15,6 +16,7 @@ use super::Result;
 pub enum Broker {
     Kafka(Kafka),
     JetStream(JetStream),
+    RabbitMq(RabbitMq),
 }
 
 impl Broker {
@@ -38,6 +40,17 @@ impl Broker {
                     JetStream::new(client).create_streams(true),
                 ))
             }
+            Transport::RabbitMq => {
+                let url = std::env::var("RABBITMQ_URL")
+                    .ok()
+                    .filter(|url| !url.is_empty())
+                    .unwrap_or_else(|| "amqp://guest:guest@127.0.0.1:5672".to_owned());
+                let rabbitmq = RabbitMq::new(url);
+                // The consumers declare their queues when they start; the relays publish
+                // only once a queue is bound (until then their events are held, not lost).
+                println!("RabbitMQ at {}", rabbitmq.url_for_display());
+                Ok(Broker::RabbitMq(rabbitmq))
+            }
         }
     }
 
@@ -46,6 +59,7 @@ impl Broker {
         match self {
             Broker::Kafka(kafka) => relay.brokers(kafka.bootstrap_servers()),
             Broker::JetStream(jetstream) => relay.jetstream(jetstream.clone()),
+            Broker::RabbitMq(rabbitmq) => relay.rabbitmq(rabbitmq.clone()),
         }
     }
 
@@ -57,6 +71,7 @@ impl Broker {
         match self {
             Broker::Kafka(kafka) => consumer.brokers(kafka.bootstrap_servers()),
             Broker::JetStream(jetstream) => consumer.jetstream(jetstream.clone()),
+            Broker::RabbitMq(rabbitmq) => consumer.rabbitmq(rabbitmq.clone()),
         }
     }
 }

@@ -23,15 +23,15 @@ pub struct Brokers {
     pub producer_config: Vec<(String, String)>,
 }
 
-/// Where `relay` and `replay` publish: Kafka, or NATS JetStream.
+/// Where `relay` and `replay` publish: Kafka, NATS JetStream or RabbitMQ.
 #[derive(Debug, Args)]
 pub struct PublishTo {
-    /// Kafka bootstrap servers, e.g. broker1:9092,broker2:9092 (or --nats-url)
+    /// Kafka bootstrap servers, e.g. broker1:9092,broker2:9092 (or --nats-url, --rabbitmq)
     #[arg(
         long,
         env = "KAFKA_BROKERS",
         value_name = "HOST:PORT,...",
-        required_unless_present = "nats_url"
+        required_unless_present_any = ["nats_url", "rabbitmq"]
     )]
     pub brokers: Option<String>,
     /// A producer setting (librdkafka's names), e.g. -X security.protocol=SASL_SSL; repeatable
@@ -41,4 +41,34 @@ pub struct PublishTo {
     /// subject, which a stream must capture); KAFKA_BROKERS is then ignored
     #[arg(long, value_name = "URL", conflicts_with = "producer_config")]
     pub nats_url: Option<String>,
+    #[command(flatten)]
+    pub rabbitmq: RabbitMqArgs,
+}
+
+/// Where RabbitMQ is, and the topology's shape.
+#[derive(Debug, Args)]
+pub struct RabbitMqArgs {
+    /// Publish to RabbitMQ instead of Kafka, e.g. amqp://user:password@127.0.0.1:5672/%2f (a
+    /// topic is an exchange; a key's hash picks a shard queue); KAFKA_BROKERS is then ignored
+    #[arg(
+        long,
+        env = "RABBITMQ_URL",
+        hide_env_values = true,
+        value_name = "URL",
+        conflicts_with_all = ["producer_config", "nats_url"]
+    )]
+    pub rabbitmq: Option<String>,
+    /// With --rabbitmq: shards (queues per consumer group) of each topic, the same on the
+    /// relay and every consumer
+    #[arg(long, default_value_t = 4, value_parser = clap::value_parser!(u16).range(1..=1000))]
+    pub shards: u16,
+}
+
+impl RabbitMqArgs {
+    /// The runtime's settings, if --rabbitmq was given.
+    pub fn settings(&self) -> Option<outbox_runtime::rabbitmq::RabbitMq> {
+        self.rabbitmq
+            .as_ref()
+            .map(|url| outbox_runtime::rabbitmq::RabbitMq::new(url.as_str()).shards(self.shards))
+    }
 }

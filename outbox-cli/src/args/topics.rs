@@ -2,7 +2,7 @@
 
 use clap::{Args, Subcommand};
 
-use super::{Brokers, Db};
+use super::{Brokers, Db, RabbitMqArgs};
 
 /// `outbox topics`' actions.
 #[derive(Debug, Subcommand)]
@@ -10,7 +10,8 @@ pub enum TopicsAction {
     /// Create the topics an installation needs, for brokers that do not create topics on first
     /// use: each source topic (--topic, and those of rows waiting in the outbox), and beside it
     /// its retry and dead-letter topics with its partition count; existing topics are left as
-    /// they are
+    /// they are. With --transport rabbitmq: each topic's exchange and, for each --group, its
+    /// shard queues, delay queues and the dead-letter queue, with what each holds
     Ensure(TopicsEnsureArgs),
 }
 
@@ -19,8 +20,20 @@ pub enum TopicsAction {
 pub struct TopicsEnsureArgs {
     #[command(flatten)]
     pub db: Db,
+    /// The broker: Kafka (topics) or RabbitMQ (exchanges and queues)
+    #[arg(long, value_enum, default_value = "kafka")]
+    pub transport: Transport,
+    /// Kafka bootstrap servers, e.g. broker1:9092,broker2:9092
+    #[arg(long, env = "KAFKA_BROKERS", value_name = "HOST:PORT,...")]
+    pub brokers: Option<String>,
+    /// A producer setting (librdkafka's names), e.g. -X security.protocol=SASL_SSL; repeatable
+    #[arg(short = 'X', long = "producer-config", value_name = "KEY=VALUE", value_parser = crate::parse::key_value)]
+    pub producer_config: Vec<(String, String)>,
     #[command(flatten)]
-    pub brokers: Brokers,
+    pub rabbitmq: RabbitMqArgs,
+    /// With --transport rabbitmq: a consumer group whose queues to declare (repeatable)
+    #[arg(long = "group", value_name = "GROUP")]
+    pub groups: Vec<String>,
     /// A source topic to ensure (repeatable), besides those of the outbox's waiting rows
     #[arg(long = "topic", value_name = "TOPIC")]
     pub topics: Vec<String>,
@@ -45,4 +58,23 @@ pub struct TopicsEnsureArgs {
     /// Print JSON instead of a table
     #[arg(long)]
     pub json: bool,
+}
+
+/// The brokers `topics ensure` prepares.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum Transport {
+    /// Kafka topics (with their retry and dead-letter topics).
+    Kafka,
+    /// RabbitMQ exchanges and each group's queues.
+    Rabbitmq,
+}
+
+impl TopicsEnsureArgs {
+    /// The Kafka brokers, as the other commands take them.
+    pub fn kafka(&self) -> Brokers {
+        Brokers {
+            brokers: self.brokers.clone().unwrap_or_default(),
+            producer_config: self.producer_config.clone(),
+        }
+    }
 }

@@ -122,6 +122,8 @@ enum Target {
     Kafka(ClientConfig, String),
     /// A connected client, and its URL.
     JetStream(outbox_runtime::async_nats::Client, String),
+    /// RabbitMQ's settings (checked: the relay connects, and says so while it cannot).
+    RabbitMq(outbox_runtime::rabbitmq::RabbitMq),
 }
 
 impl Target {
@@ -130,7 +132,14 @@ impl Target {
             brokers,
             producer_config: settings,
             nats_url,
+            rabbitmq,
         } = to;
+        if let Some(settings) = rabbitmq.settings() {
+            if let Some(brokers) = brokers {
+                tracing::info!(%brokers, "publishing to RabbitMQ: the Kafka brokers are ignored");
+            }
+            return Ok(Target::RabbitMq(settings));
+        }
         match nats_url {
             Some(url) => {
                 if let Some(brokers) = brokers {
@@ -156,6 +165,7 @@ impl Target {
         match self {
             Target::Kafka(_, brokers) => brokers.trim().to_owned(),
             Target::JetStream(_, url) => format!("JetStream at {url}"),
+            Target::RabbitMq(settings) => format!("RabbitMQ at {}", settings.url_for_display()),
         }
     }
 }

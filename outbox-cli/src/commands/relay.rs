@@ -45,6 +45,7 @@ pub async fn run(args: RelayArgs) -> Result {
         Target::JetStream(client, _) => {
             builder.jetstream(JetStream::new(client).create_streams(create_streams))
         }
+        Target::RabbitMq(settings) => builder.rabbitmq(settings),
     };
     let relay = builder
         .batch_size(batch_size)

@@ -72,6 +72,7 @@ pub async fn run(args: ReplayArgs) -> Result {
         Target::JetStream(client, _) => {
             Replay::jetstream(pool, outbox_runtime::relay::JetStream::new(client))
         }
+        Target::RabbitMq(settings) => Replay::rabbitmq(pool, settings),
     }
     .map_err(chain)?
     .batch_size(batch_size);

@@ -98,6 +98,11 @@ impl RabbitMq {
         redacted(&self.url)
     }
 
+    /// The server's URL with its password replaced by `***`, to show or log.
+    pub fn url_for_display(&self) -> String {
+        redacted(&self.url)
+    }
+
     pub(crate) fn check(&self) -> Result<(), String> {
         if !(1..=1000).contains(&self.shards) {
             return Err(format!(
