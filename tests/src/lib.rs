@@ -18,6 +18,7 @@ pub mod kafka;
 pub mod nats;
 pub mod payments;
 pub mod proxy;
+pub mod rabbitmq;
 pub mod running;
 
 pub use running::Running;
