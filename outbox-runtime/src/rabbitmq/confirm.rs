@@ -17,7 +17,7 @@ use amqprs::channel::{BasicPublishArguments, Channel};
 use amqprs::{Ack, BasicProperties, Cancel, CloseChannel, Nack, Return};
 use tokio::sync::oneshot;
 
-use super::link::{timed, Link};
+use super::link::{timed, CloseReason, Link};
 use super::settings::RabbitMq;
 use crate::error::PublishError;
 use crate::publish::Outcome;
@@ -25,6 +25,9 @@ use crate::publish::Outcome;
 /// An open channel in confirm mode.
 pub(crate) struct Confirming {
     pub(crate) link: Link,
+    /// Set once a publish's outcome was given up waiting for (its confirm may come late or
+    /// never): the channel is then no longer trusted, and given up before the next use.
+    pub(crate) stale: Arc<std::sync::atomic::AtomicBool>,
     confirms: Arc<Confirms>,
     /// The delivery tag of the next publish.
     next_tag: u64,
@@ -41,21 +44,23 @@ impl Confirming {
         exchanges: Option<Arc<Mutex<HashSet<String>>>>,
     ) -> Result<Confirming, String> {
         let confirms = Arc::new(Confirms::default());
-        let callback = Callback {
+        let callback = |closed| Callback {
             confirms: Arc::clone(&confirms),
             exchanges,
+            closed,
         };
         let link = Link::confirming(settings, name, within, callback).await?;
         Ok(Confirming {
             link,
+            stale: Arc::default(),
             confirms,
             next_tag: 1,
         })
     }
 
-    /// Whether the connection and channel are open.
+    /// Whether the connection and channel are open, and nothing was given up waiting on them.
     pub(crate) fn is_open(&self) -> bool {
-        self.link.is_open()
+        self.link.is_open() && !self.stale.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// Publishes a message (`mandatory`: returned if no queue takes it) and returns what
@@ -198,6 +203,7 @@ impl Confirms {
 struct Callback {
     confirms: Arc<Confirms>,
     exchanges: Option<Arc<Mutex<HashSet<String>>>>,
+    closed: CloseReason,
 }
 
 #[async_trait::async_trait]
@@ -207,6 +213,7 @@ impl ChannelCallback for Callback {
         _channel: &Channel,
         close: CloseChannel,
     ) -> std::result::Result<(), amqprs::error::Error> {
+        self.closed.note(&close);
         let text = close.to_string();
         // 404 on a publish: its exchange is gone; look it up again before the next.
         if let Some(exchanges) = self

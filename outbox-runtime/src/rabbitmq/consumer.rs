@@ -203,6 +203,7 @@ impl Reader {
                 .declare(&channel.link.channel, self.shard, ANSWER_WITHIN)
                 .await
             {
+                let e = channel.link.closed.explain(e);
                 channel.give_up(&e);
                 return lost(e);
             }
@@ -210,7 +211,8 @@ impl Reader {
         let mut deliveries = match self.subscribe(&channel).await {
             Ok(deliveries) => deliveries,
             Err(e) => {
-                if e.contains("NOT_FOUND") || e.contains("404") {
+                let e = channel.link.closed.explain(e);
+                if channel.link.closed.code() == Some(super::link::NOT_FOUND) {
                     missing.set(1.0);
                     tracing::warn!(topic = %self.topic, queue = %self.queue(),
                         "the shard queue does not exist: waiting for it (`outbox topics ensure \

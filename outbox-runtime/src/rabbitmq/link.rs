@@ -6,6 +6,7 @@
 //! users of RabbitMQ clients report as hangs.
 
 use std::future::Future;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use amqprs::callbacks::{ChannelCallback, ConnectionCallback};
@@ -14,23 +15,6 @@ use amqprs::connection::{Connection, OpenConnectionArguments};
 use amqprs::{Ack, BasicProperties, Cancel, Close, CloseChannel, Nack, Return};
 
 use super::settings::RabbitMq;
-
-/// The connection arguments `settings` give, named `name` (shown by the server).
-pub(crate) fn arguments(
-    settings: &RabbitMq,
-    name: &str,
-) -> Result<OpenConnectionArguments, String> {
-    let mut args = OpenConnectionArguments::try_from(settings.url.as_str()).map_err(|e| {
-        format!(
-            "the RabbitMQ URL `{}` cannot be used: {e}",
-            settings.redacted_url()
-        )
-    })?;
-    let heartbeat = u16::try_from(settings.heartbeat.as_secs().max(1)).unwrap_or(u16::MAX);
-    args.heartbeat(heartbeat)
-        .connection_name(&format!("outbox {name}"));
-    Ok(args)
-}
 
 /// Awaits `future` for at most `within`; `what` names it in the error.
 pub(crate) async fn timed<T, E: std::fmt::Display>(
@@ -45,10 +29,51 @@ pub(crate) async fn timed<T, E: std::fmt::Display>(
     }
 }
 
+/// AMQP's reply code: the named exchange or queue does not exist.
+pub(crate) const NOT_FOUND: u16 = 404;
+/// AMQP's reply code: the user may not do this.
+pub(crate) const ACCESS_REFUSED: u16 = 403;
+/// AMQP's reply code: something of that name exists with other arguments.
+pub(crate) const PRECONDITION_FAILED: u16 = 406;
+
+/// What the server said when it closed a channel. A call that fails on a channel the server
+/// closed only says the channel closed; the reason (404 no such exchange or queue, 406 an
+/// argument that differs, 403 refused) reaches the channel's callback, which notes it here.
+#[derive(Clone, Default)]
+pub(crate) struct CloseReason(Arc<Mutex<Option<(u16, String)>>>);
+
+impl CloseReason {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<(u16, String)>> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Notes the server's reason for closing the channel.
+    pub(crate) fn note(&self, close: &CloseChannel) {
+        *self.lock() = Some((close.reply_code(), close.reply_text().clone()));
+    }
+
+    /// The server's reply code, if it closed the channel.
+    pub(crate) fn code(&self) -> Option<u16> {
+        self.lock().as_ref().map(|(code, _)| *code)
+    }
+
+    /// `error` with the server's reason appended, if it gave one.
+    pub(crate) fn explain(&self, error: String) -> String {
+        match self.lock().as_ref() {
+            Some((code, text)) if !error.contains(text.as_str()) => {
+                format!("{error} (RabbitMQ closed the channel: {code} {text})")
+            }
+            _ => error,
+        }
+    }
+}
+
 /// An open connection and one channel on it.
 pub(crate) struct Link {
     pub(crate) connection: Connection,
     pub(crate) channel: Channel,
+    /// Why the server closed `channel`, once it did.
+    pub(crate) closed: CloseReason,
 }
 
 impl Link {
@@ -58,7 +83,7 @@ impl Link {
         name: &str,
         within: Duration,
     ) -> Result<Link, String> {
-        let args = arguments(settings, name)?;
+        let args = settings.connection_arguments(name)?;
         let url = settings.redacted_url();
         let connection = timed(
             within,
@@ -68,25 +93,27 @@ impl Link {
         .await?;
         // Callbacks that only log: without them the client logs an error for each event.
         let _ = connection.register_callback(Logged).await;
-        let channel = open_channel(&connection, within).await?;
+        let (channel, closed) = open_channel(&connection, within).await?;
         Ok(Link {
             connection,
             channel,
+            closed,
         })
     }
 
-    /// Opens a channel in confirm mode, with `callback` told of each confirm and return.
+    /// Opens a channel in confirm mode, with the callback `callback` makes (given where to note
+    /// a close's reason) told of each confirm and return.
     pub(crate) async fn confirming<C: ChannelCallback + Send + 'static>(
         settings: &RabbitMq,
         name: &str,
         within: Duration,
-        callback: C,
+        callback: impl FnOnce(CloseReason) -> C,
     ) -> Result<Link, String> {
         let link = Link::open(settings, name, within).await?;
         timed(
             within,
             "cannot register for confirms",
-            link.channel.register_callback(callback),
+            link.channel.register_callback(callback(link.closed.clone())),
         )
         .await?;
         timed(
@@ -113,23 +140,42 @@ impl Link {
 }
 
 /// Opens a channel on `connection` within `within` (a fresh one for each passive declare: the
-/// server closes a channel whose passive declare found nothing).
+/// server closes a channel whose passive declare found nothing), with where the server's
+/// reason for closing it will be noted.
 pub(crate) async fn open_channel(
     connection: &Connection,
     within: Duration,
-) -> Result<Channel, String> {
+) -> Result<(Channel, CloseReason), String> {
     let channel = timed(
         within,
         "cannot open a channel",
         connection.open_channel(None),
     )
     .await?;
-    let _ = channel.register_callback(Logged).await;
-    Ok(channel)
+    let closed = CloseReason::default();
+    timed(
+        within,
+        "cannot register the channel's callback",
+        channel.register_callback(Noting(closed.clone())),
+    )
+    .await?;
+    Ok((channel, closed))
 }
 
-/// Callbacks that log what the server says and do nothing else.
+/// Closes `channel` in the background if it is still open, waiting at most a second.
+pub(crate) fn close_channel(channel: Channel) {
+    if channel.is_open() {
+        tokio::spawn(async move {
+            let _ = tokio::time::timeout(Duration::from_secs(1), channel.close()).await;
+        });
+    }
+}
+
+/// The connection's callback: logs what the server says, does nothing else.
 struct Logged;
+
+/// A channel's callback: notes why the server closed it, logs the rest.
+struct Noting(CloseReason);
 
 #[async_trait::async_trait]
 impl ConnectionCallback for Logged {
@@ -154,13 +200,14 @@ impl ConnectionCallback for Logged {
 }
 
 #[async_trait::async_trait]
-impl ChannelCallback for Logged {
+impl ChannelCallback for Noting {
     async fn close(
         &mut self,
         channel: &Channel,
         close: CloseChannel,
     ) -> std::result::Result<(), amqprs::error::Error> {
         tracing::debug!(channel = %channel, %close, "RabbitMQ closed a channel");
+        self.0.note(&close);
         Ok(())
     }
 

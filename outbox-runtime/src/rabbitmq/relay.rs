@@ -7,12 +7,15 @@ use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::{Duration, Instant};
 
 use amqprs::channel::{ExchangeDeclareArguments, ExchangeType};
 
 use super::confirm::{self, Confirming};
-use super::link::{open_channel, timed};
+use super::link::{
+    close_channel, open_channel, timed, ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED,
+};
 use super::settings::RabbitMq;
 use super::wire::{self, check_exchange, shard_of};
 use crate::error::PublishError;
@@ -69,7 +72,7 @@ impl Publisher {
     ) -> Result<&'o mut Confirming, String> {
         if open.as_ref().is_some_and(|o| !o.is_open()) {
             if let Some(old) = open.take() {
-                old.give_up("the connection closed");
+                old.give_up("the connection closed, or a confirm was given up waiting for");
             }
         }
         if open.is_none() {
@@ -113,7 +116,7 @@ impl Publisher {
                 .map_err(deferred)?;
             open.link.connection.clone()
         };
-        let channel = open_channel(&connection, self.within)
+        let (channel, closed) = open_channel(&connection, self.within)
             .await
             .map_err(deferred)?;
         let mut args = ExchangeDeclareArguments::of_type(topic, ExchangeType::Direct);
@@ -124,13 +127,8 @@ impl Publisher {
             channel.exchange_declare(args),
         )
         .await;
-        let channel_open = channel.is_open();
-        if channel_open {
-            tokio::spawn(async move {
-                let _ = tokio::time::timeout(Duration::from_secs(1), channel.close()).await;
-            });
-        }
-        match declared {
+        close_channel(channel);
+        match declared.map_err(|e| (closed.code(), closed.explain(e))) {
             Ok(()) => {
                 self.exchanges
                     .lock()
@@ -138,17 +136,19 @@ impl Publisher {
                     .insert(topic.to_owned());
                 Ok(())
             }
-            Err(e) if e.contains("NOT_FOUND") || e.contains("404") => {
+            Err((Some(NOT_FOUND), _)) => {
                 self.missing
                     .lock()
                     .unwrap_or_else(|e| e.into_inner())
                     .insert(topic.to_owned(), Instant::now());
                 Err(missing())
             }
-            Err(e) if e.contains("ACCESS_REFUSED") || e.contains("403") => {
+            // Refused, or an exchange of that name exists with another type or durability:
+            // an operator's to fix, as a missing topic is.
+            Err((Some(ACCESS_REFUSED | PRECONDITION_FAILED), e)) => {
                 Err(Outcome::Held(PublishError::RabbitMq(e)))
             }
-            Err(e) => Err(deferred(e)),
+            Err((_, e)) => Err(deferred(e)),
         }
     }
 }
@@ -184,6 +184,7 @@ impl Sender for Publisher {
         {
             Ok(confirmed) => Ok(Delivery {
                 confirmed: Box::pin(confirm::outcome(confirmed)),
+                stale: Some(Arc::clone(&channel.stale)),
             }),
             Err(e) => {
                 // The tag may or may not have been used: this channel's numbers are no longer
@@ -197,15 +198,31 @@ impl Sender for Publisher {
     }
 }
 
-/// A message on its way, until the server confirms, refuses or returns it.
+/// A message on its way, until the server confirms, refuses or returns it. Dropped before
+/// that (its wait timed out), it marks its channel stale: a confirm lost or late leaves the
+/// channel's state unknown, and the relay opens another rather than wait on it again.
 pub(crate) struct Delivery {
     confirmed: Pin<Box<dyn Future<Output = Outcome> + Send>>,
+    /// The channel's flag, until the outcome is in.
+    stale: Option<Arc<AtomicBool>>,
 }
 
 impl Future for Delivery {
     type Output = Outcome;
 
     fn poll(mut self: Pin<&mut Self>, cx: &mut std::task::Context<'_>) -> std::task::Poll<Outcome> {
-        self.confirmed.as_mut().poll(cx)
+        let polled = self.confirmed.as_mut().poll(cx);
+        if polled.is_ready() {
+            self.stale = None;
+        }
+        polled
+    }
+}
+
+impl Drop for Delivery {
+    fn drop(&mut self) {
+        if let Some(stale) = self.stale.take() {
+            stale.store(true, Ordering::Relaxed);
+        }
     }
 }

@@ -2,6 +2,8 @@
 
 use std::time::Duration;
 
+use amqprs::connection::OpenConnectionArguments;
+
 /// RabbitMQ as a relay, consumer or replay talks to it: the server's URL and the topology's
 /// shape. Give it to `RelayBuilder::rabbitmq`, `ConsumerBuilder::rabbitmq` or
 /// `Replay::rabbitmq`.
@@ -116,7 +118,23 @@ impl RabbitMq {
                 self.heartbeat
             ));
         }
-        super::link::arguments(self, "check").map(|_| ())
+        self.connection_arguments("check").map(|_| ())
+    }
+}
+
+impl RabbitMq {
+    /// The connection arguments these settings give, named `name` (the server shows it).
+    pub(crate) fn connection_arguments(&self, name: &str) -> Result<OpenConnectionArguments, String> {
+        let mut args = OpenConnectionArguments::try_from(self.url.as_str()).map_err(|e| {
+            format!(
+                "the RabbitMQ URL `{}` cannot be used: {e}",
+                self.redacted_url()
+            )
+        })?;
+        let heartbeat = u16::try_from(self.heartbeat.as_secs().max(1)).unwrap_or(u16::MAX);
+        args.heartbeat(heartbeat)
+            .connection_name(&format!("outbox {name}"));
+        Ok(args)
     }
 }
 

@@ -19,7 +19,7 @@ use amqprs::channel::{
 use amqprs::connection::Connection;
 use amqprs::{FieldTable, FieldValue};
 
-use super::link::{open_channel, timed};
+use super::link::{close_channel, open_channel, timed, NOT_FOUND};
 use super::settings::RabbitMq;
 use super::wire::shard_queue;
 
@@ -175,7 +175,7 @@ pub(crate) async fn depth(
     queue: &str,
     within: Duration,
 ) -> Result<Option<QueueDepth>, String> {
-    let channel = open_channel(connection, within).await?;
+    let (channel, closed) = open_channel(connection, within).await?;
     let mut args = QueueDeclareArguments::new(queue);
     args.passive(true);
     let declared = timed(
@@ -184,19 +184,15 @@ pub(crate) async fn depth(
         channel.queue_declare(args),
     )
     .await;
-    if channel.is_open() {
-        tokio::spawn(async move {
-            let _ = tokio::time::timeout(Duration::from_secs(1), channel.close()).await;
-        });
-    }
+    close_channel(channel);
     match declared {
         Ok(Some((_, messages, consumers))) => Ok(Some(QueueDepth {
             messages,
             consumers,
         })),
         Ok(None) => Ok(None),
-        Err(e) if e.contains("NOT_FOUND") || e.contains("404") => Ok(None),
-        Err(e) => Err(e),
+        Err(_) if closed.code() == Some(NOT_FOUND) => Ok(None),
+        Err(e) => Err(closed.explain(e)),
     }
 }
 

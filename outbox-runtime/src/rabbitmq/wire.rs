@@ -71,6 +71,9 @@ fn insert(table: &mut FieldTable, name: &str, value: &str) -> Result<(), String>
             name.chars().take(40).collect::<String>()
         )
     })?;
+    // amqp_serde's `insert` over an existing name counts the table's length twice (the
+    // frame then carries a wrong size and the server closes the connection): remove first.
+    table.remove(&field);
     table.insert(field, FieldValue::from(value));
     Ok(())
 }
@@ -204,14 +207,42 @@ fn kept(original: Option<&BasicProperties>, drop: impl Fn(&str) -> bool) -> Fiel
     table
 }
 
-/// `original`'s properties with `headers`, persistent.
+/// `original`'s properties with `headers`, persistent, without what republishing it must not
+/// carry: its `expiration` (a retry sets its own; a dead letter stays until taken) and its
+/// `user_id` (the server refuses a publish whose `user_id` is not the publishing user's).
 fn with_headers(original: Option<&BasicProperties>, headers: FieldTable) -> BasicProperties {
-    let mut properties = original.cloned().unwrap_or_default();
+    let mut properties = BasicProperties::default();
     properties
         .with_headers(headers)
         .with_delivery_mode(DELIVERY_MODE_PERSISTENT);
+    let Some(original) = original else {
+        return properties;
+    };
+    let text = [
+        (original.content_type(), BasicProperties::with_content_type as Setter),
+        (original.content_encoding(), BasicProperties::with_content_encoding),
+        (original.correlation_id(), BasicProperties::with_correlation_id),
+        (original.reply_to(), BasicProperties::with_reply_to),
+        (original.message_id(), BasicProperties::with_message_id),
+        (original.message_type(), BasicProperties::with_message_type),
+        (original.app_id(), BasicProperties::with_app_id),
+    ];
+    for (value, set) in text {
+        if let Some(value) = value {
+            set(&mut properties, value);
+        }
+    }
+    if let Some(priority) = original.priority() {
+        properties.with_priority(priority);
+    }
+    if let Some(timestamp) = original.timestamp() {
+        properties.with_timestamp(timestamp);
+    }
     properties
 }
+
+/// A text property's setter.
+type Setter = fn(&mut BasicProperties, &str) -> &mut BasicProperties;
 
 /// A header value AMQP carries in a table (any text), a line break made a space.
 fn one_line(value: &str) -> String {
@@ -280,10 +311,7 @@ pub(crate) fn dead_letter(
     );
     let _ = insert(&mut headers, consumer_headers::DLQ_SOURCE_OFFSET, "0");
     let _ = insert(&mut headers, DLQ_GROUP, from.group);
-    let mut properties = with_headers(original, headers);
-    // A dead letter stays until an operator takes it.
-    properties.with_expiration("");
-    properties
+    with_headers(original, headers)
 }
 
 #[cfg(test)]
