@@ -127,4 +127,5 @@ impl<M> Brokers<M> {
 #[cfg(feature = "kafka")]
 const NONE: &str = "no Kafka brokers: call `brokers(...)` or set bootstrap.servers";
 #[cfg(not(feature = "kafka"))]
-const NONE: &str = "no broker: call `jetstream(...)` (this build has no Kafka: feature `kafka`)";
+const NONE: &str =
+    "no broker: call `jetstream(...)` or `rabbitmq(...)` (this build has no Kafka: feature `kafka`)";

@@ -11,7 +11,7 @@ use std::time::Duration;
 
 use amqprs::callbacks::{ChannelCallback, ConnectionCallback};
 use amqprs::channel::{Channel, ConfirmSelectArguments};
-use amqprs::connection::{Connection, OpenConnectionArguments};
+use amqprs::connection::Connection;
 use amqprs::{Ack, BasicProperties, Cancel, Close, CloseChannel, Nack, Return};
 
 use super::settings::RabbitMq;
@@ -113,7 +113,8 @@ impl Link {
         timed(
             within,
             "cannot register for confirms",
-            link.channel.register_callback(callback(link.closed.clone())),
+            link.channel
+                .register_callback(callback(link.closed.clone())),
         )
         .await?;
         timed(

@@ -124,7 +124,10 @@ impl RabbitMq {
 
 impl RabbitMq {
     /// The connection arguments these settings give, named `name` (the server shows it).
-    pub(crate) fn connection_arguments(&self, name: &str) -> Result<OpenConnectionArguments, String> {
+    pub(crate) fn connection_arguments(
+        &self,
+        name: &str,
+    ) -> Result<OpenConnectionArguments, String> {
         let mut args = OpenConnectionArguments::try_from(self.url.as_str()).map_err(|e| {
             format!(
                 "the RabbitMQ URL `{}` cannot be used: {e}",

@@ -219,9 +219,18 @@ fn with_headers(original: Option<&BasicProperties>, headers: FieldTable) -> Basi
         return properties;
     };
     let text = [
-        (original.content_type(), BasicProperties::with_content_type as Setter),
-        (original.content_encoding(), BasicProperties::with_content_encoding),
-        (original.correlation_id(), BasicProperties::with_correlation_id),
+        (
+            original.content_type(),
+            BasicProperties::with_content_type as Setter,
+        ),
+        (
+            original.content_encoding(),
+            BasicProperties::with_content_encoding,
+        ),
+        (
+            original.correlation_id(),
+            BasicProperties::with_correlation_id,
+        ),
         (original.reply_to(), BasicProperties::with_reply_to),
         (original.message_id(), BasicProperties::with_message_id),
         (original.message_type(), BasicProperties::with_message_type),
@@ -242,7 +251,7 @@ fn with_headers(original: Option<&BasicProperties>, headers: FieldTable) -> Basi
 }
 
 /// A text property's setter.
-type Setter = fn(&mut BasicProperties, &str) -> &mut BasicProperties;
+type Setter = for<'a> fn(&'a mut BasicProperties, &str) -> &'a mut BasicProperties;
 
 /// A header value AMQP carries in a table (any text), a line break made a space.
 fn one_line(value: &str) -> String {

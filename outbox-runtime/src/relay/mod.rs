@@ -1,5 +1,5 @@
-//! The relay: publishes the outbox to Kafka, or to NATS JetStream ([`JetStream`], feature
-//! `nats`; below).
+//! The relay: publishes the outbox to Kafka, to NATS JetStream ([`JetStream`], feature `nats`)
+//! or to RabbitMQ ([`RabbitMq`], feature `rabbitmq`); below.
 //!
 //! ```no_run
 //! use std::time::Duration;
@@ -151,6 +151,27 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # RabbitMQ
+//!
+//! With the `rabbitmq` feature the relay publishes to RabbitMQ ([`RabbitMq`]): a topic is a
+//! durable direct exchange, the partition key picks one of the topic's shards (the routing
+//! key), `message_id` is the event id, and every message is persistent, `mandatory` and sent
+//! on a confirm channel. A row is marked published only on the server's positive confirm with
+//! no return; a nack, a channel error or a confirm that does not come leaves it unpublished,
+//! and a topic no queue takes (no exchange, or nothing bound to the shard) is held, as a
+//! missing Kafka topic is. A key's next record goes only once the previous one is confirmed.
+//!
+//! ```no_run
+//! # #[cfg(feature = "rabbitmq")]
+//! # fn run(pool: sqlx::PgPool) -> outbox_runtime::Result<()> {
+//! use outbox_runtime::relay::{RabbitMq, Relay};
+//!
+//! let relay = Relay::builder(pool)
+//!     .rabbitmq(RabbitMq::new("amqp://guest:guest@127.0.0.1:5672"))
+//!     .build()?;
+//! # Ok(()) }
+//! ```
+//!
 //! # CloudEvents
 //!
 //! Consumers outside this framework (Knative, another language's CloudEvents SDK) can read the
@@ -200,6 +221,10 @@ use crate::error::Result;
 pub use crate::nats::JetStream;
 #[cfg(feature = "_broker")]
 pub use crate::publish::CloudEvents;
+/// The relay's RabbitMQ settings; also at [`crate::rabbitmq::RabbitMq`].
+#[cfg(feature = "rabbitmq")]
+#[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
+pub use crate::rabbitmq::RabbitMq;
 #[cfg(feature = "_broker")]
 pub use builder::RelayBuilder;
 #[cfg(feature = "_broker")]
