@@ -5,7 +5,7 @@ use std::time::Duration;
 use clap::{Parser, Subcommand};
 
 use super::{
-    CleanupArgs, ConsoleArgs, Db, InboxAction, ParkedAction, PartitionsAction, RelayArgs,
+    CleanupArgs, ConsoleArgs, Db, InboxAction, ParkedAction, PartitionsAction, Queues, RelayArgs,
     ReplayArgs, Thresholds, TopicsAction,
 };
 use crate::parse;
@@ -58,6 +58,8 @@ pub enum Command {
         /// row is older than this, e.g. 2m: a health check for cron or a probe
         #[arg(long, value_parser = parse::duration, value_name = "DURATION")]
         max_age: Option<Duration>,
+        #[command(flatten)]
+        queues: Queues,
     },
     /// Run relays as a standalone process until Ctrl-C or SIGTERM
     Relay(RelayArgs),
@@ -105,4 +107,29 @@ pub enum Command {
         #[arg(long = "topic", value_name = "TOPIC")]
         topics: Vec<String>,
     },
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every command's options are well formed (clap checks them only when that command runs:
+    /// an option that conflicts with one its command does not have panics there).
+    #[test]
+    fn every_command_is_well_formed() {
+        super::Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn help_names_every_broker() {
+        let mut relay = super::Cli::command();
+        let help = relay
+            .find_subcommand_mut("relay")
+            .expect("relay")
+            .render_long_help()
+            .to_string();
+        for option in ["--brokers", "--nats-url", "--rabbitmq"] {
+            assert!(help.contains(option), "{option} in: {help}");
+        }
+    }
 }
