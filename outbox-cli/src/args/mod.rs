@@ -16,7 +16,7 @@ mod topics;
 pub use cleanup::CleanupArgs;
 pub use cli::{Cli, Command, LogFormat};
 pub use console::ConsoleArgs;
-pub use endpoints::{Brokers, Db, PublishTo, RabbitMqArgs};
+pub use endpoints::{Brokers, Db, PublishTo, Queues, RabbitMqArgs};
 pub use partitions::PartitionsAction;
 pub use poison::{Act, DeadAction, InboxAction, List, ParkedAction, Selection};
 pub use relay::RelayArgs;

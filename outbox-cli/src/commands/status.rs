@@ -6,7 +6,7 @@ use std::time::Duration;
 use outbox_runtime::admin::{self, Health, HealthThresholds, Status};
 
 use super::{chain, connect_migrated, print_json, Result};
-use crate::args::Db;
+use crate::args::{Db, Queues};
 use crate::parse::human;
 use crate::ui;
 
@@ -16,13 +16,28 @@ pub async fn run(
     check: bool,
     thresholds: &HealthThresholds,
     max_age: Option<Duration>,
+    queues: &Queues,
 ) -> Result {
     let pool = connect_migrated(db, 2).await?;
     let health = admin::health(&pool, thresholds).await.map_err(chain)?;
+    let rabbitmq = match queues.settings() {
+        Some(settings) => Some(rabbitmq_queues(&settings, queues, &health.status).await?),
+        None => None,
+    };
     if json {
-        print_json(&health)?;
+        match &rabbitmq {
+            None => print_json(&health)?,
+            Some(rows) => {
+                let mut value = serde_json::to_value(&health).map_err(|e| e.to_string())?;
+                value["rabbitmq_queues"] = serde_json::to_value(rows).map_err(|e| e.to_string())?;
+                print_json(&value)?;
+            }
+        }
     } else {
         print_status(&health.status);
+        if let Some(rows) = &rabbitmq {
+            print_queues(queues, rows);
+        }
         print_health(&health);
     }
     if check && !health.warnings.is_empty() {
@@ -206,4 +221,90 @@ fn print_health(health: &Health) {
             out!("  ! {warning}");
         }
     }
+}
+
+/// One RabbitMQ queue as `status` reports it.
+#[derive(serde::Serialize)]
+struct QueueRow {
+    topic: String,
+    group: String,
+    queue: String,
+    /// `false`: the queue does not exist.
+    exists: bool,
+    messages: Option<u32>,
+    consumers: Option<u32>,
+}
+
+/// The queues of each group for the topics --topic names, or else every topic of the status.
+async fn rabbitmq_queues(
+    settings: &outbox_runtime::rabbitmq::RabbitMq,
+    queues: &Queues,
+    status: &Status,
+) -> Result<Vec<QueueRow>> {
+    let mut topics = queues.topics.clone();
+    if topics.is_empty() {
+        let known = status.outbox.iter().map(|t| &t.topic);
+        let known = known.chain(status.inbox.iter().map(|t| &t.topic));
+        for topic in known.chain(status.consumer_leases.iter().map(|l| &l.topic)) {
+            if !topics.contains(topic) {
+                topics.push(topic.clone());
+            }
+        }
+    }
+    let mut rows = Vec::new();
+    for topic in &topics {
+        for group in &queues.groups {
+            for (queue, depth) in settings.topology(topic, group).await.map_err(chain)? {
+                rows.push(QueueRow {
+                    topic: topic.clone(),
+                    group: group.clone(),
+                    queue,
+                    exists: depth.is_some(),
+                    messages: depth.map(|d| d.messages),
+                    consumers: depth.map(|d| d.consumers),
+                });
+            }
+        }
+    }
+    Ok(rows)
+}
+
+fn print_queues(queues: &Queues, rows: &[QueueRow]) {
+    out!();
+    out!(
+        "RabbitMQ queues ({}, {} shards)",
+        queues
+            .settings()
+            .map_or_else(String::new, |s| s.url_for_display()),
+        queues.shards
+    );
+    if rows.is_empty() {
+        out!("  no topics to report: name them with --topic");
+        return;
+    }
+    let number = |n: Option<u32>| n.map_or_else(|| "-".to_owned(), |n| n.to_string());
+    let table: Vec<Vec<String>> = rows
+        .iter()
+        .map(|r| {
+            let read = r.queue.ends_with(".retry") || r.queue.ends_with(".dlq");
+            let state = match (r.exists, r.consumers) {
+                (false, _) => "missing",
+                (true, Some(0)) if !read => "no consumer",
+                _ => "ok",
+            };
+            vec![
+                r.topic.clone(),
+                r.group.clone(),
+                r.queue.clone(),
+                number(r.messages),
+                number(r.consumers),
+                state.to_owned(),
+            ]
+        })
+        .collect();
+    ui::table(
+        &["TOPIC", "GROUP", "QUEUE", "READY", "CONSUMERS", "STATE"],
+        &[false, false, false, true, true, false],
+        &table,
+    );
 }

@@ -10,6 +10,7 @@ mod dev_broker;
 mod errors;
 mod partitions;
 mod poison;
+mod rabbitmq;
 mod relay;
 mod replay;
 mod status;
