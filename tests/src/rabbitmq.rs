@@ -750,6 +750,51 @@ pub async fn declare_queue_for_all_shards(url: &str, queue: &str, exchange: &str
     }
 }
 
+/// [`declare_queue_for_all_shards`] with a length limit: a classic durable queue of `max_length` messages that
+/// refuses (nacks) what does not fit (`x-overflow: reject-publish`).
+pub async fn declare_limited_queue(
+    url: &str,
+    queue: &str,
+    exchange: &str,
+    shards: u16,
+    max_length: i64,
+) {
+    let (connection, channel, closed) = open(url).await;
+    let mut arguments = FieldTable::new();
+    arguments.insert(
+        "x-max-length".try_into().expect("short"),
+        FieldValue::l(max_length),
+    );
+    arguments.insert(
+        "x-overflow".try_into().expect("short"),
+        FieldValue::from("reject-publish"),
+    );
+    channel
+        .queue_declare(
+            QueueDeclareArguments::new(queue)
+                .durable(true)
+                .arguments(arguments)
+                .finish(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("declare queue {queue}: {}", closed.explain(&e)));
+    channel
+        .exchange_declare(
+            ExchangeDeclareArguments::of_type(exchange, ExchangeType::Direct)
+                .durable(true)
+                .finish(),
+        )
+        .await
+        .unwrap_or_else(|e| panic!("declare exchange {exchange}: {}", closed.explain(&e)));
+    for shard in 0..shards {
+        channel
+            .queue_bind(QueueBindArguments::new(queue, exchange, &shard.to_string()))
+            .await
+            .unwrap_or_else(|e| panic!("bind {queue} to {exchange}: {}", closed.explain(&e)));
+    }
+    close(connection, channel).await;
+}
+
 /// A message read back with the properties the Kafka-shaped [`Received`] leaves out.
 #[derive(Debug, Clone)]
 pub struct Message {

@@ -349,7 +349,10 @@ async fn an_exchange_deleted_under_the_relay_is_declared_again() {
     )
     .await;
     // No queue is bound any more: held, until one is.
-    wait_held_some(&relay).await;
+    wait_for("rows to be held", Duration::from_secs(30), || async {
+        relay.status().await.unwrap().held > 0
+    })
+    .await;
     mq::declare_queue_for_all_shards(SHARED_URL, &queue, &topic.name, SHARDS).await;
     let messages = topic.read(&queue, 5, Duration::from_secs(30)).await;
     wait_until_published(&db.pool, Duration::from_secs(30)).await;
@@ -362,13 +365,6 @@ async fn an_exchange_deleted_under_the_relay_is_declared_again() {
     check_delivery_where(&db.pool, &records(&messages), 5, filter).await;
     assert_eq!(relay.status().await.unwrap().parked, 0);
     running.stop().await;
-}
-
-async fn wait_held_some(relay: &Relay) {
-    wait_for("rows to be held", Duration::from_secs(30), || async {
-        relay.status().await.unwrap().held > 0
-    })
-    .await;
 }
 
 /// Confirms held back (a proxy stops passing what the node sends): the batch times out, its
@@ -560,4 +556,42 @@ async fn what_rabbitmq_cannot_take_is_refused_clearly() {
     assert!(errors
         .iter()
         .any(|e| e.contains("cannot name a RabbitMQ exchange")));
+}
+
+/// A queue at its length limit refuses (nacks) what does not fit: those rows stay unpublished
+/// (not an attempt), and go once there is room; with two relays, each key's messages still
+/// arrive in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn refused_messages_stay_unpublished_and_keys_keep_their_order() {
+    let db = TestDb::new().await;
+    let mut topic = Topic::new(SHARED_URL, &db.pool).await;
+    let queue = format!("{}.limited", topic.name);
+    mq::declare_limited_queue(SHARED_URL, &queue, &topic.name, SHARDS, 20).await;
+    topic.queues.push(queue.clone());
+    let relays: Vec<_> = (0..2)
+        .map(|_| {
+            let relay = relay_to(&db.pool, RabbitMq::new(SHARED_URL))
+                .batch_size(50)
+                .build()
+                .unwrap();
+            Running::relay(&relay)
+        })
+        .collect();
+    let n = emit_events(&db.pool, 10, 20, 50).await;
+    wait_for("the queue to be full", Duration::from_secs(30), || async {
+        mq::queue_depth(SHARED_URL, &queue).await == Some(20)
+    })
+    .await;
+    let published = "SELECT count(*) FROM outbox_event WHERE published_at IS NOT NULL";
+    assert!(
+        count(&db.pool, published).await <= 20,
+        "a refused row was marked"
+    );
+    let attempts = "SELECT count(*) FROM outbox_event WHERE attempts > 0";
+    assert_eq!(count(&db.pool, attempts).await, 0, "a refusal to wait out");
+    let messages = topic.read(&queue, n, Duration::from_secs(90)).await;
+    wait_until_published(&db.pool, Duration::from_secs(30)).await;
+    let duplicates = check_delivery(&db.pool, &records(&messages), n).await;
+    eprintln!("{duplicates} duplicates");
+    Running::stop_all(relays).await;
 }
