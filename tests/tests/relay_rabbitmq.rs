@@ -68,8 +68,8 @@ impl Topic {
     /// A classic durable queue bound to the exchange for every shard (declaring the exchange).
     async fn bind_queue(&mut self) -> String {
         let queue = format!("{}.read", self.name);
-        mq::declare_queue_for_all_shards(&self.url, &queue, &self.name, SHARDS).await;
         self.queues.push(queue.clone());
+        mq::declare_queue_for_all_shards(&self.url, &queue, &self.name, SHARDS).await;
         queue
     }
 
@@ -207,8 +207,8 @@ async fn four_relays_keep_per_key_order_in_each_shard_queue() {
     let mut queues = Vec::new();
     for s in 0..SHARDS {
         let queue = format!("{}.shard{s}", topic.name);
-        mq::declare_queue_bound(SHARED_URL, &queue, &topic.name, &s.to_string()).await;
         topic.queues.push(queue.clone());
+        mq::declare_queue_bound(SHARED_URL, &queue, &topic.name, &s.to_string()).await;
         queues.push(queue);
     }
     let relay = relay_to(&db.pool, RabbitMq::new(SHARED_URL))
@@ -566,8 +566,8 @@ async fn refused_messages_stay_unpublished_and_keys_keep_their_order() {
     let db = TestDb::new().await;
     let mut topic = Topic::new(SHARED_URL, &db.pool).await;
     let queue = format!("{}.limited", topic.name);
-    mq::declare_limited_queue(SHARED_URL, &queue, &topic.name, SHARDS, 20).await;
     topic.queues.push(queue.clone());
+    mq::declare_limited_queue(SHARED_URL, &queue, &topic.name, SHARDS, 20).await;
     let relays: Vec<_> = (0..2)
         .map(|_| {
             let relay = relay_to(&db.pool, RabbitMq::new(SHARED_URL))
