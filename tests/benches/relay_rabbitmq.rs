@@ -5,7 +5,9 @@
 //! 1. amqprs alone publishing N messages shaped like the relay's (persistent, `mandatory`,
 //!    headers, on a confirm channel with up to 1,000 confirms outstanding): RabbitMQ's ceiling
 //!    on this machine;
-//! 2. `publish_pending` draining N pre-written events: 1 relay, then 4 relays, to each broker;
+//! 2. `publish_pending` draining N pre-written events: 1 relay, then 4 relays, to each broker
+//!    (and to RabbitMQ 4 relays built apart: a connection and channel each, where the
+//!    instances of one relay share one);
 //! 3. the bad case, a few hot keys: N events over 10 keys, 1 relay to each broker (on JetStream
 //!    and RabbitMQ a key's records go one at a time; on Kafka they are pipelined).
 //!
@@ -269,6 +271,18 @@ async fn drain(pool: &PgPool, relay: &Relay, n: u64) -> (f64, f64) {
     (one, four)
 }
 
+/// Drains `n` events with 4 relays built apart (a RabbitMQ connection and channel each, where
+/// the instances of one relay share one).
+async fn drain_apart(pool: &PgPool, relays: &[Relay], n: u64) -> f64 {
+    write_events(pool, n, 1000).await;
+    let t = Instant::now();
+    let running: Vec<_> = relays.iter().map(Running::relay).collect();
+    wait_drained(pool).await;
+    let four = rate(n, t.elapsed());
+    Running::stop_all(running).await;
+    four
+}
+
 /// One `publish_pending` of `n` events over 10 keys.
 async fn hot_keys(pool: &PgPool, relay: &Relay, n: u64) -> f64 {
     write_events(pool, n, 10).await;
@@ -316,6 +330,14 @@ async fn main() {
         .rabbitmq(RabbitMq::new(SHARED_URL).shards(SHARDS))
         .build()
         .unwrap();
+    let apart: Vec<Relay> = (0..4)
+        .map(|_| {
+            Relay::builder(db.pool.clone())
+                .rabbitmq(RabbitMq::new(SHARED_URL).shards(SHARDS))
+                .build()
+                .unwrap()
+        })
+        .collect();
     let autovacuum: String = sqlx::query_scalar("SHOW autovacuum")
         .fetch_one(&db.pool)
         .await
@@ -326,13 +348,15 @@ async fn main() {
          queue), JetStream: nats-server file store, Kafka: the mock cluster, autovacuum = \
          {autovacuum}"
     );
-    let mut results: [Vec<f64>; 10] = Default::default();
+    let mut results: [Vec<f64>; 11] = Default::default();
     for round in 0..rounds {
         let raw = rate(n, raw_rabbitmq(&rabbit, n).await);
         rabbit.empty().await;
         let (kafka_one, kafka_four) = drain(&db.pool, &to_kafka, n).await;
         let (js_one, js_four) = drain(&db.pool, &to_jetstream, n).await;
         let (mq_one, mq_four) = drain(&db.pool, &to_rabbitmq, n).await;
+        rabbit.empty().await;
+        let mq_apart = drain_apart(&db.pool, &apart, n).await;
         rabbit.empty().await;
         let kafka_hot = hot_keys(&db.pool, &to_kafka, n).await;
         let js_hot = hot_keys(&db.pool, &to_jetstream, n).await;
@@ -341,18 +365,21 @@ async fn main() {
         println!(
             "round {round}: amqprs alone {raw:.0}/s; 1 relay: Kafka {kafka_one:.0}/s, JetStream \
              {js_one:.0}/s, RabbitMQ {mq_one:.0}/s; 4 relays: Kafka {kafka_four:.0}/s, \
-             JetStream {js_four:.0}/s, RabbitMQ {mq_four:.0}/s; 10 hot keys: Kafka \
-             {kafka_hot:.0}/s, JetStream {js_hot:.0}/s, RabbitMQ {mq_hot:.0}/s"
+             JetStream {js_four:.0}/s, RabbitMQ {mq_four:.0}/s (built apart {mq_apart:.0}/s); \
+             10 hot keys: Kafka {kafka_hot:.0}/s, JetStream {js_hot:.0}/s, RabbitMQ {mq_hot:.0}/s"
         );
         let figures = [
-            raw, kafka_one, js_one, mq_one, kafka_four, js_four, mq_four, kafka_hot, js_hot, mq_hot,
+            raw, kafka_one, js_one, mq_one, kafka_four, js_four, mq_four, kafka_hot, js_hot,
+            mq_hot, mq_apart,
         ];
         for (i, r) in figures.into_iter().enumerate() {
             results[i].push(r);
         }
     }
-    let [raw, kafka_one, js_one, mq_one, kafka_four, js_four, mq_four, kafka_hot, js_hot, mq_hot] =
-        results.map(median);
+    let medians = results.map(median);
+    let [raw, kafka_one, js_one, mq_one, kafka_four, js_four, mq_four] =
+        medians[..7].try_into().unwrap();
+    let [kafka_hot, js_hot, mq_hot, mq_apart] = medians[7..].try_into().unwrap();
     mq::delete_queue(SHARED_URL, &rabbit.queue).await;
     mq::delete_exchange(SHARED_URL, &rabbit.exchange).await;
     println!();
@@ -375,4 +402,9 @@ async fn main() {
             r / raw
         );
     }
+    println!(
+        "  RabbitMQ, 4 relays built apart (a channel each): {mq_apart:.0}/s, {:.2} of the 4 \
+         instances of one relay (one channel)",
+        mq_apart / mq_four
+    );
 }
