@@ -1,8 +1,9 @@
 //! The relay to RabbitMQ, against the shared node (each test's exchange and queues named by
 //! `unique_name`, deleted after) and, for the kills, a node of the test's own: end to end with
 //! the message's properties, four relays and per-key order, unroutable and missing exchanges
-//! held and then delivered, an exchange of the wrong type, an exchange deleted under the relay,
-//! confirms held back by a proxy, the node killed under load, a replay, and what is refused.
+//! held and then delivered, nacks of a full queue, an exchange of the wrong type, an exchange
+//! deleted under the relay, confirms held back by a proxy, the node killed under load, a
+//! replay, and what is refused.
 //!
 //! The account events' topic is a constant; a trigger in the test's own database gives each
 //! test's rows a topic (an exchange) of its own. Messages are read back from classic queues the
