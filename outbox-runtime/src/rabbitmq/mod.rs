@@ -14,6 +14,7 @@ mod confirm;
 mod consumer;
 mod link;
 mod relay;
+mod report;
 mod settings;
 mod topology;
 mod wire;
@@ -24,6 +25,7 @@ use crate::broker::BrokerSettings;
 use crate::error::{Error, Result};
 use crate::publish::Transport;
 
+pub use report::{QueueKind, QueueReport};
 pub use settings::RabbitMq;
 pub use topology::{QueueDepth, Report};
 

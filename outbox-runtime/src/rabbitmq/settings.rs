@@ -45,13 +45,25 @@ use amqprs::connection::OpenConnectionArguments;
 /// With `declare_topology(false)` nothing is declared: a missing exchange or queue holds the
 /// topic's records (`outbox status` and the `outbox_relay_held` gauge show it) until an
 /// operator creates them (`outbox topics ensure --transport rabbitmq`).
-#[derive(Debug, Clone)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct RabbitMq {
     pub(crate) url: String,
     pub(crate) shards: u16,
     pub(crate) quorum: bool,
     pub(crate) declare: bool,
     pub(crate) heartbeat: Duration,
+}
+
+impl std::fmt::Debug for RabbitMq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RabbitMq")
+            .field("url", &self.redacted_url())
+            .field("shards", &self.shards)
+            .field("quorum_queues", &self.quorum)
+            .field("declare_topology", &self.declare)
+            .field("heartbeat", &self.heartbeat)
+            .finish()
+    }
 }
 
 impl RabbitMq {
@@ -158,6 +170,13 @@ pub(crate) fn redacted(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_leaves_the_password_out() {
+        let shown = format!("{:?}", RabbitMq::new("amqp://app:s3cret@mq:5672/prod"));
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("app:***@mq:5672/prod"), "{shown}");
+    }
 
     #[test]
     fn passwords_are_left_out_of_urls() {
