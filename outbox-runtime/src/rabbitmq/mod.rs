@@ -16,7 +16,10 @@ mod link;
 mod relay;
 mod report;
 mod settings;
+#[cfg(feature = "rabbitmq-tls")]
+mod tls;
 mod topology;
+mod uri;
 mod wire;
 
 use std::time::Duration;

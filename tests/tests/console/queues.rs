@@ -105,7 +105,6 @@ async fn queues_without_a_group_are_refused() {
         sqlx::PgPool::connect_lazy("postgres://127.0.0.1/none").unwrap(),
         ConsoleSettings::default().rabbitmq_queues(RabbitMq::new(SHARED_URL), Vec::<String>::new()),
     )
-    .err()
-    .expect("refused");
+    .expect_err("refused");
     assert!(err.to_string().contains("consumer group"), "{err}");
 }
