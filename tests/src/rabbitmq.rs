@@ -772,6 +772,15 @@ fn header_text(value: &FieldValue) -> String {
     }
 }
 
+/// Header `name` of a message, as text (a number or a byte string too), if it has it.
+pub fn header(properties: &BasicProperties, name: &str) -> Option<String> {
+    properties
+        .headers()?
+        .as_ref()
+        .iter()
+        .find_map(|(key, value)| (AsRef::<String>::as_ref(key) == name).then(|| header_text(value)))
+}
+
 /// A message taken from a queue as the Kafka tests' record: the body as `raw` (and as
 /// `payload` if it is JSON), every header (the server's `x-*` too) as text, the key from
 /// `outbox_key`, the timestamp from `outbox_timestamp_ms`, the partition from the routing key
