@@ -203,6 +203,35 @@ async fn demo_runs_on_nats_jetstream() {
     }
 }
 
+/// The same through RabbitMQ (`--transport rabbitmq`, a node of the test's own at
+/// `RABBITMQ_URL`): exchanges and each group's shard queues declared by the relays and
+/// consumers, and every shard queue read to the end once the demo is done.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_runs_on_rabbitmq() {
+    let node = outbox_tests::rabbitmq::RabbitNode::start().await;
+    demo(
+        50,
+        &[("RABBITMQ_URL", &node.url())],
+        &["--transport", "rabbitmq"],
+    )
+    .await;
+    let rabbitmq = outbox_runtime::rabbitmq::RabbitMq::new(node.url());
+    for (topic, group) in [
+        ("order.events", "quickstart-payments"),
+        ("payment.events", "quickstart-orders"),
+    ] {
+        let queues = rabbitmq
+            .queues(&[topic.to_owned()], &[group.to_owned()])
+            .await
+            .unwrap();
+        assert!(!queues.is_empty());
+        for queue in queues {
+            assert!(queue.exists, "{queue:?}");
+            assert_eq!(queue.messages, Some(0), "read to the end: {queue:?}");
+        }
+    }
+}
+
 /// `--demo n`: exits successfully with every order paid, and the databases agree.
 async fn demo(n: i64, env: &[(&str, &str)], args: &[&str]) {
     let db = TestDb::empty().await;

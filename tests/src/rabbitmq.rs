@@ -66,6 +66,8 @@ pub struct RabbitNode {
     port: u16,
     /// Erlang distribution port (127.0.0.1).
     dist_port: u16,
+    /// The TLS listener's port (127.0.0.1), 0 if none.
+    tls_port: u16,
     /// `outbox_<uuid>@localhost`.
     node_name: String,
     dir: PathBuf,
@@ -103,6 +105,72 @@ fn free_ports() -> (u16, u16) {
     )
 }
 
+/// A CA and a certificate for `localhost` signed by it, in `dir` (`ca.pem`, `server.pem`,
+/// `server.key`), made with the `openssl` command.
+fn make_certificates(dir: &Path) {
+    let openssl = |args: &[&str]| {
+        let out = Command::new("openssl")
+            .args(args)
+            .current_dir(dir)
+            .output()
+            .expect("run openssl (Debian's package openssl)");
+        assert!(
+            out.status.success(),
+            "openssl {args:?}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    };
+    openssl(&[
+        "req",
+        "-x509",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-days",
+        "2",
+        "-subj",
+        "/CN=outbox test CA",
+        "-keyout",
+        "ca.key",
+        "-out",
+        "ca.pem",
+    ]);
+    openssl(&[
+        "req",
+        "-newkey",
+        "rsa:2048",
+        "-nodes",
+        "-subj",
+        "/CN=localhost",
+        "-keyout",
+        "server.key",
+        "-out",
+        "server.csr",
+    ]);
+    std::fs::write(
+        dir.join("server.ext"),
+        "subjectAltName = DNS:localhost, IP:127.0.0.1\n",
+    )
+    .expect("server.ext");
+    openssl(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-days",
+        "2",
+        "-extfile",
+        "server.ext",
+        "-out",
+        "server.pem",
+    ]);
+}
+
 /// The last `lines` lines of `path` (empty if it cannot be read).
 fn tail(path: &Path, lines: usize) -> String {
     let mut text = String::new();
@@ -117,20 +185,46 @@ impl RabbitNode {
     /// A new node on free ports, with an empty data directory; returns once it accepts an
     /// AMQP connection.
     pub async fn start() -> RabbitNode {
+        RabbitNode::start_with(false).await
+    }
+
+    /// [`start`](Self::start), with a TLS listener too ([`tls_url`](Self::tls_url)): its
+    /// certificate is for `localhost`, signed by a CA of the node's own
+    /// ([`ca_file`](Self::ca_file)); the node asks for no client certificate.
+    pub async fn start_tls() -> RabbitNode {
+        RabbitNode::start_with(true).await
+    }
+
+    async fn start_with(tls: bool) -> RabbitNode {
         let (port, dist_port) = free_ports();
+        let tls_port = if tls { free_ports().0 } else { 0 };
         let id = uuid::Uuid::new_v4().simple();
         let node_name = format!("outbox_{id}@localhost");
         let dir = std::env::temp_dir().join(format!("outbox-rabbitmq-{id}"));
         std::fs::create_dir_all(dir.join("db")).expect("rabbitmq db dir");
         std::fs::create_dir_all(dir.join("log")).expect("rabbitmq log dir");
-        std::fs::write(
-            dir.join("rabbitmq.conf"),
-            format!("listeners.tcp.local = 127.0.0.1:{port}\n"),
-        )
-        .expect("rabbitmq.conf");
+        let mut conf = format!("listeners.tcp.local = 127.0.0.1:{port}\n");
+        let mut owned = vec!["", "db", "log", "rabbitmq.conf", "plugins"];
+        if tls {
+            make_certificates(&dir);
+            let file = |name: &str| dir.join(name).display().to_string();
+            conf.push_str(&format!(
+                "listeners.ssl.local = 127.0.0.1:{tls_port}\n\
+                 ssl_options.cacertfile = {}\n\
+                 ssl_options.certfile = {}\n\
+                 ssl_options.keyfile = {}\n\
+                 ssl_options.verify = verify_none\n\
+                 ssl_options.fail_if_no_peer_cert = false\n",
+                file("ca.pem"),
+                file("server.pem"),
+                file("server.key"),
+            ));
+            owned.extend(["ca.pem", "server.pem", "server.key"]);
+        }
+        std::fs::write(dir.join("rabbitmq.conf"), conf).expect("rabbitmq.conf");
         std::fs::write(dir.join("plugins"), "[].\n").expect("plugins file");
         if let Some((uid, gid)) = run_as() {
-            for path in ["", "db", "log", "rabbitmq.conf", "plugins"] {
+            for path in owned {
                 std::os::unix::fs::chown(dir.join(path), Some(uid), Some(gid))
                     .expect("chown the node's directory to rabbitmq");
             }
@@ -138,12 +232,24 @@ impl RabbitNode {
         let mut node = RabbitNode {
             port,
             dist_port,
+            tls_port,
             node_name,
             dir,
             child: None,
         };
         node.spawn().await;
         node
+    }
+
+    /// `amqps://guest:guest@localhost:<tls port>` (a node from [`start_tls`](Self::start_tls)).
+    pub fn tls_url(&self) -> String {
+        assert!(self.tls_port != 0, "a node started without TLS");
+        format!("amqps://guest:guest@localhost:{}", self.tls_port)
+    }
+
+    /// The CA certificate (PEM) that signed the TLS listener's certificate.
+    pub fn ca_file(&self) -> PathBuf {
+        self.dir.join("ca.pem")
     }
 
     /// `amqp://guest:guest@127.0.0.1:<port>`: the default vhost `/` is a URL without a path
@@ -664,6 +770,15 @@ fn header_text(value: &FieldValue) -> String {
         FieldValue::S(s) => AsRef::<String>::as_ref(s).clone(),
         other => other.to_string(),
     }
+}
+
+/// Header `name` of a message, as text (a number or a byte string too), if it has it.
+pub fn header(properties: &BasicProperties, name: &str) -> Option<String> {
+    properties
+        .headers()?
+        .as_ref()
+        .iter()
+        .find_map(|(key, value)| (AsRef::<String>::as_ref(key) == name).then(|| header_text(value)))
 }
 
 /// A message taken from a queue as the Kafka tests' record: the body as `raw` (and as

@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use clap::Args;
 
-use super::{Db, Thresholds};
+use super::{Db, Queues, Thresholds};
 use crate::parse;
 
 /// `outbox console`'s arguments.
@@ -32,4 +32,6 @@ pub struct ConsoleArgs {
     pub sample_interval: Duration,
     #[command(flatten)]
     pub thresholds: Thresholds,
+    #[command(flatten)]
+    pub queues: Queues,
 }

@@ -55,7 +55,9 @@ pub struct PublishTo {
 #[derive(Debug, Args)]
 pub struct RabbitMqArgs {
     /// Publish to RabbitMQ instead of Kafka, e.g. amqp://user:password@127.0.0.1:5672/%2f (a
-    /// topic is an exchange; a key's hash picks a shard queue); KAFKA_BROKERS is then ignored
+    /// topic is an exchange; a key's hash picks a shard queue); KAFKA_BROKERS is then ignored.
+    /// TLS: amqps://...?cacertfile=/etc/ca.pem (and certfile=, keyfile= for a client
+    /// certificate)
     #[arg(long, env = "RABBITMQ_URL", hide_env_values = true, value_name = "URL")]
     pub rabbitmq: Option<String>,
     /// With --rabbitmq: shards (queues per consumer group) of each topic, the same on the

@@ -15,10 +15,16 @@ pub async fn run(args: ConsoleArgs) -> Result {
         token,
         sample_interval,
         thresholds,
+        queues,
     } = args;
     let mut settings = ConsoleSettings::default()
         .health_thresholds(thresholds.health())
         .sample_interval(sample_interval);
+    if let Some(rabbitmq) = queues.settings() {
+        settings = settings
+            .rabbitmq_queues(rabbitmq, queues.groups)
+            .rabbitmq_topics(queues.topics);
+    }
     match (allow_actions, token) {
         (true, Some(token)) => settings = settings.allow_actions(token),
         (true, None) => {

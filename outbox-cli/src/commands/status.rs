@@ -4,6 +4,7 @@
 use std::time::Duration;
 
 use outbox_runtime::admin::{self, Health, HealthThresholds, Status};
+use outbox_runtime::rabbitmq::QueueReport;
 
 use super::{chain, connect_migrated, print_json, Result};
 use crate::args::{Db, Queues};
@@ -223,53 +224,23 @@ fn print_health(health: &Health) {
     }
 }
 
-/// One RabbitMQ queue as `status` reports it.
-#[derive(serde::Serialize)]
-struct QueueRow {
-    topic: String,
-    group: String,
-    queue: String,
-    /// `false`: the queue does not exist.
-    exists: bool,
-    messages: Option<u32>,
-    consumers: Option<u32>,
-}
-
 /// The queues of each group for the topics --topic names, or else every topic of the status.
 async fn rabbitmq_queues(
     settings: &outbox_runtime::rabbitmq::RabbitMq,
     queues: &Queues,
     status: &Status,
-) -> Result<Vec<QueueRow>> {
+) -> Result<Vec<QueueReport>> {
     let mut topics = queues.topics.clone();
     if topics.is_empty() {
-        let known = status.outbox.iter().map(|t| &t.topic);
-        let known = known.chain(status.inbox.iter().map(|t| &t.topic));
-        for topic in known.chain(status.consumer_leases.iter().map(|l| &l.topic)) {
-            if !topics.contains(topic) {
-                topics.push(topic.clone());
-            }
-        }
+        topics = status.topics();
     }
-    let mut rows = Vec::new();
-    for topic in &topics {
-        for group in &queues.groups {
-            for (queue, depth) in settings.topology(topic, group).await.map_err(chain)? {
-                rows.push(QueueRow {
-                    topic: topic.clone(),
-                    group: group.clone(),
-                    queue,
-                    exists: depth.is_some(),
-                    messages: depth.map(|d| d.messages),
-                    consumers: depth.map(|d| d.consumers),
-                });
-            }
-        }
-    }
-    Ok(rows)
+    settings
+        .queues(&topics, &queues.groups)
+        .await
+        .map_err(chain)
 }
 
-fn print_queues(queues: &Queues, rows: &[QueueRow]) {
+fn print_queues(queues: &Queues, rows: &[QueueReport]) {
     out!();
     out!(
         "RabbitMQ queues ({}, {} shards)",
@@ -286,16 +257,18 @@ fn print_queues(queues: &Queues, rows: &[QueueRow]) {
     let table: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
-            let read = r.queue.ends_with(".retry") || r.queue.ends_with(".dlq");
-            let state = match (r.exists, r.consumers) {
-                (false, _) => "missing",
-                (true, Some(0)) if !read => "no consumer",
-                _ => "ok",
+            let state = if !r.exists {
+                "missing"
+            } else if r.unread() {
+                "no consumer"
+            } else {
+                "ok"
             };
             vec![
                 r.topic.clone(),
                 r.group.clone(),
                 r.queue.clone(),
+                r.kind.label().to_owned(),
                 number(r.messages),
                 number(r.consumers),
                 state.to_owned(),
@@ -303,8 +276,16 @@ fn print_queues(queues: &Queues, rows: &[QueueRow]) {
         })
         .collect();
     ui::table(
-        &["TOPIC", "GROUP", "QUEUE", "READY", "CONSUMERS", "STATE"],
-        &[false, false, false, true, true, false],
+        &[
+            "TOPIC",
+            "GROUP",
+            "QUEUE",
+            "KIND",
+            "READY",
+            "CONSUMERS",
+            "STATE",
+        ],
+        &[false, false, false, false, true, true, false],
         &table,
     );
 }

@@ -29,6 +29,22 @@ pub struct Status {
 }
 
 impl Status {
+    /// Every topic the figures name (outbox, inbox, consumer leases), each once, in that order.
+    pub fn topics(&self) -> Vec<String> {
+        let mut topics: Vec<String> = Vec::new();
+        let outbox = self.outbox.iter().map(|t| &t.topic);
+        let inbox = self.inbox.iter().map(|t| &t.topic);
+        for topic in outbox
+            .chain(inbox)
+            .chain(self.consumer_leases.iter().map(|l| &l.topic))
+        {
+            if !topics.contains(topic) {
+                topics.push(topic.clone());
+            }
+        }
+        topics
+    }
+
     /// The outbox's figures, all topics together.
     pub fn outbox_total(&self) -> RelayStatus {
         let sum = |f: fn(&TopicStatus) -> i64| self.outbox.iter().map(f).sum();

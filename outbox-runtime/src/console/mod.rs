@@ -57,6 +57,7 @@ mod chart;
 mod handlers;
 mod lists;
 mod pages;
+mod queues;
 mod respond;
 
 use std::sync::{Arc, Mutex};
@@ -84,6 +85,7 @@ pub struct ConsoleSettings {
     sample_interval: Duration,
     refresh_interval: Duration,
     page_size: u32,
+    queues: Option<queues::Source>,
 }
 
 impl std::fmt::Debug for ConsoleSettings {
@@ -95,6 +97,7 @@ impl std::fmt::Debug for ConsoleSettings {
             .field("sample_interval", &self.sample_interval)
             .field("refresh_interval", &self.refresh_interval)
             .field("page_size", &self.page_size)
+            .field("queues", &self.queues)
             .finish()
     }
 }
@@ -108,6 +111,7 @@ impl Default for ConsoleSettings {
             sample_interval: Duration::from_secs(10),
             refresh_interval: Duration::from_secs(5),
             page_size: 50,
+            queues: None,
         }
     }
 }
@@ -158,8 +162,46 @@ impl ConsoleSettings {
         self
     }
 
+    /// Shows RabbitMQ's queues on the overview: for each of `groups`, every shard queue of the
+    /// topics the figures name (or of [`rabbitmq_topics`](Self::rabbitmq_topics)) with its
+    /// ready messages and consumers, its delay queue and the topic's dead-letter queue; a
+    /// missing queue, or a shard queue no consumer reads, is called out. `rabbitmq`'s shard
+    /// count must be the consumers'.
+    #[cfg(feature = "rabbitmq")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
+    pub fn rabbitmq_queues(
+        mut self,
+        rabbitmq: crate::rabbitmq::RabbitMq,
+        groups: impl IntoIterator<Item = impl Into<String>>,
+    ) -> Self {
+        let topics = match self.queues.take() {
+            Some(queues::Source::RabbitMq { topics, .. }) => topics,
+            None => Vec::new(),
+        };
+        self.queues = Some(queues::Source::RabbitMq {
+            settings: rabbitmq,
+            groups: groups.into_iter().map(Into::into).collect(),
+            topics,
+        });
+        self
+    }
+
+    /// The topics whose RabbitMQ queues the overview shows (default: every topic the figures
+    /// name). Only with [`rabbitmq_queues`](Self::rabbitmq_queues).
+    #[cfg(feature = "rabbitmq")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
+    pub fn rabbitmq_topics(mut self, topics: impl IntoIterator<Item = impl Into<String>>) -> Self {
+        if let Some(queues::Source::RabbitMq { topics: kept, .. }) = &mut self.queues {
+            *kept = topics.into_iter().map(Into::into).collect();
+        }
+        self
+    }
+
     fn check(&self) -> Result<()> {
         let invalid = |reason: String| Err(Error::Config(format!("console settings: {reason}")));
+        if let Some(Err(reason)) = self.queues.as_ref().map(queues::Source::check) {
+            return invalid(reason);
+        }
         if let Some(token) = &self.token {
             if token.chars().count() < MIN_TOKEN_LEN {
                 return invalid(format!(

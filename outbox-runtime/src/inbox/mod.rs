@@ -392,6 +392,53 @@
 //! # let _ = consumer; Ok(()) }
 //! ```
 //!
+//! # RabbitMQ
+//!
+//! With the `rabbitmq` feature, [`rabbitmq`](ConsumerBuilder::rabbitmq) reads from RabbitMQ
+//! (a build with only `rabbitmq` has consumers and no librdkafka). The handlers, state,
+//! metadata, modes, upcasters, dedup keys and CloudEvents (the `cloudEvents:*` headers) are the
+//! same; the broker's half is [`RabbitMq`](crate::rabbitmq::RabbitMq)'s topology:
+//!
+//! - **A queue per shard and group**, `<topic>.<group>.<shard>` (quorum, durable), bound to the
+//!   topic's exchange by its shard number, with a **single active consumer**: however many
+//!   instances of a group run, one reads a shard at a time, in the queue's order, and another
+//!   takes over (what was not acknowledged first) when it goes away. So a key's order holds in
+//!   dedup mode across instances, as a Kafka partition's does.
+//! - **Acknowledged after the commit**, with a bounded prefetch (two batches); a redelivered
+//!   message is a duplicate, skipped.
+//! - **Retries** wait in the shard's delay queue `<queue>.retry` (the backoff as the message's
+//!   expiration, dead-lettered back to the shard queue when due, an `outbox_retry_attempts`
+//!   header counting): nothing else waits for them. [`RetryPolicy::InPlace`] retries in the
+//!   consumer, as on Kafka, and keeps the key's order.
+//! - **Dead letters** go to `<topic>.dlq` with the Kafka dead letters' fields (`dlq_error`,
+//!   `dlq_attempts`, `dlq_source_topic`, `dlq_source_partition` the shard, `dlq_source_offset`
+//!   0, and `dlq_group`), confirmed before the original is acknowledged. A message that keeps
+//!   coming back unacknowledged (a handler that takes the process down) is dead-lettered by the
+//!   server at the queue's delivery limit (20).
+//! - **Connections are supervised here**: every wait is under a timeout, and a closed
+//!   connection or channel is opened again; a missing queue (with
+//!   `declare_topology(false)`) is waited for, with the gauge `outbox_consumer_missing_topic`.
+//!
+//! ```no_run
+//! # #[cfg(feature = "rabbitmq")]
+//! # fn run(pool: sqlx::PgPool) -> Result<(), Box<dyn std::error::Error>> {
+//! # #[derive(serde::Deserialize, serde::Serialize, outbox_runtime::OutboxEvent)]
+//! # #[outbox(topic = "payment.events", aggregate_type = "Payment")]
+//! # struct PaymentSucceeded { #[outbox(aggregate_id)] payment_id: uuid::Uuid }
+//! # #[outbox_runtime::inbox_handler]
+//! # async fn mark_order_paid(event: PaymentSucceeded, tx: &mut sqlx::PgConnection)
+//! #     -> Result<(), outbox_runtime::inbox::HandlerError> { let _ = (event, tx); Ok(()) }
+//! use outbox_runtime::inbox::Consumer;
+//! use outbox_runtime::rabbitmq::RabbitMq;
+//!
+//! let consumer = Consumer::builder(pool)
+//!     .rabbitmq(RabbitMq::new("amqp://guest:guest@127.0.0.1:5672"))   // instead of .brokers(...)
+//!     .group_id("orders-service")
+//!     .handler(mark_order_paid)
+//!     .build()?;
+//! # let _ = consumer; Ok(()) }
+//! ```
+//!
 //! # Status and metrics
 //!
 //! [`Consumer::inbox_status`] gives the inbox backlog figures (per topic:

@@ -52,6 +52,7 @@ pub(crate) enum Class {
     #[allow(dead_code)] // not every broker's client can fail for good
     Fatal,
     /// Anything else, known to be permanent or not known at all: an attempt.
+    #[cfg_attr(not(any(feature = "kafka", feature = "nats")), allow(dead_code))]
     Refused,
 }
 

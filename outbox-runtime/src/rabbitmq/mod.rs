@@ -14,8 +14,12 @@ mod confirm;
 mod consumer;
 mod link;
 mod relay;
+mod report;
 mod settings;
+#[cfg(feature = "rabbitmq-tls")]
+mod tls;
 mod topology;
+mod uri;
 mod wire;
 
 use std::time::Duration;
@@ -24,6 +28,7 @@ use crate::broker::BrokerSettings;
 use crate::error::{Error, Result};
 use crate::publish::Transport;
 
+pub use report::{QueueKind, QueueReport};
 pub use settings::RabbitMq;
 pub use topology::{QueueDepth, Report};
 

@@ -19,7 +19,9 @@ use super::link::{
 use super::settings::RabbitMq;
 use super::wire::{self, check_exchange, shard_of};
 use crate::error::PublishError;
-use crate::publish::{order, Boxed, CloudEvents, Options, Outcome, PerKey, Sender, Transport};
+use crate::publish::{
+    order, Boxed, Class, CloudEvents, Options, Outcome, PerKey, Sender, Transport,
+};
 use crate::store::record::Claimed;
 
 /// The relay's (or a replay's) transport to `settings`' server: `timeout` bounds each wait
@@ -143,13 +145,19 @@ impl Publisher {
                     .insert(topic.to_owned(), Instant::now());
                 Err(missing())
             }
-            // Refused, or an exchange of that name exists with another type or durability:
-            // an operator's to fix, as a missing topic is.
-            Err((Some(ACCESS_REFUSED | PRECONDITION_FAILED), e)) => {
-                Err(Outcome::Held(PublishError::RabbitMq(e)))
-            }
-            Err((_, e)) => Err(deferred(e)),
+            Err((code, e)) => Err(classify(code).outcome(PublishError::RabbitMq(e))),
         }
+    }
+}
+
+/// Sorts the reply code a server closed a channel with (none: the connection failed or a wait
+/// timed out) into a [`Class`].
+fn classify(code: Option<u16>) -> Class {
+    match code {
+        // Refused, or an exchange of that name exists with another type or durability: an
+        // operator's to fix, as a missing topic is.
+        Some(NOT_FOUND | ACCESS_REFUSED | PRECONDITION_FAILED) => Class::Operator,
+        _ => Class::Transient,
     }
 }
 

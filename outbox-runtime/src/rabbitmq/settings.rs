@@ -1,5 +1,6 @@
 //! [`RabbitMq`]: the settings a user gives for RabbitMQ.
 
+use std::path::PathBuf;
 use std::time::Duration;
 
 use amqprs::connection::OpenConnectionArguments;
@@ -45,13 +46,32 @@ use amqprs::connection::OpenConnectionArguments;
 /// With `declare_topology(false)` nothing is declared: a missing exchange or queue holds the
 /// topic's records (`outbox status` and the `outbox_relay_held` gauge show it) until an
 /// operator creates them (`outbox topics ensure --transport rabbitmq`).
-#[derive(Debug, Clone)]
+#[derive(Clone, PartialEq, Eq)]
 pub struct RabbitMq {
     pub(crate) url: String,
     pub(crate) shards: u16,
     pub(crate) quorum: bool,
     pub(crate) declare: bool,
     pub(crate) heartbeat: Duration,
+    /// PEM CA certificates to check the server against (else the URL's `cacertfile`, else
+    /// the web's roots).
+    pub(crate) tls_ca: Option<PathBuf>,
+    /// A client certificate and its key, PEM (else the URL's `certfile` and `keyfile`).
+    pub(crate) tls_client: Option<(PathBuf, PathBuf)>,
+}
+
+impl std::fmt::Debug for RabbitMq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("RabbitMq")
+            .field("url", &self.redacted_url())
+            .field("shards", &self.shards)
+            .field("quorum_queues", &self.quorum)
+            .field("declare_topology", &self.declare)
+            .field("heartbeat", &self.heartbeat)
+            .field("tls_ca", &self.tls_ca)
+            .field("tls_client", &self.tls_client)
+            .finish()
+    }
 }
 
 impl RabbitMq {
@@ -64,6 +84,8 @@ impl RabbitMq {
             quorum: true,
             declare: true,
             heartbeat: Duration::from_secs(10),
+            tls_ca: None,
+            tls_client: None,
         }
     }
 
@@ -92,6 +114,24 @@ impl RabbitMq {
     /// two of them is given up and opened again.
     pub fn heartbeat(mut self, heartbeat: Duration) -> Self {
         self.heartbeat = heartbeat;
+        self
+    }
+
+    /// With an `amqps://` URL: the CA certificates (a PEM file) the server's certificate must
+    /// chain to. Default: the URL's `cacertfile` parameter, else the web's public roots.
+    pub fn tls_ca_certificates(mut self, pem_file: impl Into<PathBuf>) -> Self {
+        self.tls_ca = Some(pem_file.into());
+        self
+    }
+
+    /// With an `amqps://` URL: the client certificate (chain) and its private key, PEM files,
+    /// for a server that asks for one. Default: the URL's `certfile` and `keyfile`.
+    pub fn tls_client_certificate(
+        mut self,
+        certificate_pem: impl Into<PathBuf>,
+        key_pem: impl Into<PathBuf>,
+    ) -> Self {
+        self.tls_client = Some((certificate_pem.into(), key_pem.into()));
         self
     }
 
@@ -128,16 +168,64 @@ impl RabbitMq {
         &self,
         name: &str,
     ) -> Result<OpenConnectionArguments, String> {
-        let mut args = OpenConnectionArguments::try_from(self.url.as_str()).map_err(|e| {
+        let cannot = |e: String| {
             format!(
                 "the RabbitMQ URL `{}` cannot be used: {e}",
                 self.redacted_url()
             )
-        })?;
-        let heartbeat = u16::try_from(self.heartbeat.as_secs().max(1)).unwrap_or(u16::MAX);
-        args.heartbeat(heartbeat)
+        };
+        let uri = super::uri::parse(&self.url).map_err(cannot)?;
+        // amqprs joins host and port with a `:`: an IPv6 address goes in brackets.
+        let host = if uri.host.contains(':') {
+            format!("[{}]", uri.host)
+        } else {
+            uri.host.clone()
+        };
+        let mut args = OpenConnectionArguments::new(&host, uri.port, &uri.user, &uri.password);
+        let heartbeat = match uri.param("heartbeat") {
+            Some(secs) => secs.parse::<u16>().map_err(|_| {
+                cannot(format!("the heartbeat `{secs}` is not a number of seconds"))
+            })?,
+            None => u16::try_from(self.heartbeat.as_secs().max(1)).unwrap_or(u16::MAX),
+        };
+        args.virtual_host(&uri.vhost)
+            .heartbeat(heartbeat)
             .connection_name(&format!("outbox {name}"));
+        if uri.tls {
+            self.tls(&uri, &mut args).map_err(cannot)?;
+        }
         Ok(args)
+    }
+
+    #[cfg(feature = "rabbitmq-tls")]
+    fn tls(&self, uri: &super::uri::Uri, args: &mut OpenConnectionArguments) -> Result<(), String> {
+        let ca = self
+            .tls_ca
+            .clone()
+            .or_else(|| uri.param("cacertfile").map(PathBuf::from));
+        let client = match (
+            &self.tls_client,
+            uri.param("certfile"),
+            uri.param("keyfile"),
+        ) {
+            (Some(given), _, _) => Some(given.clone()),
+            (None, Some(cert), Some(key)) => Some((cert.into(), key.into())),
+            (None, None, None) => None,
+            (None, _, _) => return Err("certfile and keyfile go together".into()),
+        };
+        let client = client.as_ref().map(|(c, k)| (c.as_path(), k.as_path()));
+        args.tls_adaptor(super::tls::adaptor(&uri.host, ca.as_deref(), client)?);
+        Ok(())
+    }
+
+    #[cfg(not(feature = "rabbitmq-tls"))]
+    #[allow(clippy::unused_self)]
+    fn tls(
+        &self,
+        _uri: &super::uri::Uri,
+        _args: &mut OpenConnectionArguments,
+    ) -> Result<(), String> {
+        Err("amqps:// needs TLS, which this build does not have (feature `rabbitmq-tls`)".into())
     }
 }
 
@@ -158,6 +246,13 @@ pub(crate) fn redacted(url: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn debug_leaves_the_password_out() {
+        let shown = format!("{:?}", RabbitMq::new("amqp://app:s3cret@mq:5672/prod"));
+        assert!(!shown.contains("s3cret"), "{shown}");
+        assert!(shown.contains("app:***@mq:5672/prod"), "{shown}");
+    }
 
     #[test]
     fn passwords_are_left_out_of_urls() {

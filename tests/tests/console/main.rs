@@ -5,12 +5,14 @@
 //! large payloads (`weight.rs`), every page at 1400 and 1024 pixels (`layout.rs`), the
 //! charts of a fresh console (`charts.rs`), the page after an action (`after_action.rs`), the
 //! words (`words.rs`), the vacuum warning of a fresh installation (`vacuum.rs`), a record
-//! too large for the broker (`too_large.rs`). Screenshots of the pages go to
+//! too large for the broker (`too_large.rs`); and RabbitMQ's queues on the overview
+//! (`queues.rs`). Screenshots of the pages go to
 //! `target/console-screenshots/`.
 
 mod after_action;
 mod charts;
 mod layout;
+mod queues;
 mod too_large;
 mod vacuum;
 mod weight;

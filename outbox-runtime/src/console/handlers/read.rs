@@ -31,8 +31,12 @@ pub(in crate::console) async fn overview(State(console): Shared, headers: Header
         &headers,
         Some(pages::Warnings::Checked(health.clone())),
     );
+    let queues = match &console.settings.queues {
+        Some(source) => Some(source.read(&health.status).await),
+        None => None,
+    };
     let samples = console.samples.lock().expect("samples");
-    pages::overview(&page, &health, &samples).into_response()
+    pages::overview(&page, &health, &samples, queues.as_ref()).into_response()
 }
 
 pub(in crate::console) async fn relays(State(console): Shared, headers: HeaderMap) -> Response {

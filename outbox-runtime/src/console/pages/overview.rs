@@ -9,8 +9,14 @@ use super::format::{age, clock, count, interval, n, time, urlencode};
 use super::frame::{layout, Nav, Page};
 use crate::admin::Health;
 use crate::console::chart::{self, Samples};
+use crate::console::queues::BrokerQueues;
 
-pub(in crate::console) fn overview(page: &Page<'_>, health: &Health, samples: &Samples) -> Markup {
+pub(in crate::console) fn overview(
+    page: &Page<'_>,
+    health: &Health,
+    samples: &Samples,
+    queues: Option<&BrokerQueues>,
+) -> Markup {
     let status = &health.status;
     let now = Utc::now();
     let settings = &page.console.settings;
@@ -135,6 +141,41 @@ pub(in crate::console) fn overview(page: &Page<'_>, health: &Health, samples: &S
                 }
             }
         }
+        @if let Some(queues) = queues {
+            (broker_queues(queues))
+        }
     };
     layout(page, "Overview", Nav::Overview, true, content)
+}
+
+/// The broker's queues: each group's shard queues, their delay queues, the dead letters.
+fn broker_queues(queues: &BrokerQueues) -> Markup {
+    let number = |n: Option<u32>| n.map_or_else(|| "-".to_owned(), |n| n.to_string());
+    html! {
+        h2 { "Broker queues" }
+        p.note {
+            (queues.title) ": each consumer group's shard queues (one consumer of a group reads a "
+            "shard at a time), the delay queues where retries wait, and the dead letters."
+        }
+        @match &queues.rows {
+            Err(e) => p.error #broker-queues-error { "The queues could not be read: " (e) },
+            Ok(rows) if rows.is_empty() => p.empty { "No topic to show: the figures name none." },
+            Ok(rows) => table #broker-queues {
+                thead { tr {
+                    th { "Topic" } th { "Group" } th { "Queue" } th { "Kind" }
+                    th.num { "Ready" } th.num { "Consumers" } th { "State" }
+                } }
+                tbody {
+                    @for q in rows {
+                        tr data-queue=(q.queue) class=(q.state.replace(' ', "-")) {
+                            td { (q.topic) } td { (q.group) } td { (q.queue) } td { (q.kind) }
+                            td.num.ready { (number(q.messages)) }
+                            td.num.consumers { (number(q.consumers)) }
+                            td.state { (q.state) }
+                        }
+                    }
+                }
+            },
+        }
+    }
 }

@@ -7,10 +7,12 @@
 //!
 //! With `--transport nats` the relays publish to NATS JetStream instead: a nats-server of its
 //! own (file store), killed with SIGKILL and started again, or restarted gracefully, in place of
-//! the produce errors and latency; the check reads the stream.
+//! the produce errors and latency; the check reads the stream. With `--transport rabbitmq`
+//! they publish to a RabbitMQ node of the soak's own, killed with SIGKILL and started again;
+//! the check reads one durable queue per shard (`readers.rs`).
 //!
 //! ```text
-//! cargo run --release -p outbox-tests --bin outbox-soak -- --seconds 60 [--seed N] [--transport nats]
+//! cargo run --release -p outbox-tests --bin outbox-soak -- --seconds 60 [--seed N] [--transport kafka|nats|rabbitmq]
 //! ```
 //!
 //! Prints one line and exits non-zero on any loss, phantom or order violation. It restarts
@@ -22,15 +24,16 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+mod readers;
+
+use outbox_runtime::rabbitmq::RabbitMq;
 use outbox_runtime::relay::{JetStream, Relay};
 use outbox_tests::deposits::{deposit, Emitted};
 use outbox_tests::kafka::Kafka;
 use outbox_tests::nats::NatsServer;
+use outbox_tests::rabbitmq::{declare_queue_bound, RabbitNode};
 use outbox_tests::{restart_postgres, ChildGuard, TestDb};
-use rdkafka::consumer::{Consumer, StreamConsumer};
-use rdkafka::message::Message;
 use rdkafka::types::RDKafkaRespErr;
-use rdkafka::{ClientConfig, Offset, TopicPartitionList};
 use tokio_util::sync::CancellationToken;
 
 const TOPIC: &str = "account.events";
@@ -62,10 +65,20 @@ impl Rng {
 /// The stream of the JetStream mode.
 const STREAM: &str = "SOAK";
 
+/// The shards of the RabbitMQ mode (a queue each).
+const SHARDS: u16 = 4;
+
+/// Where the relays publish.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum To {
+    Kafka,
+    Nats,
+    RabbitMq,
+}
+
 /// Options from the command line.
 struct Options {
-    /// Publish to JetStream instead of Kafka.
-    nats: bool,
+    to: To,
     seconds: u64,
     seed: u64,
 }
@@ -73,7 +86,7 @@ struct Options {
 fn options() -> Options {
     let mut args = std::env::args().skip(1);
     let mut seconds = 60;
-    let mut nats = false;
+    let mut to = To::Kafka;
     let mut seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(1, |d| d.as_nanos() as u64)
@@ -83,22 +96,22 @@ fn options() -> Options {
         match arg.as_str() {
             "--seconds" => seconds = value.parse().expect("--seconds N"),
             "--seed" => seed = value.parse::<u64>().expect("--seed N") | 1,
-            "--transport" if value == "nats" || value == "kafka" => nats = value == "nats",
+            "--transport" if value == "kafka" => to = To::Kafka,
+            "--transport" if value == "nats" => to = To::Nats,
+            "--transport" if value == "rabbitmq" => to = To::RabbitMq,
             _ => {
-                eprintln!("usage: outbox-soak [--seconds N] [--seed N] [--transport kafka|nats]");
+                eprintln!(
+                    "usage: outbox-soak [--seconds N] [--seed N] [--transport kafka|nats|rabbitmq]"
+                );
                 std::process::exit(2);
             }
         }
     }
-    Options {
-        nats,
-        seconds,
-        seed,
-    }
+    Options { to, seconds, seed }
 }
 
 /// `outbox-soak relay DATABASE_URL BROKERS`: one relay process, until killed (BROKERS a
-/// `nats://` URL: to JetStream). With
+/// `nats://` URL: to JetStream; an `amqp://` one: to RabbitMQ). With
 /// `OUTBOX_SOAK_LOGS=dir`, it logs the relay's debug events to `dir/relay-<pid>.log`.
 async fn relay_process(url: &str, brokers: &str) {
     if let Some(dir) = std::env::var_os("OUTBOX_SOAK_LOGS") {
@@ -124,6 +137,8 @@ async fn relay_process(url: &str, brokers: &str) {
             .await
             .expect("nats url");
         Relay::builder(pool).jetstream(JetStream::new(client))
+    } else if brokers.starts_with("amqp://") {
+        Relay::builder(pool).rabbitmq(RabbitMq::new(brokers).shards(SHARDS))
     } else {
         Relay::builder(pool)
             .brokers(brokers)
@@ -176,132 +191,6 @@ async fn emitter(pool: sqlx::PgPool, task: usize, seed: u64, stop: Arc<AtomicBoo
 /// Everything read off the topic, in arrival order per partition: `(key, seq)`, and where it
 /// was (partition, offset), for the report of a violation.
 type Received = Arc<Mutex<Vec<((String, u64), (i32, i64, String))>>>;
-
-/// Reads the topic from the beginning into `received`; returns how many offsets it found
-/// missing (the mock cluster dropped them from its log before they were read), which would
-/// make the check meaningless.
-async fn consumer(bootstrap: String, received: Received, cancel: CancellationToken) -> u64 {
-    let consumer: StreamConsumer = ClientConfig::new()
-        .set("bootstrap.servers", &bootstrap)
-        .set("group.id", format!("soak-{}", uuid::Uuid::new_v4()))
-        .set("enable.auto.commit", "false")
-        .set("auto.offset.reset", "earliest")
-        .create()
-        .expect("consumer");
-    let mut next_offset: HashMap<i32, i64> = HashMap::new();
-    let mut skipped = 0u64;
-    let mut assignment = TopicPartitionList::new();
-    for p in 0..PARTITIONS {
-        assignment
-            .add_partition_offset(TOPIC, p, Offset::Beginning)
-            .expect("partition");
-    }
-    consumer.assign(&assignment).expect("assign");
-    loop {
-        let message = tokio::select! {
-            () = cancel.cancelled() => return skipped,
-            m = consumer.recv() => m,
-        };
-        let Ok(message) = message else {
-            continue;
-        };
-        let expected = next_offset.entry(message.partition()).or_insert(0);
-        if message.offset() > *expected {
-            skipped += (message.offset() - *expected) as u64;
-            eprintln!(
-                "the consumer found offsets {}..{} of partition {} gone",
-                *expected,
-                message.offset(),
-                message.partition()
-            );
-        }
-        *expected = message.offset() + 1;
-        let key = String::from_utf8_lossy(message.key().unwrap_or_default()).into_owned();
-        let payload: serde_json::Value =
-            serde_json::from_slice(message.payload().unwrap_or_default()).unwrap_or_default();
-        if payload["seq"].as_u64().is_none() {
-            eprintln!(
-                "unreadable record at {}:{}: key {key}, {} bytes",
-                message.partition(),
-                message.offset(),
-                message.payload().map_or(0, <[u8]>::len)
-            );
-        }
-        if let Some(seq) = payload["seq"].as_u64() {
-            use rdkafka::message::Headers;
-            let outbox_id = message
-                .headers()
-                .and_then(|h| h.iter().find(|h| h.key == "outbox_id"))
-                .and_then(|h| h.value)
-                .map(|v| String::from_utf8_lossy(v).into_owned())
-                .unwrap_or_default();
-            let at = (message.partition(), message.offset(), outbox_id);
-            received.lock().unwrap().push(((key, seq), at));
-        }
-    }
-}
-
-/// Reads the stream from its first message into `received`, one sequence after another,
-/// waiting while the server is away; returns how many sequences it found missing (none can
-/// be: nothing limits the stream).
-async fn stream_reader(server_url: String, received: Received, cancel: CancellationToken) -> u64 {
-    let client = outbox_runtime::async_nats::ConnectOptions::new()
-        .retry_on_initial_connect()
-        .connect(server_url)
-        .await
-        .expect("nats");
-    let js = outbox_runtime::async_nats::jetstream::new(client);
-    let mut next = 1u64;
-    let mut skipped = 0u64;
-    while !cancel.is_cancelled() {
-        let stream = match js.get_stream(STREAM).await {
-            Ok(stream) => stream,
-            Err(_) => {
-                tokio::time::sleep(Duration::from_millis(50)).await;
-                continue;
-            }
-        };
-        loop {
-            if cancel.is_cancelled() {
-                return skipped;
-            }
-            match stream.get_raw_message(next).await {
-                Ok(message) => {
-                    let header = |name: &str| {
-                        message
-                            .headers
-                            .get(name)
-                            .map(|v| v.as_str().to_owned())
-                            .unwrap_or_default()
-                    };
-                    let payload: serde_json::Value =
-                        serde_json::from_slice(&message.payload).unwrap_or_default();
-                    if let Some(seq) = payload["seq"].as_u64() {
-                        let at = (0, message.sequence as i64, header("outbox_id"));
-                        received
-                            .lock()
-                            .unwrap()
-                            .push(((header("outbox_key"), seq), at));
-                    } else {
-                        eprintln!("unreadable message at sequence {next}");
-                    }
-                    if message.sequence > next {
-                        skipped += message.sequence - next;
-                    }
-                    next = message.sequence + 1;
-                }
-                // Not there yet, or the server is away: look again shortly.
-                Err(_) => {
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                    if js.get_stream(STREAM).await.is_err() {
-                        break;
-                    }
-                }
-            }
-        }
-    }
-    skipped
-}
 
 /// The faults injected, by kind.
 #[derive(Default)]
@@ -360,14 +249,29 @@ async fn main() {
     let kafka = Kafka::mock();
     kafka.create_topic(TOPIC, PARTITIONS).await;
     let mut nats = None;
-    if options.nats {
-        let server = NatsServer::start().await;
-        server.create_stream(STREAM, TOPIC, |_| {}).await;
-        nats = Some(server);
+    let mut rabbitmq = None;
+    let mut bootstrap = kafka.bootstrap();
+    let mut queues = Vec::new();
+    match options.to {
+        To::Kafka => {}
+        To::Nats => {
+            let server = NatsServer::start().await;
+            server.create_stream(STREAM, TOPIC, |_| {}).await;
+            bootstrap = server.url();
+            nats = Some(server);
+        }
+        To::RabbitMq => {
+            let node = RabbitNode::start().await;
+            // Durable classic queues, one per shard, declared before the first publish.
+            for shard in 0..SHARDS {
+                let queue = format!("soak.{shard}");
+                declare_queue_bound(&node.url(), &queue, TOPIC, &shard.to_string()).await;
+                queues.push(queue);
+            }
+            bootstrap = node.url();
+            rabbitmq = Some(node);
+        }
     }
-    let bootstrap = nats
-        .as_ref()
-        .map_or_else(|| kafka.bootstrap(), NatsServer::url);
     let db = TestDb::new().await;
     let pool = db.pool(10).await;
 
@@ -376,18 +280,23 @@ async fn main() {
         .collect();
     let received: Received = Arc::default();
     let cancel = CancellationToken::new();
-    let consumer_task = if nats.is_some() {
-        tokio::spawn(stream_reader(
+    let consumer_task = match (&nats, &rabbitmq) {
+        (Some(_), _) => tokio::spawn(readers::stream_reader(
             bootstrap.clone(),
             received.clone(),
             cancel.clone(),
-        ))
-    } else {
-        tokio::spawn(consumer(
+        )),
+        (_, Some(node)) => tokio::spawn(readers::queue_reader(
+            node.port(),
+            queues.clone(),
+            received.clone(),
+            cancel.clone(),
+        )),
+        _ => tokio::spawn(readers::consumer(
             bootstrap.clone(),
             received.clone(),
             cancel.clone(),
-        ))
+        )),
     };
     let stop = Arc::new(AtomicBool::new(false));
     let emitters: Vec<_> = (0..EMITTERS)
@@ -435,6 +344,13 @@ async fn main() {
                 } else {
                     "a relay session terminated"
                 });
+            }
+            _ if rabbitmq.is_some() => {
+                let node = rabbitmq.as_mut().expect("rabbitmq mode");
+                node.kill();
+                tokio::time::sleep(rng.millis(100, 1_500)).await;
+                node.spawn().await;
+                faults.add("rabbitmq SIGKILL");
             }
             2 | 3 if nats.is_some() => {
                 let server = nats.as_mut().expect("nats mode");
