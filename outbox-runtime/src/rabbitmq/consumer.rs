@@ -48,6 +48,9 @@ const ANSWER_WITHIN: Duration = Duration::from_secs(10);
 /// How often a reader waiting for messages checks that its connection is still open.
 const CHECK_EVERY: Duration = Duration::from_secs(1);
 
+/// How often a shard that keeps failing is said at warning level.
+const WARN_EVERY: Duration = Duration::from_secs(60);
+
 /// A consumer's RabbitMQ.
 struct Consumer {
     rabbitmq: RabbitMq,
@@ -146,18 +149,24 @@ impl Reader {
     /// one is lost.
     async fn run(self) {
         let mut failures = 0u32;
+        // When a failure was last said at warning level: the first of a run of failures, and
+        // then one every `WARN_EVERY` while it lasts (a shard that never comes back, such as
+        // a quorum queue without a leader, is not silent).
+        let mut warned: Option<tokio::time::Instant> = None;
         loop {
             match self.session().await {
                 Ended::Cancelled => break,
                 Ended::Lost { error, handled } => {
                     if handled {
                         failures = 0;
+                        warned = None;
                     }
                     failures += 1;
                     if let Some(e) = error {
-                        if failures == 1 {
-                            tracing::warn!(topic = %self.topic, shard = self.shard, error = %e,
-                                "cannot read from RabbitMQ; trying again");
+                        if warned.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
+                            warned = Some(tokio::time::Instant::now());
+                            tracing::warn!(topic = %self.topic, shard = self.shard, failures,
+                                error = %e, "cannot read from RabbitMQ; trying again");
                         } else {
                             tracing::debug!(topic = %self.topic, shard = self.shard, error = %e,
                                 "cannot read from RabbitMQ; trying again");
@@ -253,12 +262,27 @@ impl Reader {
         );
         let mut args = BasicConsumeArguments::new(&self.queue(), &tag);
         args.manual_ack(true);
+        let queue = self.queue();
         let (_, deliveries) = super::link::timed(
             ANSWER_WITHIN,
-            &format!("cannot consume from the queue `{}`", self.queue()),
+            &format!("cannot consume from the queue `{queue}`"),
             amqp.basic_consume_rx(args),
         )
-        .await?;
+        .await
+        .map_err(|e| {
+            if self.rabbitmq.quorum && e.contains("did not answer") {
+                // A quorum queue with no leader holds the request until one is elected.
+                format!(
+                    "{e} (a quorum queue without a leader answers nothing until it has one: \
+                     `rabbitmq-queues quorum_status {queue}`; with a Ra older than \
+                     rabbitmq/ra#443, as in RabbitMQ 3.10, a node killed just after declaring \
+                     a queue can bring it back leaderless for good, rabbitmq/rabbitmq-server#15725: \
+                     delete it and declare it again, then `outbox replay` what it held)"
+                )
+            } else {
+                e
+            }
+        })?;
         Ok(deliveries)
     }
 
