@@ -483,6 +483,37 @@ async fn a_consumer_waits_for_missing_queues_and_says_so() {
     })
     .await;
     assert_eq!(missing(), Some(0.0));
+    // A queue deleted under the consumer (the node cancels its subscription): missing again,
+    // waited for, consumed once declared again.
+    let shard = mq::shard_of("p0", SHARDS);
+    mq::delete_queue(&url, &format!("parcel.events.depot.{shard}")).await;
+    wait_for(
+        "the deleted queue shown",
+        Duration::from_secs(30),
+        || async { missing() == Some(1.0) },
+    )
+    .await;
+    rabbit(&url)
+        .ensure_topology("parcel.events", "depot")
+        .await
+        .unwrap();
+    let again = Outgoing::event(
+        &Shipped {
+            parcel: "p0-again".into(),
+        },
+        uuid::Uuid::now_v7(),
+    );
+    let again = Outgoing {
+        key: "p0".into(),
+        ..again
+    };
+    mq::publish(&url, "parcel.events", &shard.to_string(), &[again]).await;
+    wait_for("the one after handled", Duration::from_secs(60), || async {
+        count(&pool, "SELECT count(*) FROM shipped").await == 21
+            && settled(&vhost, "parcel.events", "depot")
+    })
+    .await;
+    assert_eq!(missing(), Some(0.0));
     assert!(!running.is_finished());
     running.stop().await;
 }

@@ -280,3 +280,59 @@ async fn dedup_a_node_killed_under_load_loses_nothing_and_repeats_nothing() {
 async fn inbox_a_node_killed_under_load_loses_nothing_and_repeats_nothing() {
     killed_under_load(Mode::Inbox, true, 3).await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_quorum_queue_a_kill_left_leaderless_is_consumed_once_declared_again() {
+    // Killed right after declaring its queues, a RabbitMQ 3.10 node brings the queues back
+    // as Ra servers with no leader, ever (see `RabbitNode::sync_quorum_registry`); a fixed
+    // one brings them back whole. Either way the consumer, started meanwhile, consumes once
+    // the queue works: at once, or once an operator deleted it (and the consumer declared it
+    // again), without a restart.
+    let mut node = RabbitNode::start().await;
+    let url = node.url();
+    let rabbit = RabbitMq::new(&url)
+        .shards(1)
+        .heartbeat(Duration::from_secs(2));
+    rabbit.ensure_topology(TOPIC, "ledger").await.unwrap();
+    node.kill();
+    node.spawn().await;
+    let queue = format!("{TOPIC}.ledger.0");
+    let status = mq::rabbitmq_cli("rabbitmq-queues", Some(&node), &["quorum_status", &queue]);
+    let leaderless = !status.contains("leader");
+    eprintln!(
+        "after the kill, {queue} is {}",
+        if leaderless { "leaderless" } else { "whole" }
+    );
+    let db = TestDb::new().await;
+    create_steps(&db.pool).await;
+    let consumer = Consumer::builder(db.pool.clone())
+        .rabbitmq(rabbit)
+        .group_id("ledger")
+        .handler(step)
+        .retry_backoff(Duration::from_millis(50), Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let running = Running::consumer(&consumer);
+    if leaderless {
+        // What the consumer's warning tells the operator to do.
+        mq::rabbitmqctl(Some(&node), &["delete_queue", &queue]);
+        wait_for(
+            "the queue declared again",
+            Duration::from_secs(60),
+            || async { mq::queue_depth(&url, &queue).await.is_some() },
+        )
+        .await;
+    }
+    let records = outbox_tests::deposits::interleaved(3, 5);
+    mq::publish(&url, TOPIC, "0", &records).await;
+    let pool = db.pool.clone();
+    wait_for("all 15 handled", Duration::from_secs(60), || async {
+        count(&pool, "SELECT count(*) FROM steps").await == 15
+    })
+    .await;
+    assert!(!running.is_finished());
+    running.stop().await;
+    for (account, seqs) in steps(&db.pool).await {
+        assert_eq!(seqs, (0..5).collect::<Vec<i64>>(), "account {account}");
+    }
+}
