@@ -241,18 +241,18 @@ impl Reader {
         self.topology().shard_queue(self.shard)
     }
 
-    /// Sets the prefetch and subscribes to the shard queue.
+    /// Sets the prefetch to one message (see [`read`](Self::read)) and subscribes to the shard
+    /// queue.
     async fn subscribe(
         &self,
         channel: &Confirming,
     ) -> std::result::Result<UnboundedReceiver<ConsumerMessage>, String> {
         let settings = &self.shared.settings;
-        let prefetch = u16::try_from(settings.batch_size * 2).unwrap_or(u16::MAX);
         let amqp = &channel.link.channel;
         super::link::timed(
             ANSWER_WITHIN,
             "cannot set the prefetch",
-            amqp.basic_qos(BasicQosArguments::new(0, prefetch, false)),
+            amqp.basic_qos(BasicQosArguments::new(0, 1, false)),
         )
         .await?;
         let tag = format!(
@@ -295,10 +295,39 @@ impl Reader {
             .is_some_and(Confirming::is_open)
     }
 
+    /// Widens the prefetch to two batches.
+    async fn widen(&self) -> bool {
+        let prefetch = u16::try_from(self.shared.settings.batch_size * 2).unwrap_or(u16::MAX);
+        let guard = self.channel.lock().await;
+        let Some(channel) = guard.as_ref() else {
+            return false;
+        };
+        super::link::timed(
+            ANSWER_WITHIN,
+            "cannot set the prefetch",
+            channel
+                .link
+                .channel
+                .basic_qos(BasicQosArguments::new(0, prefetch, false)),
+        )
+        .await
+        .is_ok()
+    }
+
     /// Reads batches until the channel closes or `cancel` fires (a batch in hand is then given
     /// up: nothing of it acknowledged, it comes again).
+    ///
+    /// A session starts with a prefetch of one message, and reads one at a time while what
+    /// comes was in a consumer's hands before (the server counted it returned): then the
+    /// prefetch is widened to two batches. The server counts a return for every message held
+    /// when a consumer goes away, and dead-letters a message after [`DELIVERY_LIMIT`] of them;
+    /// were a batch in hand each time a message took its consumer down, the messages behind it
+    /// would reach the limit with it, and be dead-lettered though nothing is wrong with them.
+    ///
+    /// [`DELIVERY_LIMIT`]: super::topology::DELIVERY_LIMIT
     async fn read(&self, deliveries: &mut UnboundedReceiver<ConsumerMessage>) -> Ended {
         let batch_size = self.shared.settings.batch_size;
+        let mut careful = true;
         let mut handled = false;
         let mut check = tokio::time::interval(CHECK_EVERY);
         loop {
@@ -320,7 +349,7 @@ impl Reader {
             };
             let mut batch: Vec<Received> =
                 Received::new(&self.topic_name, first).into_iter().collect();
-            while batch.len() < batch_size {
+            while !careful && batch.len() < batch_size {
                 match deliveries.try_recv() {
                     Ok(next) => batch.extend(Received::new(&self.topic_name, next)),
                     Err(_) => break,
@@ -346,6 +375,15 @@ impl Reader {
                 };
             }
             handled = true;
+            if careful && batch.iter().all(|m| m.decoded.returned == 0) {
+                if !self.widen().await {
+                    return Ended::Lost {
+                        error: Some("cannot widen the prefetch".into()),
+                        handled,
+                    };
+                }
+                careful = false;
+            }
         }
     }
 
