@@ -68,9 +68,9 @@ async fn a_consumer_gone_after_its_commit_before_its_ack_is_redelivered_with_one
     let payments = orders_with_payments(&db.pool, 20).await;
     mq::publish_sharded(&url, PAYMENTS, SHARDS, &records(&payments)).await;
 
-    // The first instance talks to the node through a proxy, which goes dark once the 20 are
-    // delivered to it and before any is handled: no acknowledgement of what it commits
-    // reaches the node.
+    // The first instance talks to the node through a proxy, which goes dark once it holds
+    // its first message of each shard (a session starts with a prefetch of one) and before
+    // any is handled: no acknowledgement of what it commits reaches the node.
     let proxy = TcpProxy::start("127.0.0.1:5672").await;
     let first = Consumer::builder(db.pool.clone())
         .rabbitmq(rabbit(&proxy.url(&vhost.name)))
@@ -80,20 +80,29 @@ async fn a_consumer_gone_after_its_commit_before_its_ack_is_redelivered_with_one
         .build()
         .unwrap();
     let running = Running::consumer(&first);
-    wait_for("the 20 delivered", Duration::from_secs(30), || async {
-        shard_totals(None, &vhost.name, PAYMENTS, "orders") == (20, 20, SHARDS.into())
-    })
+    let busy: std::collections::BTreeSet<u16> = payments
+        .iter()
+        .map(|(_, p)| mq::shard_of(&p.payment_id.to_string(), SHARDS))
+        .collect();
+    let busy = busy.len() as u64;
+    wait_for(
+        "one message of each shard in hand",
+        Duration::from_secs(30),
+        || async {
+            shard_totals(None, &vhost.name, PAYMENTS, "orders") == (20, busy, SHARDS.into())
+        },
+    )
     .await;
     proxy.black_hole();
     GO.add_permits(1);
     let pool = db.pool.clone();
-    wait_for("all 20 committed", Duration::from_secs(30), || async {
-        paid_counts(&pool).await == vec![1; 20]
+    wait_for("those committed", Duration::from_secs(30), || async {
+        paid_counts(&pool).await.iter().sum::<i32>() == busy as i32
     })
     .await;
     running.abort();
-    // The node gives the silent connection up (missed heartbeats): all 20, committed, come
-    // back, for none was acknowledged.
+    // The node gives the silent connection up (missed heartbeats): all 20 are in their
+    // queues again, those committed too, for none was acknowledged.
     wait_for(
         "the 20 back in their queues, no consumer",
         Duration::from_secs(30),
@@ -335,4 +344,95 @@ async fn a_quorum_queue_a_kill_left_leaderless_is_consumed_once_declared_again()
     for (account, seqs) in steps(&db.pool).await {
         assert_eq!(seqs, (0..5).collect::<Vec<i64>>(), "account {account}");
     }
+}
+
+/// Times [`pay_but_hang_on_13`] took a payment of 13 in hand.
+static HUNG: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+
+/// Marks the order paid; a payment of 13 never returns (the consumer is taken down holding it).
+#[outbox_runtime::inbox_handler]
+async fn pay_but_hang_on_13(
+    event: PaymentSucceeded,
+    tx: &mut sqlx::PgConnection,
+) -> Result<(), HandlerError> {
+    if event.amount == 13 {
+        HUNG.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        std::future::pending::<()>().await;
+    }
+    sqlx::query("UPDATE orders SET paid = paid + 1 WHERE id = $1")
+        .bind(event.order_id)
+        .execute(&mut *tx)
+        .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_that_keeps_taking_its_consumer_down_is_dead_lettered_by_the_node() {
+    let vhost = Vhost::new("rc-limit");
+    let url = vhost.url();
+    let db = TestDb::new().await;
+    fixtures::create_orders(&db.pool).await;
+    let rabbit = RabbitMq::new(&url).shards(1);
+    rabbit.ensure_topology(PAYMENTS, "orders").await.unwrap();
+    let mut payments = orders_with_payments(&db.pool, 5).await;
+    payments[0].1.amount = 13;
+    mq::publish(&url, PAYMENTS, "0", &records(&payments)).await;
+    // A consumer taken down (aborted) each time it holds the payment of 13, as a handler that
+    // crashes its process would.
+    let mut downs = 0;
+    while mq::queue_depth(&url, &format!("{PAYMENTS}.dlq")).await == Some(0) {
+        assert!(downs <= 25, "still not dead-lettered after {downs} crashes");
+        let before = HUNG.load(std::sync::atomic::Ordering::SeqCst);
+        let consumer = Consumer::builder(db.pool.clone())
+            .rabbitmq(rabbit.clone())
+            .group_id("orders")
+            .handler(pay_but_hang_on_13)
+            .build()
+            .unwrap();
+        let running = Running::consumer(&consumer);
+        let url = url.clone();
+        wait_for(
+            "the payment of 13 in hand, or dead",
+            Duration::from_secs(30),
+            || {
+                let url = url.clone();
+                async move {
+                    HUNG.load(std::sync::atomic::Ordering::SeqCst) > before
+                        || mq::queue_depth(&url, &format!("{PAYMENTS}.dlq")).await != Some(0)
+                }
+            },
+        )
+        .await;
+        running.abort();
+        downs += 1;
+    }
+    // The limit is 20 returns; the others went through meanwhile (the first consumer paid
+    // them, behind the one it held: nothing held them up once it was gone).
+    assert!(
+        (20..=22).contains(&downs),
+        "dead-lettered after {downs} crashes"
+    );
+    let letters = mq::read_queue(&url, &format!("{PAYMENTS}.dlq"), 2, Duration::from_secs(2)).await;
+    assert_eq!(letters.len(), 1, "{letters:?}");
+    assert_eq!(letters[0].header("event_id"), payments[0].0.to_string());
+    assert!(letters[0].headers.contains_key("x-death"), "{letters:?}");
+    let consumer = Consumer::builder(db.pool.clone())
+        .rabbitmq(rabbit)
+        .group_id("orders")
+        .handler(pay_but_hang_on_13)
+        .build()
+        .unwrap();
+    let running = Running::consumer(&consumer);
+    wait_for("the others paid", Duration::from_secs(30), || async {
+        shard_totals(None, &vhost.name, PAYMENTS, "orders") == (0, 0, 1)
+    })
+    .await;
+    running.stop().await;
+    let mut expected: Vec<(uuid::Uuid, i32)> = payments
+        .iter()
+        .map(|(_, p)| (p.order_id, i32::from(p.amount != 13)))
+        .collect();
+    expected.sort();
+    let paid: Vec<i32> = expected.into_iter().map(|(_, paid)| paid).collect();
+    assert_eq!(paid_counts(&db.pool).await, paid);
 }
