@@ -12,9 +12,8 @@
 //! retries it where it is, and nothing overtakes it). A dead letter is published to the
 //! topic's dead-letter queue, confirmed, then the original acknowledged. A message whose
 //! consumer keeps going away before acknowledging it (a handler that takes the process down)
-//! is dead-lettered by the server after its delivery limit.
-//!
-//! A connection or channel that closes ends the shard's session: what was not acknowledged
+//! is dead-lettered by the server after its delivery limit, with the server's `x-death`
+//! headers (`reason: delivery_limit`) instead of the `dlq_*` ones. A connection or channel that closes ends the shard's session: what was not acknowledged
 //! goes back to the queue (before anything newer) and to the next active consumer, this one
 //! included once it has connected again.
 
