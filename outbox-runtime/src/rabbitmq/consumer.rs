@@ -79,6 +79,9 @@ async fn consume(
     rabbitmq: &RabbitMq,
     cancel: &CancellationToken,
 ) -> Result<()> {
+    for topic in shared.routes.topics() {
+        super::topology::check_names(rabbitmq, &shared.settings, &topic).map_err(Error::Config)?;
+    }
     let mut readers = tokio::task::JoinSet::new();
     for topic in shared.routes.topics() {
         for shard in 0..rabbitmq.shards {
@@ -316,12 +319,10 @@ impl Reader {
     /// Reads batches until the channel closes or `cancel` fires (a batch in hand is then given
     /// up: nothing of it acknowledged, it comes again).
     ///
-    /// A session starts with a prefetch of one message, and reads one at a time while what
-    /// comes was in a consumer's hands before (the server counted it returned): then the
-    /// prefetch is widened to two batches. The server counts a return for every message held
-    /// when a consumer goes away, and dead-letters a message after [`DELIVERY_LIMIT`] of them;
-    /// were a batch in hand each time a message took its consumer down, the messages behind it
-    /// would reach the limit with it, and be dead-lettered though nothing is wrong with them.
+    /// A session reads one message at a time (prefetch 1) until one comes that no consumer
+    /// held before, then widens the prefetch to two batches. The server counts a return for
+    /// each message a departing consumer held, and dead-letters at [`DELIVERY_LIMIT`]: with a
+    /// batch in hand, the messages behind one that takes its consumer down would go with it.
     ///
     /// [`DELIVERY_LIMIT`]: super::topology::DELIVERY_LIMIT
     async fn read(&self, deliveries: &mut UnboundedReceiver<ConsumerMessage>) -> Ended {
