@@ -517,3 +517,24 @@ async fn a_consumer_waits_for_missing_queues_and_says_so() {
     assert!(!running.is_finished());
     running.stop().await;
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn names_over_amqps_255_bytes_stop_the_consumer_with_what_to_shorten() {
+    let db = TestDb::new().await;
+    let consumer = builder(&db, mq::SHARED_URL, &"g".repeat(240))
+        .handler(fixtures::mark_order_paid)
+        .build()
+        .unwrap();
+    let ran = tokio::time::timeout(
+        Duration::from_secs(10),
+        consumer.run(tokio_util::sync::CancellationToken::new()),
+    )
+    .await
+    .expect("refused at once, not retried");
+    match ran {
+        Err(outbox_runtime::Error::Config(e)) => {
+            assert!(e.contains("over AMQP's 255") && e.contains(PAYMENTS), "{e}")
+        }
+        other => panic!("expected a configuration error, got {other:?}"),
+    }
+}
