@@ -12,9 +12,8 @@
 //! retries it where it is, and nothing overtakes it). A dead letter is published to the
 //! topic's dead-letter queue, confirmed, then the original acknowledged. A message whose
 //! consumer keeps going away before acknowledging it (a handler that takes the process down)
-//! is dead-lettered by the server after its delivery limit.
-//!
-//! A connection or channel that closes ends the shard's session: what was not acknowledged
+//! is dead-lettered by the server after its delivery limit, with the server's `x-death`
+//! headers (`reason: delivery_limit`) instead of the `dlq_*` ones. A connection or channel that closes ends the shard's session: what was not acknowledged
 //! goes back to the queue (before anything newer) and to the next active consumer, this one
 //! included once it has connected again.
 
@@ -48,6 +47,9 @@ const ANSWER_WITHIN: Duration = Duration::from_secs(10);
 /// How often a reader waiting for messages checks that its connection is still open.
 const CHECK_EVERY: Duration = Duration::from_secs(1);
 
+/// How often a shard that keeps failing is said at warning level.
+const WARN_EVERY: Duration = Duration::from_secs(60);
+
 /// A consumer's RabbitMQ.
 struct Consumer {
     rabbitmq: RabbitMq,
@@ -77,6 +79,9 @@ async fn consume(
     rabbitmq: &RabbitMq,
     cancel: &CancellationToken,
 ) -> Result<()> {
+    for topic in shared.routes.topics() {
+        super::topology::check_names(rabbitmq, &shared.settings, &topic).map_err(Error::Config)?;
+    }
     let mut readers = tokio::task::JoinSet::new();
     for topic in shared.routes.topics() {
         for shard in 0..rabbitmq.shards {
@@ -146,18 +151,24 @@ impl Reader {
     /// one is lost.
     async fn run(self) {
         let mut failures = 0u32;
+        // When a failure was last said at warning level: the first of a run of failures, and
+        // then one every `WARN_EVERY` while it lasts (a shard that never comes back, such as
+        // a quorum queue without a leader, is not silent).
+        let mut warned: Option<tokio::time::Instant> = None;
         loop {
             match self.session().await {
                 Ended::Cancelled => break,
                 Ended::Lost { error, handled } => {
                     if handled {
                         failures = 0;
+                        warned = None;
                     }
                     failures += 1;
                     if let Some(e) = error {
-                        if failures == 1 {
-                            tracing::warn!(topic = %self.topic, shard = self.shard, error = %e,
-                                "cannot read from RabbitMQ; trying again");
+                        if warned.is_none_or(|at| at.elapsed() >= WARN_EVERY) {
+                            warned = Some(tokio::time::Instant::now());
+                            tracing::warn!(topic = %self.topic, shard = self.shard, failures,
+                                error = %e, "cannot read from RabbitMQ; trying again");
                         } else {
                             tracing::debug!(topic = %self.topic, shard = self.shard, error = %e,
                                 "cannot read from RabbitMQ; trying again");
@@ -232,18 +243,18 @@ impl Reader {
         self.topology().shard_queue(self.shard)
     }
 
-    /// Sets the prefetch and subscribes to the shard queue.
+    /// Sets the prefetch to one message (see [`read`](Self::read)) and subscribes to the shard
+    /// queue.
     async fn subscribe(
         &self,
         channel: &Confirming,
     ) -> std::result::Result<UnboundedReceiver<ConsumerMessage>, String> {
         let settings = &self.shared.settings;
-        let prefetch = u16::try_from(settings.batch_size * 2).unwrap_or(u16::MAX);
         let amqp = &channel.link.channel;
         super::link::timed(
             ANSWER_WITHIN,
             "cannot set the prefetch",
-            amqp.basic_qos(BasicQosArguments::new(0, prefetch, false)),
+            amqp.basic_qos(BasicQosArguments::new(0, 1, false)),
         )
         .await?;
         let tag = format!(
@@ -253,12 +264,27 @@ impl Reader {
         );
         let mut args = BasicConsumeArguments::new(&self.queue(), &tag);
         args.manual_ack(true);
+        let queue = self.queue();
         let (_, deliveries) = super::link::timed(
             ANSWER_WITHIN,
-            &format!("cannot consume from the queue `{}`", self.queue()),
+            &format!("cannot consume from the queue `{queue}`"),
             amqp.basic_consume_rx(args),
         )
-        .await?;
+        .await
+        .map_err(|e| {
+            if self.rabbitmq.quorum && e.contains("did not answer") {
+                // A quorum queue with no leader holds the request until one is elected.
+                format!(
+                    "{e} (a quorum queue without a leader answers nothing until it has one: \
+                     `rabbitmq-queues quorum_status {queue}`; with a Ra older than \
+                     rabbitmq/ra#443, as in RabbitMQ 3.10, a node killed just after declaring \
+                     a queue can bring it back leaderless for good, rabbitmq/rabbitmq-server#15725: \
+                     delete it and declare it again, then `outbox replay` what it held)"
+                )
+            } else {
+                e
+            }
+        })?;
         Ok(deliveries)
     }
 
@@ -271,10 +297,37 @@ impl Reader {
             .is_some_and(Confirming::is_open)
     }
 
+    /// Widens the prefetch to two batches.
+    async fn widen(&self) -> bool {
+        let prefetch = u16::try_from(self.shared.settings.batch_size * 2).unwrap_or(u16::MAX);
+        let guard = self.channel.lock().await;
+        let Some(channel) = guard.as_ref() else {
+            return false;
+        };
+        super::link::timed(
+            ANSWER_WITHIN,
+            "cannot set the prefetch",
+            channel
+                .link
+                .channel
+                .basic_qos(BasicQosArguments::new(0, prefetch, false)),
+        )
+        .await
+        .is_ok()
+    }
+
     /// Reads batches until the channel closes or `cancel` fires (a batch in hand is then given
     /// up: nothing of it acknowledged, it comes again).
+    ///
+    /// A session reads one message at a time (prefetch 1) until one comes that no consumer
+    /// held before, then widens the prefetch to two batches. The server counts a return for
+    /// each message a departing consumer held, and dead-letters at [`DELIVERY_LIMIT`]: with a
+    /// batch in hand, the messages behind one that takes its consumer down would go with it.
+    ///
+    /// [`DELIVERY_LIMIT`]: super::topology::DELIVERY_LIMIT
     async fn read(&self, deliveries: &mut UnboundedReceiver<ConsumerMessage>) -> Ended {
         let batch_size = self.shared.settings.batch_size;
+        let mut careful = true;
         let mut handled = false;
         let mut check = tokio::time::interval(CHECK_EVERY);
         loop {
@@ -296,7 +349,7 @@ impl Reader {
             };
             let mut batch: Vec<Received> =
                 Received::new(&self.topic_name, first).into_iter().collect();
-            while batch.len() < batch_size {
+            while !careful && batch.len() < batch_size {
                 match deliveries.try_recv() {
                     Ok(next) => batch.extend(Received::new(&self.topic_name, next)),
                     Err(_) => break,
@@ -322,6 +375,15 @@ impl Reader {
                 };
             }
             handled = true;
+            if careful && batch.iter().all(|m| m.decoded.returned == 0) {
+                if !self.widen().await {
+                    return Ended::Lost {
+                        error: Some("cannot widen the prefetch".into()),
+                        handled,
+                    };
+                }
+                careful = false;
+            }
         }
     }
 

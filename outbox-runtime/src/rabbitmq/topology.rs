@@ -47,6 +47,25 @@ impl Topology<'_> {
         format!("{}{}", self.shard_queue(shard), self.retry_suffix)
     }
 
+    /// Whether every name of the topology fits AMQP's 255 bytes (amqprs panics on a longer
+    /// one), and the topic can name an exchange.
+    pub(crate) fn check_names(&self) -> Result<(), String> {
+        super::wire::check_exchange(self.topic)?;
+        let longest = self.delay_queue(self.settings.shards.saturating_sub(1));
+        let names = [longest.as_str(), self.dead_letters];
+        let too_long = names.into_iter().find(|n| n.len() > 255);
+        match too_long {
+            Some(name) => Err(format!(
+                "the RabbitMQ queue `{}…` would be {} bytes, over AMQP's 255: shorten the \
+                 topic `{}`, the group or the suffixes",
+                name.chars().take(60).collect::<String>(),
+                name.len(),
+                self.topic
+            )),
+            None => Ok(()),
+        }
+    }
+
     fn long(value: &str) -> FieldValue {
         FieldValue::from(value)
     }
@@ -166,6 +185,23 @@ impl Topology<'_> {
         }
         Ok(())
     }
+}
+
+/// Whether every name of consumer `settings`'s topology for `topic` fits AMQP.
+pub(crate) fn check_names(
+    rabbitmq: &RabbitMq,
+    settings: &crate::inbox::settings::Settings,
+    topic: &str,
+) -> Result<(), String> {
+    let dead = settings.topics.dead_letter(topic);
+    Topology {
+        settings: rabbitmq,
+        topic,
+        group: settings.group(),
+        retry_suffix: &settings.topics.retry_suffix,
+        dead_letters: &dead,
+    }
+    .check_names()
 }
 
 /// What a queue holds: `None` if it does not exist (a passive declare, on a channel of its
