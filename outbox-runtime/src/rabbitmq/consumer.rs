@@ -387,9 +387,11 @@ impl Reader {
         }
     }
 
-    /// Acknowledges delivery `tag`. A lost acknowledgement (the channel closed) brings the
-    /// message again, deduplicated.
-    async fn ack(&self, tag: u64) -> bool {
+    /// Acknowledges delivery `tag` and every one before it on this channel (`multiple`): the
+    /// batches are settled in the order delivered, so everything before `tag` is settled
+    /// already. A lost acknowledgement (the channel closed) brings the messages again,
+    /// deduplicated.
+    async fn ack_up_to(&self, tag: u64) -> bool {
         let guard = self.channel.lock().await;
         let Some(channel) = guard.as_ref() else {
             return false;
@@ -400,7 +402,7 @@ impl Reader {
             channel
                 .link
                 .channel
-                .basic_ack(BasicAckArguments::new(tag, false)),
+                .basic_ack(BasicAckArguments::new(tag, true)),
         )
         .await;
         match acked {
@@ -565,11 +567,13 @@ impl Reading for Reader {
                     tracing::warn!(topic = %self.topic, shard = self.shard, reason, "message dead-lettered");
                 }
             }
-            if !self.ack(msg.tag).await {
-                return false;
-            }
         }
-        true
+        // One acknowledgement for the whole run of messages (they are contiguous, and what
+        // came before them on this channel is settled).
+        match done.last() {
+            Some(last) => self.ack_up_to(last.tag).await,
+            None => true,
+        }
     }
 }
 
