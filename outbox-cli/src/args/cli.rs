@@ -11,7 +11,7 @@ use super::{
 use crate::parse;
 
 /// Operate the transactional outbox and inbox: migrations, status, relays, replay, retention
-/// and poison events.
+/// and poison events, with Kafka, NATS JetStream or RabbitMQ as the broker.
 #[derive(Debug, Parser)]
 #[command(name = "outbox", version, propagate_version = true)]
 pub struct Cli {
@@ -41,7 +41,8 @@ pub enum Command {
     },
     /// Backlog per topic: unpublished, parked, oldest unpublished age, published in the last
     /// minute; inbox backlog and dead rows; processed_event size; the tables' vacuum figures and
-    /// the health warnings (autovacuum off, dead rows, the cleanup horizon held back, ...)
+    /// the health warnings (autovacuum off, dead rows, the cleanup horizon held back, ...);
+    /// with --rabbitmq, RabbitMQ's queues of each --group
     Status {
         #[command(flatten)]
         db: Db,
@@ -61,14 +62,16 @@ pub enum Command {
         #[command(flatten)]
         queues: Queues,
     },
-    /// Run relays as a standalone process until Ctrl-C or SIGTERM
+    /// Run relays as a standalone process until Ctrl-C or SIGTERM, publishing to Kafka
+    /// (--brokers), NATS JetStream (--nats-url) or RabbitMQ (--rabbitmq)
     Relay(RelayArgs),
     /// Publish stored events again (with their original event_id), to rebuild a projection
     Replay(ReplayArgs),
     /// Retention: delete published outbox rows, processed inbox rows and processed_event rows
     /// older than a cut-off, in small batches (never an unpublished, parked or dead row)
     Cleanup(CleanupArgs),
-    /// The broker's topics: create what the installation needs
+    /// The broker's topics: create what the installation needs (Kafka topics; RabbitMQ's
+    /// exchanges and each group's queues)
     Topics {
         #[command(subcommand)]
         action: TopicsAction,
@@ -131,5 +134,7 @@ mod tests {
         for option in ["--brokers", "--nats-url", "--rabbitmq"] {
             assert!(help.contains(option), "{option} in: {help}");
         }
+        let top = super::Cli::command().render_help().to_string();
+        assert!(top.contains("RabbitMQ"), "{top}");
     }
 }
