@@ -159,6 +159,86 @@ fn shard_consumers(vhost: &Vhost, topic: &str, group: &str) -> BTreeMap<String, 
     by_queue
 }
 
+/// For each shard queue of `group`: the prefetch of each of its consumers.
+fn shard_prefetches(vhost: &Vhost, topic: &str, group: &str) -> BTreeMap<String, Vec<u32>> {
+    let mut by_queue: BTreeMap<String, Vec<u32>> = (0..SHARDS)
+        .map(|shard| (format!("{topic}.{group}.{shard}"), Vec::new()))
+        .collect();
+    let out = mq::rabbitmqctl(
+        None,
+        &[
+            "list_consumers",
+            "-p",
+            &vhost.name,
+            "-q",
+            "--no-table-headers",
+            "queue_name",
+            "prefetch_count",
+        ],
+    );
+    for line in out.lines() {
+        let Some((queue, prefetch)) = line.split_once('\t') else {
+            continue;
+        };
+        if let (Some(all), Ok(prefetch)) = (by_queue.get_mut(queue), prefetch.trim().parse()) {
+            all.push(prefetch);
+        }
+    }
+    by_queue
+}
+
+/// A session reads one message at a time until one comes that no consumer held before, then
+/// two batches at a time. RabbitMQ applies a prefetch to the consumers subscribed after it is
+/// set: the careful consumer is replaced by a wide one (this failed when the prefetch was only
+/// set again on the channel: every shard stayed at 1, a message per round trip).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn after_a_fresh_message_each_shard_is_read_two_batches_at_a_time() {
+    let vhost = Vhost::new("rc-prefetch");
+    let url = vhost.url();
+    let db = TestDb::new().await;
+    create_steps(&db.pool).await;
+    let consumer = builder(&db, &url, "ledger")
+        .handler(record_step)
+        .batch_size(25)
+        .build()
+        .unwrap();
+    let running = Running::consumer(&consumer);
+    wait_for(
+        "one careful consumer (prefetch 1) on each shard queue",
+        Duration::from_secs(30),
+        || async {
+            shard_prefetches(&vhost, TOPIC, "ledger")
+                .values()
+                .all(|p| *p == vec![1])
+        },
+    )
+    .await;
+    // 40 accounts, 2 events each: every shard gets some.
+    let records = interleaved(40, 2);
+    mq::publish_sharded(&url, TOPIC, SHARDS, &records).await;
+    let pool = db.pool.clone();
+    wait_for("all 80 handled", Duration::from_secs(60), || async {
+        count(&pool, "SELECT count(*) FROM steps").await == 80
+    })
+    .await;
+    wait_for(
+        "one consumer on each shard queue, its prefetch two batches",
+        Duration::from_secs(30),
+        || async {
+            shard_prefetches(&vhost, TOPIC, "ledger")
+                .values()
+                .all(|p| *p == vec![50])
+        },
+    )
+    .await;
+    wait_for("all settled", Duration::from_secs(30), || async {
+        settled(&vhost, TOPIC, "ledger")
+    })
+    .await;
+    running.stop().await;
+    assert_eq!(steps(&db.pool).await.len(), 40);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_instances_share_the_shards_one_active_each_and_hand_over() {
     let vhost = Vhost::new("rc-two");

@@ -17,11 +17,13 @@
 //! goes back to the queue (before anything newer) and to the next active consumer, this one
 //! included once it has connected again.
 
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
 use amqprs::channel::{
-    BasicAckArguments, BasicConsumeArguments, BasicQosArguments, ConsumerMessage,
+    BasicAckArguments, BasicCancelArguments, BasicConsumeArguments, BasicQosArguments,
+    ConsumerMessage,
 };
 use amqprs::BasicProperties;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -40,6 +42,8 @@ use crate::inbox::shared::Shared;
 use crate::inbox::source::{Reading, Reads, Source};
 use crate::inbox::{dedup, receive};
 use crate::publish::{Boxed, Outcome};
+
+mod settle;
 
 /// How long the server gets to answer a request of the consumer's.
 const ANSWER_WITHIN: Duration = Duration::from_secs(10);
@@ -94,6 +98,8 @@ async fn consume(
                 dead_letters: shared.settings.topics.dead_letter(&topic),
                 topic_name: Arc::from(topic.as_str()),
                 channel: tokio::sync::Mutex::new(None),
+                defer: std::sync::atomic::AtomicBool::new(false),
+                deferred: std::sync::atomic::AtomicU64::new(0),
             };
             readers.spawn(reader.run());
         }
@@ -123,6 +129,10 @@ struct Reader {
     topic_name: Arc<str>,
     /// The session's channel (what delivered the batch in hand, and settles it).
     channel: tokio::sync::Mutex<Option<Confirming>>,
+    /// Set while the careful consumer's last message is handled: its acknowledgement waits
+    /// (in `deferred`) until that consumer is cancelled (see [`Reader::widen`]).
+    defer: std::sync::atomic::AtomicBool,
+    deferred: std::sync::atomic::AtomicU64,
 }
 
 /// Why a session ended.
@@ -219,8 +229,8 @@ impl Reader {
                 return lost(e);
             }
         }
-        let mut deliveries = match self.subscribe(&channel).await {
-            Ok(deliveries) => deliveries,
+        let (careful, mut deliveries) = match self.subscribe(&channel.link.channel, 1).await {
+            Ok(subscribed) => subscribed,
             Err(e) => {
                 let e = channel.link.closed.explain(e);
                 if channel.link.closed.code() == Some(super::link::NOT_FOUND) {
@@ -235,7 +245,7 @@ impl Reader {
         };
         missing.set(0.0);
         *self.channel.lock().await = Some(channel);
-        self.read(&mut deliveries).await
+        self.read(&careful, &mut deliveries).await
     }
 
     /// This shard's queue.
@@ -243,18 +253,19 @@ impl Reader {
         self.topology().shard_queue(self.shard)
     }
 
-    /// Sets the prefetch to one message (see [`read`](Self::read)) and subscribes to the shard
-    /// queue.
+    /// Sets the prefetch of the consumers subscribed next on `amqp` to `prefetch` messages
+    /// (see [`read`](Self::read)) and subscribes to the shard queue; returns the consumer's tag
+    /// and its deliveries.
     async fn subscribe(
         &self,
-        channel: &Confirming,
-    ) -> std::result::Result<UnboundedReceiver<ConsumerMessage>, String> {
+        amqp: &amqprs::channel::Channel,
+        prefetch: u16,
+    ) -> std::result::Result<(String, UnboundedReceiver<ConsumerMessage>), String> {
         let settings = &self.shared.settings;
-        let amqp = &channel.link.channel;
         super::link::timed(
             ANSWER_WITHIN,
             "cannot set the prefetch",
-            amqp.basic_qos(BasicQosArguments::new(0, 1, false)),
+            amqp.basic_qos(BasicQosArguments::new(0, prefetch, false)),
         )
         .await?;
         let tag = format!(
@@ -265,7 +276,7 @@ impl Reader {
         let mut args = BasicConsumeArguments::new(&self.queue(), &tag);
         args.manual_ack(true);
         let queue = self.queue();
-        let (_, deliveries) = super::link::timed(
+        let (tag, deliveries) = super::link::timed(
             ANSWER_WITHIN,
             &format!("cannot consume from the queue `{queue}`"),
             amqp.basic_consume_rx(args),
@@ -285,7 +296,7 @@ impl Reader {
                 e
             }
         })?;
-        Ok(deliveries)
+        Ok((tag, deliveries))
     }
 
     /// Whether the session's channel is still open.
@@ -297,23 +308,32 @@ impl Reader {
             .is_some_and(Confirming::is_open)
     }
 
-    /// Widens the prefetch to two batches.
-    async fn widen(&self) -> bool {
+    /// Widens the prefetch to two batches. RabbitMQ applies a prefetch to the consumers
+    /// subscribed after it is set, so a wide consumer is subscribed and the careful one
+    /// (`careful`) cancelled. The careful one's last message (`held`, 0 if none) is still
+    /// unacknowledged, so that nothing more was delivered to it (prefetch 1); it is
+    /// acknowledged once the careful consumer is cancelled, when whichever consumer is active
+    /// next (this session's wide one, or another instance's) may receive the next message:
+    /// its effect committed before. Returns the wide consumer's deliveries.
+    async fn widen(&self, careful: &str, held: u64) -> Option<UnboundedReceiver<ConsumerMessage>> {
         let prefetch = u16::try_from(self.shared.settings.batch_size * 2).unwrap_or(u16::MAX);
-        let guard = self.channel.lock().await;
-        let Some(channel) = guard.as_ref() else {
-            return false;
+        let wide = {
+            let guard = self.channel.lock().await;
+            let amqp = &guard.as_ref()?.link.channel;
+            let (_, wide) = self.subscribe(amqp, prefetch).await.ok()?;
+            super::link::timed(
+                ANSWER_WITHIN,
+                "cannot cancel the careful consumer",
+                amqp.basic_cancel(BasicCancelArguments::new(careful)),
+            )
+            .await
+            .ok()?;
+            wide
         };
-        super::link::timed(
-            ANSWER_WITHIN,
-            "cannot set the prefetch",
-            channel
-                .link
-                .channel
-                .basic_qos(BasicQosArguments::new(0, prefetch, false)),
-        )
-        .await
-        .is_ok()
+        if held != 0 && !self.ack_up_to(held).await {
+            return None;
+        }
+        Some(wide)
     }
 
     /// Reads batches until the channel closes or `cancel` fires (a batch in hand is then given
@@ -325,7 +345,11 @@ impl Reader {
     /// batch in hand, the messages behind one that takes its consumer down would go with it.
     ///
     /// [`DELIVERY_LIMIT`]: super::topology::DELIVERY_LIMIT
-    async fn read(&self, deliveries: &mut UnboundedReceiver<ConsumerMessage>) -> Ended {
+    async fn read(
+        &self,
+        careful_tag: &str,
+        deliveries: &mut UnboundedReceiver<ConsumerMessage>,
+    ) -> Ended {
         let batch_size = self.shared.settings.batch_size;
         let mut careful = true;
         let mut handled = false;
@@ -358,6 +382,10 @@ impl Reader {
             if batch.is_empty() {
                 continue;
             }
+            // The careful consumer's first message no consumer held before: the last it takes.
+            let last_careful = careful && batch.iter().all(|m| m.decoded.returned == 0);
+            self.defer.store(last_careful, Ordering::SeqCst);
+            self.deferred.store(0, Ordering::SeqCst);
             let done = match self.shared.settings.mode {
                 Mode::Dedup => dedup::handle_batch(&self.shared, self, &batch, &self.cancel).await,
                 Mode::Inbox => {
@@ -375,204 +403,18 @@ impl Reader {
                 };
             }
             handled = true;
-            if careful && batch.iter().all(|m| m.decoded.returned == 0) {
-                if !self.widen().await {
+            if last_careful {
+                self.defer.store(false, Ordering::SeqCst);
+                let held = self.deferred.swap(0, Ordering::SeqCst);
+                let Some(wide) = self.widen(careful_tag, held).await else {
                     return Ended::Lost {
                         error: Some("cannot widen the prefetch".into()),
                         handled,
                     };
-                }
+                };
+                *deliveries = wide;
                 careful = false;
             }
-        }
-    }
-
-    /// Acknowledges delivery `tag` and every one before it on this channel (`multiple`): the
-    /// batches are settled in the order delivered, so everything before `tag` is settled
-    /// already. A lost acknowledgement (the channel closed) brings the messages again,
-    /// deduplicated.
-    async fn ack_up_to(&self, tag: u64) -> bool {
-        let guard = self.channel.lock().await;
-        let Some(channel) = guard.as_ref() else {
-            return false;
-        };
-        let acked = super::link::timed(
-            ANSWER_WITHIN,
-            "cannot acknowledge",
-            channel
-                .link
-                .channel
-                .basic_ack(BasicAckArguments::new(tag, true)),
-        )
-        .await;
-        match acked {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::debug!(error = %e, tag, "cannot acknowledge a message; it comes again");
-                false
-            }
-        }
-    }
-
-    /// Publishes `properties` and `msg`'s body to queue `queue` through the default exchange
-    /// and waits until the server confirmed it, trying again (after the outage backoff) while
-    /// it is refused; `false` if the channel closed or `cancel` fired first (the original is
-    /// then not acknowledged: it comes again). `what` names it in messages.
-    async fn forward(
-        &self,
-        msg: &Received,
-        queue: &str,
-        properties: BasicProperties,
-        what: &str,
-    ) -> bool {
-        let mut failures = 0u32;
-        let mut blocked: Option<metrics::Gauge> = None;
-        loop {
-            let published = {
-                let mut guard = self.channel.lock().await;
-                let Some(channel) = guard.as_mut().filter(|c| c.is_open()) else {
-                    return false;
-                };
-                channel
-                    .publish(
-                        "",
-                        queue,
-                        properties.clone(),
-                        msg.body.clone(),
-                        ANSWER_WITHIN,
-                    )
-                    .await
-            };
-            let outcome = match published {
-                Ok(confirmed) => confirm::outcome(confirmed).await,
-                Err(_) => return false,
-            };
-            if outcome == Outcome::Published {
-                break;
-            }
-            failures += 1;
-            if blocked.is_none() {
-                tracing::error!(queue, outcome = ?outcome,
-                    "cannot publish a message to its {what} queue (does it exist? may this consumer \
-                     publish to it?); the shard's reading waits until it can");
-                let gauge =
-                    metrics::gauge!("outbox_consumer_forward_blocked", "topic" => queue.to_owned());
-                gauge.set(1.0);
-                blocked = Some(gauge);
-            }
-            if self.rabbitmq.declare {
-                let guard = self.channel.lock().await;
-                if let Some(channel) = guard.as_ref() {
-                    let _ = self
-                        .topology()
-                        .declare(&channel.link.channel, self.shard, ANSWER_WITHIN)
-                        .await;
-                }
-            }
-            let wait = self.shared.settings.outage_backoff(failures);
-            tokio::select! {
-                () = self.cancel.cancelled() => return false,
-                () = tokio::time::sleep(wait) => {}
-            }
-        }
-        if let Some(gauge) = blocked {
-            gauge.set(0.0);
-            tracing::info!(queue, "the {what} queue takes messages again; consuming");
-        }
-        true
-    }
-
-    fn source(&self) -> wire::Source<'_> {
-        wire::Source {
-            topic: &self.topic,
-            group: self.shared.settings.group(),
-            shard: self.shard,
-        }
-    }
-}
-
-impl Reading for Reader {
-    type Message = Received;
-
-    fn check<'m>(&self, msg: &'m Received) -> Checked<'m> {
-        let delivered = Delivered {
-            topic: &msg.topic,
-            partition: i32::from(self.shard),
-            offset: 0,
-            key: msg.decoded.key.as_deref(),
-            payload: &msg.body,
-        };
-        let headers = msg
-            .decoded
-            .headers
-            .iter()
-            .map(|(name, value)| (name.as_str(), Some(value.as_slice())));
-        let mut incoming = message::check(delivered, headers)?;
-        incoming.meta.attempt = incoming.meta.attempt.saturating_add(msg.decoded.returned);
-        Ok(incoming)
-    }
-
-    fn failed_before(&self, msg: &Received) -> u32 {
-        let retried = msg
-            .decoded
-            .headers
-            .iter()
-            .find(|(name, _)| name == message::headers::ATTEMPTS)
-            .and_then(|(_, v)| std::str::from_utf8(v).ok()?.parse::<u32>().ok())
-            .unwrap_or(0);
-        retried.saturating_add(msg.decoded.returned)
-    }
-
-    /// Acknowledges what committed; a message to retry is first published to the shard's
-    /// delay queue (expiring when due), a dead letter to the dead-letter queue, each confirmed
-    /// before the original is acknowledged.
-    async fn settle(
-        &self,
-        done: &[Received],
-        failed: Vec<Option<(Destination, String)>>,
-        _cancel: &CancellationToken,
-    ) -> bool {
-        let from = self.source();
-        for (msg, failed) in done.iter().zip(failed) {
-            match failed {
-                None => {}
-                Some((Destination::Retry { attempts, due_ms }, reason)) => {
-                    let delay = u64::try_from(due_ms - message::now_ms()).unwrap_or(0);
-                    let properties = wire::retry(
-                        msg.properties.as_ref(),
-                        &from,
-                        &reason,
-                        attempts,
-                        due_ms,
-                        delay,
-                    );
-                    let queue = self.topology().delay_queue(self.shard);
-                    if !self.forward(msg, &queue, properties, "delay").await {
-                        return false;
-                    }
-                    metrics::counter!("outbox_consumer_retried_total").increment(1);
-                    tracing::info!(topic = %self.topic, shard = self.shard, attempts, reason,
-                        "handler failed; retried after its backoff through the delay queue");
-                }
-                Some((Destination::DeadLetter { attempts }, reason)) => {
-                    let properties =
-                        wire::dead_letter(msg.properties.as_ref(), &from, &reason, attempts);
-                    if !self
-                        .forward(msg, &self.dead_letters, properties, "dead-letter")
-                        .await
-                    {
-                        return false;
-                    }
-                    metrics::counter!("outbox_consumer_dead_lettered_total").increment(1);
-                    tracing::warn!(topic = %self.topic, shard = self.shard, reason, "message dead-lettered");
-                }
-            }
-        }
-        // One acknowledgement for the whole run of messages (they are contiguous, and what
-        // came before them on this channel is settled).
-        match done.last() {
-            Some(last) => self.ack_up_to(last.tag).await,
-            None => true,
         }
     }
 }
