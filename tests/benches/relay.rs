@@ -18,8 +18,8 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use outbox_runtime::relay::{self, Relay};
-use outbox_runtime::{OutboxEvent, Uow};
-use outbox_tests::bench::{cpu_busy_since, cpu_times, env, median, rate};
+use outbox_runtime::Uow;
+use outbox_tests::bench::{cpu_busy_since, cpu_times, env, median, rate, OrderCreated};
 use outbox_tests::kafka::Kafka;
 use outbox_tests::{Running, TestDb};
 use rdkafka::consumer::{Consumer, StreamConsumer};
@@ -31,20 +31,6 @@ use uuid::Uuid;
 
 const TOPIC: &str = "bench.events";
 const PARTITIONS: i32 = 12;
-
-#[derive(serde::Serialize, OutboxEvent)]
-#[outbox(
-    topic = "bench.events",
-    aggregate_type = "Order",
-    event_type = "OrderCreated"
-)]
-struct OrderCreated {
-    #[outbox(aggregate_id)]
-    order_id: String,
-    customer_id: Uuid,
-    amount: i64,
-    n: u64,
-}
 
 fn event(n: u64, keys: u64) -> OrderCreated {
     OrderCreated {

@@ -30,8 +30,7 @@ use amqprs::{
 };
 use outbox_runtime::rabbitmq::RabbitMq;
 use outbox_runtime::relay::{JetStream, Relay};
-use outbox_runtime::{OutboxEvent, Uow};
-use outbox_tests::bench::{env, median, rate};
+use outbox_tests::bench::{env, median, rate, wait_drained, write_events};
 use outbox_tests::kafka::Kafka;
 use outbox_tests::nats::NatsServer;
 use outbox_tests::rabbitmq::{self as mq, SHARED_URL};
@@ -40,59 +39,6 @@ use sqlx::PgPool;
 use uuid::Uuid;
 
 const SHARDS: u16 = 4;
-
-#[derive(serde::Serialize, OutboxEvent)]
-#[outbox(
-    topic = "bench.events",
-    aggregate_type = "Order",
-    event_type = "OrderCreated"
-)]
-struct OrderCreated {
-    #[outbox(aggregate_id)]
-    order_id: String,
-    customer_id: Uuid,
-    amount: i64,
-    n: u64,
-}
-
-/// Writes `n` events over `keys` keys, 1,000 per unit of work, into an emptied outbox.
-async fn write_events(pool: &PgPool, n: u64, keys: u64) {
-    sqlx::query("TRUNCATE outbox_event")
-        .execute(pool)
-        .await
-        .unwrap();
-    let mut i = 0;
-    while i < n {
-        let events: Vec<OrderCreated> = (i..(i + 1000).min(n))
-            .map(|n| OrderCreated {
-                order_id: format!("order-{}", n % keys),
-                customer_id: Uuid::from_u128(n as u128),
-                amount: n as i64,
-                n,
-            })
-            .collect();
-        let mut uow = Uow::begin(pool).await.unwrap();
-        uow.emit_all(&events).await.unwrap();
-        uow.commit().await.unwrap();
-        i += 1000;
-    }
-    sqlx::query("VACUUM ANALYZE outbox_event")
-        .execute(pool)
-        .await
-        .unwrap();
-}
-
-async fn wait_drained(pool: &PgPool) {
-    while outbox_runtime::admin::status(pool)
-        .await
-        .unwrap()
-        .outbox_total()
-        .unpublished
-        > 0
-    {
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
-}
 
 /// Where the run's RabbitMQ messages go: its exchange and one queue bound for every shard.
 struct Rabbit {

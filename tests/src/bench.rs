@@ -103,3 +103,58 @@ pub fn cpu_busy_since(start: (u64, u64)) -> f64 {
         dbusy as f64 / dtotal as f64
     }
 }
+
+/// The relay benchmarks' event (topic `bench.events`).
+#[derive(serde::Serialize, outbox_runtime::OutboxEvent)]
+#[outbox(
+    topic = "bench.events",
+    aggregate_type = "Order",
+    event_type = "OrderCreated"
+)]
+pub struct OrderCreated {
+    #[outbox(aggregate_id)]
+    pub order_id: String,
+    pub customer_id: uuid::Uuid,
+    pub amount: i64,
+    pub n: u64,
+}
+
+/// Writes `n` events over `keys` keys, 1,000 per unit of work, into an emptied outbox.
+pub async fn write_events(pool: &sqlx::PgPool, n: u64, keys: u64) {
+    sqlx::query("TRUNCATE outbox_event")
+        .execute(pool)
+        .await
+        .unwrap();
+    let mut i = 0;
+    while i < n {
+        let events: Vec<OrderCreated> = (i..(i + 1000).min(n))
+            .map(|n| OrderCreated {
+                order_id: format!("order-{}", n % keys),
+                customer_id: uuid::Uuid::from_u128(n as u128),
+                amount: n as i64,
+                n,
+            })
+            .collect();
+        let mut uow = outbox_runtime::Uow::begin(pool).await.unwrap();
+        uow.emit_all(&events).await.unwrap();
+        uow.commit().await.unwrap();
+        i += 1000;
+    }
+    sqlx::query("VACUUM ANALYZE outbox_event")
+        .execute(pool)
+        .await
+        .unwrap();
+}
+
+/// Returns once the outbox has nothing unpublished.
+pub async fn wait_drained(pool: &sqlx::PgPool) {
+    while outbox_runtime::admin::status(pool)
+        .await
+        .unwrap()
+        .outbox_total()
+        .unpublished
+        > 0
+    {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+}
