@@ -257,13 +257,7 @@ fn print_queues(queues: &Queues, rows: &[QueueReport]) {
     let table: Vec<Vec<String>> = rows
         .iter()
         .map(|r| {
-            let state = if !r.exists {
-                "missing"
-            } else if r.unread() {
-                "no consumer"
-            } else {
-                "ok"
-            };
+            let state = r.state();
             vec![
                 r.topic.clone(),
                 r.group.clone(),

@@ -98,13 +98,7 @@ impl Source {
 
 #[cfg(feature = "rabbitmq")]
 fn line(report: crate::rabbitmq::QueueReport) -> QueueLine {
-    let state = if !report.exists {
-        "missing"
-    } else if report.unread() {
-        "no consumer"
-    } else {
-        "ok"
-    };
+    let state = report.state();
     QueueLine {
         kind: report.kind.label(),
         topic: report.topic,

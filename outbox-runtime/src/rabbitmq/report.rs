@@ -30,6 +30,18 @@ impl QueueReport {
     pub fn unread(&self) -> bool {
         self.kind == QueueKind::Shard && self.consumers == Some(0)
     }
+
+    /// A word for the queue's state, for tables: `missing`, `no consumer` (see
+    /// [`unread`](Self::unread)) or `ok`.
+    pub fn state(&self) -> &'static str {
+        if !self.exists {
+            "missing"
+        } else if self.unread() {
+            "no consumer"
+        } else {
+            "ok"
+        }
+    }
 }
 
 /// What a queue of the topology is for.
