@@ -729,21 +729,8 @@ pub async fn read_queue(
     let (connection, mut channel, mut closed) = open(url).await;
     let mut out = Vec::new();
     while out.len() < expected {
-        // Never cancelled at the deadline: amqprs's channel task panics (and the channel is
-        // dead) when a `basic.get`'s answer arrives for a future dropped meanwhile. A node
-        // answers at once; one that does not within 10 s is broken.
-        let get = tokio::time::timeout(
-            Duration::from_secs(10),
-            channel.basic_get(BasicGetArguments::new(queue)),
-        )
-        .await
-        .unwrap_or_else(|_| panic!("basic.get on {queue} unanswered for 10 s"));
-        match get {
+        match take_one(&channel, queue).await {
             Ok(Some((get_ok, properties, body))) => {
-                channel
-                    .basic_ack(BasicAckArguments::new(get_ok.delivery_tag(), false))
-                    .await
-                    .unwrap_or_else(|e| panic!("acknowledge a message of {queue}: {e}"));
                 out.push(received(&get_ok, &properties, body, out.len() as i64));
                 continue;
             }
@@ -761,6 +748,29 @@ pub async fn read_queue(
     }
     close(connection, channel).await;
     out
+}
+
+/// Takes one message of `queue` (`basic.get`, acknowledged at once), `None` if it holds none.
+/// Never cancelled: amqprs's channel task panics (and the channel is dead) when a
+/// `basic.get`'s answer arrives for a future dropped meanwhile. A node answers at once; one
+/// that does not within 10 s is broken.
+pub(crate) async fn take_one(
+    channel: &Channel,
+    queue: &str,
+) -> Result<Option<(GetOk, BasicProperties, Vec<u8>)>, amqprs::error::Error> {
+    let get = tokio::time::timeout(
+        Duration::from_secs(10),
+        channel.basic_get(BasicGetArguments::new(queue)),
+    )
+    .await
+    .unwrap_or_else(|_| panic!("basic.get on {queue} unanswered for 10 s"));
+    if let Ok(Some((get_ok, _, _))) = &get {
+        channel
+            .basic_ack(BasicAckArguments::new(get_ok.delivery_tag(), false))
+            .await
+            .unwrap_or_else(|e| panic!("acknowledge a message of {queue}: {e}"));
+    }
+    get
 }
 
 /// A header's value as text: a string's own; any other type's `Display` (a number, a

@@ -114,18 +114,8 @@ pub async fn take_messages(url: &str, queue: &str) -> Vec<Message> {
     let (connection, channel, closed) = open(url).await;
     let mut out = Vec::new();
     loop {
-        let get = tokio::time::timeout(
-            Duration::from_secs(10),
-            channel.basic_get(BasicGetArguments::new(queue)),
-        )
-        .await
-        .unwrap_or_else(|_| panic!("basic.get on {queue} unanswered for 10 s"));
-        match get {
+        match take_one(&channel, queue).await {
             Ok(Some((get_ok, properties, body))) => {
-                channel
-                    .basic_ack(BasicAckArguments::new(get_ok.delivery_tag(), false))
-                    .await
-                    .unwrap_or_else(|e| panic!("acknowledge a message of {queue}: {e}"));
                 out.push(Message {
                     message_id: properties.message_id().cloned(),
                     delivery_mode: properties.delivery_mode(),
