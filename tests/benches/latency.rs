@@ -198,6 +198,10 @@ impl Broker {
 
     async fn consumer(&self, consumer: ConsumerBuilder<Arc<Clock>>) -> ConsumerBuilder<Arc<Clock>> {
         match self {
+            // The mock's consumers as the quickstart and the test kit make them.
+            Broker::Kafka(Kafka::Mock(mock)) => consumer
+                .brokers(mock.bootstrap_servers())
+                .consumer_config(mock.consumer_config()),
             Broker::Kafka(kafka) => consumer.brokers(kafka.bootstrap()),
             Broker::JetStream(server) => {
                 consumer.jetstream(JetStream::new(server.client().await).create_streams(true))
