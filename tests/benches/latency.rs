@@ -319,11 +319,13 @@ async fn run(broker_name: &str, mode: Mode, load: &Load) -> Outcome {
         .collect();
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        let handled = clock.handled.lock().unwrap();
-        if measured.iter().all(|(n, _)| handled.contains_key(n)) || Instant::now() > deadline {
+        let done = {
+            let handled = clock.handled.lock().unwrap();
+            measured.iter().all(|(n, _)| handled.contains_key(n))
+        };
+        if done || Instant::now() > deadline {
             break;
         }
-        drop(handled);
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     stop_sampling.cancel();
