@@ -88,6 +88,7 @@ use uuid::Uuid;
 use support::args::{Args, USAGE};
 use support::broker::Broker;
 use support::http::{print_try_it, ApiError, Server};
+use support::latency::Handler;
 use support::provider::PaymentProvider;
 use support::shutdown::{shutdown_on_ctrl_c, Worker};
 use support::{Report, Result};
@@ -216,6 +217,7 @@ async fn place_order(db: &PgPool, order: NewOrder) -> outbox_runtime::Result<Uui
     })
     .await?;
     uow.commit().await?;
+    support::latency::committed(order_id); // for the demo's report
     Ok(order_id)
 }
 
@@ -252,6 +254,7 @@ async fn mark_order_paid(
     event: PaymentSucceeded,
     tx: &mut PgConnection,
 ) -> Result<(), HandlerError> {
+    support::latency::handled(Handler::Orders, event.order_id); // for the demo's report
     let updated = sqlx::query("UPDATE orders SET payment_status = 'paid' WHERE id = $1")
         .bind(event.order_id)
         .execute(tx)
@@ -290,8 +293,9 @@ async fn charge_order(
     payments: &Payments,
     meta: &MessageMeta,
 ) -> Result<(), HandlerError> {
-    // This runs in the consumer's span, a child of `POST /orders` (through the `traceparent`
-    // header); the provider call gets a span of its own.
+    support::latency::handled(Handler::Payments, event.order_id); // for the demo's report
+                                                                  // This runs in the consumer's span, a child of `POST /orders` (through the `traceparent`
+                                                                  // header); the provider call gets a span of its own.
     let charge = payments
         .provider
         .charge(meta.event_id(), event.amount)

@@ -251,6 +251,13 @@ async fn demo(n: i64, env: &[(&str, &str)], args: &[&str]) {
         output.contains(&format!("demo: {n}/{n} orders paid in ")),
         "no demo result line; output:\n{output}"
     );
+    for handler in ["payments handler", "orders handler"] {
+        let line = output
+            .lines()
+            .find(|l| l.starts_with("demo: order committed -> ") && l.contains(handler))
+            .unwrap_or_else(|| panic!("no latency line for the {handler}; output:\n{output}"));
+        assert!(line.contains(" p50 ") && line.contains(" p99 "), "{line}");
+    }
     eprintln!(
         "quickstart --demo {n} ran {:.1?}:\n{output}",
         started.elapsed()

@@ -69,7 +69,7 @@ impl Broker {
         consumer: ConsumerBuilder<S>,
     ) -> ConsumerBuilder<S> {
         match self {
-            Broker::Kafka(kafka) => consumer.brokers(kafka.bootstrap_servers()),
+            Broker::Kafka(kafka) => consumer.consumer_config(kafka.consumer_config()),
             Broker::JetStream(jetstream) => consumer.jetstream(jetstream.clone()),
             Broker::RabbitMq(rabbitmq) => consumer.rabbitmq(rabbitmq.clone()),
         }

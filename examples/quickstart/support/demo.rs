@@ -1,5 +1,5 @@
 //! `--demo N`: a client of the orders API, over real HTTP, then a wait until every order it
-//! placed is paid.
+//! placed is paid, and the latency from each order's commit to its handlers ([`super::latency`]).
 
 use std::net::SocketAddr;
 use std::time::{Duration, Instant};
@@ -49,6 +49,9 @@ pub async fn run(addr: SocketAddr, orders_db: &PgPool, n: usize) -> Result<()> {
         let elapsed = started.elapsed().as_secs_f64();
         if paid as usize == n {
             println!("demo: {paid}/{n} orders paid in {elapsed:.2} s");
+            for line in super::latency::report(&ids) {
+                println!("{line}");
+            }
             return Ok(());
         }
         if Instant::now() >= deadline {

@@ -46,6 +46,19 @@ impl Kafka {
         Ok(Kafka::Mock(mock))
     }
 
+    /// A consumer's settings: the mock's (a short fetch wait: see [`MockKafka`]), or only the
+    /// brokers of `KAFKA_BROKERS`.
+    pub fn consumer_config(&self) -> ClientConfig {
+        match self {
+            Kafka::Mock(mock) => mock.consumer_config(),
+            Kafka::External(brokers) => {
+                let mut config = ClientConfig::new();
+                config.set("bootstrap.servers", brokers);
+                config
+            }
+        }
+    }
+
     /// What relays and consumers connect to.
     pub fn bootstrap_servers(&self) -> &str {
         match self {

@@ -1,6 +1,6 @@
 //! What the quickstart needs and does not teach: the command line ([`args`]), the databases
 //! and their tables ([`db`]), the broker ([`broker`]: Kafka from [`kafka`], or NATS JetStream), the span printer and the log
-//! ([`trace`]), the `--demo` load ([`demo`]), the orders API's HTTP plumbing ([`http`]), the
+//! ([`trace`]), the `--demo` load ([`demo`]) and its latency report ([`latency`]), the orders API's HTTP plumbing ([`http`]), the
 //! payment provider's stand-in ([`provider`]), the operator console of `--console`
 //! ([`console`]), and stopping ([`shutdown`]).
 
@@ -11,6 +11,7 @@ pub mod db;
 pub mod demo;
 pub mod http;
 pub mod kafka;
+pub mod latency;
 pub mod provider;
 pub mod shutdown;
 pub mod trace;

@@ -2,9 +2,13 @@
 //!
 //! The mock cluster listens on a port the kernel picks; this command listens on the asked port,
 //! forwards each connection to the mock broker, and makes the broker advertise the asked port,
-//! so that clients only ever see `127.0.0.1:<port>`.
+//! so that clients only ever see `127.0.0.1:<port>`. It caps each fetch's wait on the way
+//! (`fetch_wait.rs`): the mock answers an empty fetch only when the wait has passed.
+
+mod fetch_wait;
 
 use outbox_runtime::testing::MockKafka;
+use tokio::io::AsyncWriteExt as _;
 use tokio::net::{TcpListener, TcpStream};
 
 use super::chain;
@@ -38,7 +42,7 @@ pub async fn run(port: u16, partitions: i32, topics: &[String]) -> Result<(), St
     out!("  everything is lost when it stops; stop with Ctrl-C");
     let accept = async {
         loop {
-            let (mut client, _) = match listener.accept().await {
+            let (client, _) = match listener.accept().await {
                 Ok(c) => c,
                 Err(e) => {
                     // Out of file descriptors, say: wait a little instead of spinning.
@@ -50,10 +54,17 @@ pub async fn run(port: u16, partitions: i32, topics: &[String]) -> Result<(), St
             let upstream = upstream.clone();
             tokio::spawn(async move {
                 match TcpStream::connect(upstream.as_str()).await {
-                    Ok(mut broker) => {
+                    Ok(broker) => {
                         let _ = client.set_nodelay(true);
                         let _ = broker.set_nodelay(true);
-                        let _ = tokio::io::copy_bidirectional(&mut client, &mut broker).await;
+                        let (client_reads, mut client_writes) = client.into_split();
+                        let (mut broker_reads, broker_writes) = broker.into_split();
+                        let answers = async {
+                            tokio::io::copy(&mut broker_reads, &mut client_writes).await?;
+                            client_writes.shutdown().await
+                        };
+                        let requests = fetch_wait::forward_requests(client_reads, broker_writes);
+                        let _ = tokio::try_join!(requests, answers);
                     }
                     Err(e) => tracing::warn!(error = %e, "dev broker: mock broker unreachable"),
                 }

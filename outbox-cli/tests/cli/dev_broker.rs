@@ -73,3 +73,74 @@ async fn dev_broker_serves_kafka_on_a_fixed_port() {
         Some(0)
     );
 }
+
+/// The mock answers a fetch that found nothing only when the client's fetch wait has passed;
+/// the dev broker caps that wait, so a consumer gets a record produced while its fetch waits
+/// as from Kafka: at once, whatever its own fetch wait (here two minutes, which the test's
+/// 30 s bound would see).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_broker_answers_a_waiting_fetch_when_a_record_arrives() {
+    use rdkafka::consumer::{Consumer as _, StreamConsumer};
+    use rdkafka::Message as _;
+
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let mut cmd = outbox(&[
+        "dev-broker",
+        "--port",
+        &port.to_string(),
+        "--partitions",
+        "1",
+        "--topic",
+        "wait.events",
+    ]);
+    cmd.stdout(Stdio::piped()).stderr(Stdio::null());
+    let mut child = ChildGuard(cmd.spawn().expect("start dev broker"));
+    let mut out = BufReader::new(child.0.stdout.take().unwrap());
+    let (_line, _out) =
+        tokio::task::spawn_blocking(move || (wait_line(&mut out, "listening on"), out))
+            .await
+            .unwrap();
+    let bootstrap = format!("127.0.0.1:{port}");
+    let record = |n: u32| outbox_tests::kafka::Outgoing {
+        key: format!("key-{n}"),
+        payload: n.to_string().into_bytes(),
+        headers: Vec::new(),
+    };
+    outbox_tests::kafka::produce(&bootstrap, "wait.events", &[record(1)]).await;
+
+    let consumer: StreamConsumer = rdkafka::ClientConfig::new()
+        .set("bootstrap.servers", &bootstrap)
+        .set("group.id", "waiting")
+        .set("auto.offset.reset", "earliest")
+        .set("fetch.wait.max.ms", "120000")
+        .set("socket.timeout.ms", "125000")
+        .create()
+        .unwrap();
+    consumer.subscribe(&["wait.events"]).unwrap();
+    let recv = || {
+        let payload = async {
+            let message = consumer.recv().await.expect("a record");
+            message.payload().map(<[u8]>::to_vec)
+        };
+        tokio::time::timeout(Duration::from_secs(30), payload)
+    };
+    let first = recv().await.expect("the first record within 30 s");
+    assert_eq!(first.as_deref(), Some(&b"1"[..]));
+    // Its next fetch finds nothing and waits; the second record arrives meanwhile.
+    outbox_tests::kafka::produce(&bootstrap, "wait.events", &[record(2)]).await;
+    let second = recv()
+        .await
+        .expect("the second record within 30 s, not at the end of the consumer's fetch wait");
+    assert_eq!(second.as_deref(), Some(&b"2"[..]));
+
+    drop(consumer);
+    signal(&child, "-INT");
+    assert_eq!(
+        wait_exit(&mut child, Duration::from_secs(10)).await,
+        Some(0)
+    );
+}

@@ -45,6 +45,12 @@ impl Record {
 /// Consumer groups form at once (the cluster's default initial rebalance delay is 3 s, as
 /// Kafka's). Dropped, it is gone.
 ///
+/// A fetch that finds nothing is answered only when the consumer's fetch wait
+/// (`fetch.wait.max.ms`, librdkafka's default 500 ms) has passed, even if records arrive
+/// meanwhile (Apache Kafka answers as soon as they do): with the defaults, a consumer of the
+/// mock gets a record up to 500 ms after it was produced. A consumer given
+/// [`consumer_config`](Self::consumer_config) waits at most [`FETCH_WAIT`](Self::FETCH_WAIT).
+///
 /// It does not check idempotent producers' sequence numbers (see
 /// [`RelayBuilder::one_record_in_flight_per_key`](crate::relay::RelayBuilder::one_record_in_flight_per_key)).
 pub struct MockKafka {
@@ -62,6 +68,12 @@ impl std::fmt::Debug for MockKafka {
 }
 
 impl MockKafka {
+    /// The fetch wait of a consumer of the mock cluster ([`consumer_config`](Self::consumer_config),
+    /// and the most that `outbox dev-broker` lets a fetch wait): 5 ms, so that a record is
+    /// handled within milliseconds of its publishing, as on Apache Kafka. An idle consumer
+    /// fetches 200 times a second from each broker it reads, in memory.
+    pub const FETCH_WAIT: Duration = Duration::from_millis(5);
+
     /// Starts a mock cluster of one broker.
     pub fn start() -> Result<Self> {
         Self::with_brokers(1)
@@ -114,6 +126,18 @@ impl MockKafka {
         &self.bootstrap
     }
 
+    /// The settings of a consumer of this cluster: its bootstrap servers, and a fetch wait of
+    /// [`FETCH_WAIT`](Self::FETCH_WAIT) (`fetch.wait.max.ms`; see [`MockKafka`]). For
+    /// `consumer_config(...)` of a consumer's builder, or any Kafka client.
+    pub fn consumer_config(&self) -> ClientConfig {
+        let mut config = ClientConfig::new();
+        config.set("bootstrap.servers", &self.bootstrap).set(
+            "fetch.wait.max.ms",
+            Self::FETCH_WAIT.as_millis().to_string(),
+        );
+        config
+    }
+
     /// Creates `topic` with `partitions` partitions.
     pub fn create_topic(&self, topic: &str, partitions: i32) -> Result<()> {
         Ok(self.cluster().create_topic(topic, partitions, 1)?)
@@ -139,7 +163,12 @@ impl MockKafka {
                 .set("bootstrap.servers", &self.bootstrap)
                 .set("group.id", "outbox-testing")
                 .set("enable.auto.commit", "false")
-                .set("enable.partition.eof", "true");
+                .set("enable.partition.eof", "true")
+                // Each partition's end is an empty fetch: waited for FETCH_WAIT, not 500 ms.
+                .set(
+                    "fetch.wait.max.ms",
+                    Self::FETCH_WAIT.as_millis().to_string(),
+                );
             config
         };
         let topic = topic.to_owned();
