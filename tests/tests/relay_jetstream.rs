@@ -454,15 +454,26 @@ async fn a_purged_stream_is_restored_by_a_replay() {
             .fetch_all(&db.pool)
             .await
             .unwrap();
-    // The stream's order is the outbox's: per key, and here overall (one replay, in id order).
-    let got: Vec<(String, String)> = received
-        .iter()
-        .map(|r| (r.header("event_id").to_owned(), r.key.clone()))
-        .collect();
-    let want: Vec<(String, String)> = ids
-        .iter()
-        .map(|(e, k)| (e.to_string(), k.clone()))
-        .collect();
+    // The stream's order is the outbox's, key by key (a batch sends each key's run together, so
+    // keys interleave differently).
+    let per_key = |pairs: Vec<(String, String)>| {
+        let mut keys: HashMap<String, Vec<String>> = HashMap::new();
+        for (event, key) in pairs {
+            keys.entry(key).or_default().push(event);
+        }
+        keys
+    };
+    let got = per_key(
+        received
+            .iter()
+            .map(|r| (r.header("event_id").to_owned(), r.key.clone()))
+            .collect(),
+    );
+    let want = per_key(
+        ids.iter()
+            .map(|(e, k)| (e.to_string(), k.clone()))
+            .collect(),
+    );
     assert_eq!(got, want);
     for r in &received {
         assert!(r
