@@ -28,7 +28,9 @@
 //! for every key there ever was. The price of the stream-wide condition: writers that share a
 //! stream break each other's runs, and a broken run costs a round trip; it never costs more
 //! round trips than one message in flight per key did, since the first of each run always
-//! goes. Measured in BENCHMARKS.md ("JetStream with hot keys").
+//! goes. Measured in BENCHMARKS.md ("JetStream with hot keys"): with 10 hot keys one relay
+//! drains as fast as with 1,000 keys; 4 relays, on connections of their own, no faster than
+//! before.
 
 use std::collections::{HashMap, HashSet};
 use std::future::{Future, IntoFuture};
