@@ -6,8 +6,10 @@
 //! 2. `publish_pending` draining N pre-written events to Kafka: 1 relay, then 4 relays (the
 //!    baseline);
 //! 3. the same to JetStream;
-//! 4. the bad case for JetStream, a few hot keys: N events over 10 keys, 1 relay to each broker
-//!    (on JetStream a key's records go one at a time; on Kafka they are pipelined).
+//! 4. the bad case for JetStream, a few hot keys: N events over 10 keys, 1 relay to each broker,
+//!    then 4 (Kafka: 4 instances of one relay; JetStream: 4 relays, each with a connection of
+//!    its own, so that their messages interleave in the stream and break each other's chains of
+//!    expected message ids).
 //!
 //! `cargo bench -p outbox-tests --bench relay_jetstream` (env: `N`, default 20000; `ROUNDS`,
 //! default 3). It starts its own nats-server (a file store in a temporary directory).
@@ -85,6 +87,17 @@ async fn hot_keys(pool: &PgPool, relay: &Relay, n: u64) -> f64 {
     rate(n, t.elapsed())
 }
 
+/// `n` events over 10 keys drained by an instance of each of `relays`.
+async fn hot_keys_four(pool: &PgPool, relays: &[&Relay], n: u64) -> f64 {
+    write_events(pool, n, 10).await;
+    let t = Instant::now();
+    let running: Vec<_> = relays.iter().map(|r| Running::relay(r)).collect();
+    wait_drained(pool).await;
+    let four = rate(n, t.elapsed());
+    Running::stop_all(running).await;
+    four
+}
+
 #[tokio::main]
 async fn main() {
     let n: u64 = env("N", 20_000);
@@ -102,6 +115,15 @@ async fn main() {
         .jetstream(JetStream::new(server.client().await))
         .build()
         .unwrap();
+    let mut four_to_jetstream = Vec::new();
+    for _ in 0..4 {
+        four_to_jetstream.push(
+            Relay::builder(db.pool.clone())
+                .jetstream(JetStream::new(server.client().await))
+                .build()
+                .unwrap(),
+        );
+    }
     let autovacuum: String = sqlx::query_scalar("SHOW autovacuum")
         .fetch_one(&db.pool)
         .await
@@ -111,20 +133,32 @@ async fn main() {
          keys), batch 500, nats-server file store, Kafka: the mock cluster, autovacuum = \
          {autovacuum}"
     );
-    let mut results: [Vec<f64>; 7] = Default::default();
+    let mut results: [Vec<f64>; 9] = Default::default();
     for round in 0..rounds {
         let raw = rate(n, raw_jetstream(&server, n).await);
         let (kafka_one, kafka_four) = drain(&db.pool, &to_kafka, n).await;
         let (js_one, js_four) = drain(&db.pool, &to_jetstream, n).await;
         let kafka_hot = hot_keys(&db.pool, &to_kafka, n).await;
         let js_hot = hot_keys(&db.pool, &to_jetstream, n).await;
+        let kafka_hot_four = hot_keys_four(&db.pool, &[&to_kafka; 4], n).await;
+        let js_hot_four =
+            hot_keys_four(&db.pool, &four_to_jetstream.iter().collect::<Vec<_>>(), n).await;
         println!(
             "round {round}: async-nats alone {raw:.0}/s; Kafka 1 relay {kafka_one:.0}/s, 4 \
              relays {kafka_four:.0}/s; JetStream 1 relay {js_one:.0}/s, 4 relays \
-             {js_four:.0}/s; 10 hot keys: Kafka {kafka_hot:.0}/s, JetStream {js_hot:.0}/s"
+             {js_four:.0}/s; 10 hot keys: Kafka {kafka_hot:.0}/s, JetStream {js_hot:.0}/s; \
+             10 hot keys, 4 relays: Kafka {kafka_hot_four:.0}/s, JetStream {js_hot_four:.0}/s"
         );
         for (i, r) in [
-            raw, kafka_one, kafka_four, js_one, js_four, kafka_hot, js_hot,
+            raw,
+            kafka_one,
+            kafka_four,
+            js_one,
+            js_four,
+            kafka_hot,
+            js_hot,
+            kafka_hot_four,
+            js_hot_four,
         ]
         .into_iter()
         .enumerate()
@@ -132,7 +166,8 @@ async fn main() {
             results[i].push(r);
         }
     }
-    let [raw, kafka_one, kafka_four, js_one, js_four, kafka_hot, js_hot] = results.map(median);
+    let [raw, kafka_one, kafka_four, js_one, js_four, kafka_hot, js_hot, kafka_hot_four, js_hot_four] =
+        results.map(median);
     println!();
     println!("medians of {rounds} rounds:");
     println!("  async-nats alone (JetStream's ceiling here) {raw:>8.0}/s");
@@ -142,6 +177,7 @@ async fn main() {
         ("1", kafka_one, js_one),
         ("4", kafka_four, js_four),
         ("1, 10 hot keys", kafka_hot, js_hot),
+        ("4, 10 hot keys", kafka_hot_four, js_hot_four),
     ] {
         println!(
             "  | {what} | {k:.0}/s | {j:.0}/s | {:.2} | {:.2} |",

@@ -173,6 +173,52 @@ impl NatsServer {
         out
     }
 
+    /// Reads the stream `name` through a durable pull consumer of its own (`durable`),
+    /// acknowledging each message (on a work-queue stream, what makes room for more), until
+    /// `expected` messages were read or `timeout` passes: what it read, in the stream's order.
+    pub async fn take_from_stream(
+        &self,
+        name: &str,
+        durable: &str,
+        expected: usize,
+        timeout: Duration,
+    ) -> Vec<Received> {
+        use futures_util::StreamExt;
+        let js = self.jetstream().await;
+        let stream = js.get_stream(name).await.expect("stream");
+        let consumer = stream
+            .get_or_create_consumer(
+                durable,
+                jetstream::consumer::pull::Config {
+                    durable_name: Some(durable.to_owned()),
+                    ack_policy: jetstream::consumer::AckPolicy::Explicit,
+                    ..Default::default()
+                },
+            )
+            .await
+            .expect("pull consumer");
+        let deadline = tokio::time::Instant::now() + timeout;
+        let mut out = Vec::new();
+        while out.len() < expected && tokio::time::Instant::now() < deadline {
+            let mut batch = consumer
+                .fetch()
+                .max_messages(100)
+                .expires(Duration::from_millis(200))
+                .messages()
+                .await
+                .expect("fetch");
+            while let Some(message) = batch.next().await {
+                let message = message.expect("message");
+                let sequence = message.info().expect("a JetStream message").stream_sequence;
+                let mut record = received_parts(message.headers.as_ref(), &message.payload);
+                record.offset = sequence as i64;
+                out.push(record);
+                message.ack().await.expect("ack");
+            }
+        }
+        out
+    }
+
     /// Waits until the stream `name` holds `expected` messages (or `timeout` passes), then
     /// reads them.
     pub async fn read_stream_when(
@@ -224,9 +270,15 @@ impl Drop for NatsServer {
 }
 
 fn received(message: &jetstream::message::StreamMessage) -> Received {
-    let headers: HashMap<String, String> = message
-        .headers
-        .iter()
+    let mut record = received_parts(Some(&message.headers), &message.payload);
+    record.offset = message.sequence as i64;
+    record
+}
+
+fn received_parts(headers: Option<&async_nats::HeaderMap>, payload: &[u8]) -> Received {
+    let headers: HashMap<String, String> = headers
+        .into_iter()
+        .flat_map(|h| h.iter())
         .filter_map(|(name, values)| {
             values
                 .first()
@@ -235,13 +287,13 @@ fn received(message: &jetstream::message::StreamMessage) -> Received {
         .collect();
     Received {
         key: headers.get("outbox_key").cloned().unwrap_or_default(),
-        payload: serde_json::from_slice(&message.payload).unwrap_or(serde_json::Value::Null),
-        raw: message.payload.to_vec(),
+        payload: serde_json::from_slice(payload).unwrap_or(serde_json::Value::Null),
+        raw: payload.to_vec(),
         timestamp_ms: headers
             .get("outbox_timestamp_ms")
             .and_then(|t| t.parse().ok()),
         headers,
         partition: 0,
-        offset: message.sequence as i64,
+        offset: 0,
     }
 }

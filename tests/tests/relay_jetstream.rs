@@ -454,15 +454,26 @@ async fn a_purged_stream_is_restored_by_a_replay() {
             .fetch_all(&db.pool)
             .await
             .unwrap();
-    // The stream's order is the outbox's: per key, and here overall (one replay, in id order).
-    let got: Vec<(String, String)> = received
-        .iter()
-        .map(|r| (r.header("event_id").to_owned(), r.key.clone()))
-        .collect();
-    let want: Vec<(String, String)> = ids
-        .iter()
-        .map(|(e, k)| (e.to_string(), k.clone()))
-        .collect();
+    // The stream's order is the outbox's, key by key (a batch sends each key's run together, so
+    // keys interleave differently).
+    let per_key = |pairs: Vec<(String, String)>| {
+        let mut keys: HashMap<String, Vec<String>> = HashMap::new();
+        for (event, key) in pairs {
+            keys.entry(key).or_default().push(event);
+        }
+        keys
+    };
+    let got = per_key(
+        received
+            .iter()
+            .map(|r| (r.header("event_id").to_owned(), r.key.clone()))
+            .collect(),
+    );
+    let want = per_key(
+        ids.iter()
+            .map(|(e, k)| (e.to_string(), k.clone()))
+            .collect(),
+    );
     assert_eq!(got, want);
     for r in &received {
         assert!(r
@@ -506,4 +517,212 @@ async fn a_stream_deleted_under_the_relay_is_created_again() {
     assert_eq!(seqs, vec![100; 5], "the events emitted after the deletion");
     assert_eq!(relay.status().await.unwrap().parked, 0);
     running.stop().await;
+}
+
+/// `keys` hot keys with `per_key` events each, written in units of work of 100 before any relay
+/// runs (so that every batch holds a run of each key); an event for which `big(key, seq)` holds
+/// carries a 2,000-byte note. Returns how many were written.
+async fn emit_hot_keys(
+    pool: &PgPool,
+    keys: usize,
+    per_key: u64,
+    big: impl Fn(usize, u64) -> bool,
+) -> usize {
+    let events: Vec<_> = (0..per_key)
+        .flat_map(|seq| (0..keys).map(move |k| (k, seq)))
+        .map(|(k, seq)| {
+            let mut event = deposit(k, seq);
+            if big(k, seq) {
+                event.note = "x".repeat(2_000);
+            }
+            event
+        })
+        .collect();
+    for chunk in events.chunks(100) {
+        let mut uow = Uow::begin(pool).await.unwrap();
+        uow.emit_all(chunk).await.unwrap();
+        uow.commit().await.unwrap();
+    }
+    events.len()
+}
+
+/// Changes the settings of `server`'s stream [`STREAM`].
+async fn update_stream(
+    server: &NatsServer,
+    tweak: impl FnOnce(&mut async_nats::jetstream::stream::Config),
+) {
+    let js = server.jetstream().await;
+    let mut config = js
+        .get_stream(STREAM)
+        .await
+        .unwrap()
+        .info()
+        .await
+        .unwrap()
+        .config
+        .clone();
+    tweak(&mut config);
+    js.update_stream(config).await.unwrap();
+}
+
+/// `count` relays to `server`, each with a connection of its own, retrying refusals at once and
+/// never parking.
+async fn persistent_relays(pool: &PgPool, server: &NatsServer, count: usize) -> Vec<Running> {
+    let mut relays = Vec::new();
+    for _ in 0..count {
+        let relay = relay_to(pool, server)
+            .await
+            .max_attempts(1_000_000)
+            .retry_backoff(Duration::from_millis(20), Duration::from_millis(100))
+            .build()
+            .unwrap();
+        relays.push(Running::relay(&relay));
+    }
+    relays
+}
+
+async fn attempts_made(pool: &PgPool) -> i64 {
+    count(pool, "SELECT count(*) FROM outbox_event WHERE attempts > 0").await
+}
+
+/// Hot keys, several relays, and messages in the middle of their keys' runs refused (over the
+/// stream's maximum size) while the key's later messages are in flight behind them: nothing of
+/// a key is stored ahead of its refused message, which goes once the limit is lifted.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_keys_keep_their_order_when_a_message_is_refused_mid_pipeline() {
+    let db = TestDb::new().await;
+    let server = NatsServer::start().await;
+    server
+        .create_stream(STREAM, TOPIC, |c| c.max_message_size = 600)
+        .await;
+    let big = |k: usize, seq: u64| (seq == 7 && k.is_multiple_of(2)) || (seq == 23 && k == 3);
+    let n = emit_hot_keys(&db.pool, 10, 40, big).await;
+    let relays = persistent_relays(&db.pool, &server, 2).await;
+    wait_for("a big message refused", Duration::from_secs(30), || async {
+        attempts_made(&db.pool).await > 0
+    })
+    .await;
+    // Whatever of their keys could have gone past them has had its chance: let them in.
+    update_stream(&server, |c| c.max_message_size = -1).await;
+    wait_until_published(&db.pool, Duration::from_secs(60)).await;
+    let received = server.read_stream(STREAM).await;
+    assert_eq!(check_delivery(&db.pool, &received, n).await, 0);
+    Running::stop_all(relays).await;
+}
+
+/// Hot keys, several relays, a work-queue stream with `discard new` that is full most of the
+/// time: each refusal (maximum messages exceeded) comes with later messages of the key already
+/// sent behind it, and room is made only as a reader takes messages. None is lost, none stored
+/// ahead of an earlier one of its key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_keys_keep_their_order_while_a_full_stream_refuses_them() {
+    use async_nats::jetstream::stream::{DiscardPolicy, RetentionPolicy};
+    let db = TestDb::new().await;
+    let server = NatsServer::start().await;
+    server
+        .create_stream(STREAM, TOPIC, |c| {
+            c.retention = RetentionPolicy::WorkQueue;
+            c.max_messages = 30;
+            c.discard = DiscardPolicy::New;
+        })
+        .await;
+    let n = emit_hot_keys(&db.pool, 10, 100, |_, _| false).await;
+    let relays = persistent_relays(&db.pool, &server, 2).await;
+    wait_for(
+        "the full stream to refuse",
+        Duration::from_secs(30),
+        || async { attempts_made(&db.pool).await > 0 },
+    )
+    .await;
+    let taken = server
+        .take_from_stream(STREAM, "reader", n, Duration::from_secs(120))
+        .await;
+    wait_until_published(&db.pool, Duration::from_secs(30)).await;
+    assert_eq!(check_delivery(&db.pool, &taken, n).await, 0);
+    Running::stop_all(relays).await;
+}
+
+/// Hot keys, several relays, and the subject taken out of the stream and put back again and
+/// again while they publish: what finds no stream is held, and nothing of its key is stored
+/// ahead of it once the subject maps to the stream again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_keys_keep_their_order_while_their_subject_leaves_the_stream() {
+    let db = TestDb::new().await;
+    let server = server_with_stream().await;
+    let n = emit_hot_keys(&db.pool, 10, 100, |_, _| false).await;
+    let relays = persistent_relays(&db.pool, &server, 2).await;
+    let js = server.jetstream().await;
+    let stored = || async {
+        match js.get_stream(STREAM).await {
+            Ok(mut s) => s.info().await.map_or(0, |i| i.state.messages),
+            Err(_) => 0,
+        }
+    };
+    let mut before = 0;
+    for _ in 0..6 {
+        wait_for("more messages stored", Duration::from_secs(60), || async {
+            let now = stored().await;
+            now >= before + 50 || now >= n as u64
+        })
+        .await;
+        if stored().await >= n as u64 {
+            break;
+        }
+        update_stream(&server, |c| c.subjects = vec!["elsewhere".to_owned()]).await;
+        wait_for("a message held", Duration::from_secs(30), || async {
+            held(&db.pool).await > 0
+        })
+        .await;
+        update_stream(&server, |c| c.subjects = vec![TOPIC.to_owned()]).await;
+        before = stored().await;
+    }
+    wait_until_published(&db.pool, Duration::from_secs(90)).await;
+    let received = server.read_stream(STREAM).await;
+    assert_eq!(check_delivery(&db.pool, &received, n).await, 0);
+    Running::stop_all(relays).await;
+}
+
+async fn held(pool: &PgPool) -> i64 {
+    count(
+        pool,
+        "SELECT count(*) FROM outbox_event WHERE held_at IS NOT NULL",
+    )
+    .await
+}
+
+/// Hot keys, three relays, events written all along, and the server killed (SIGKILL) twice with
+/// batches in flight and started again: nothing lost, no key out of order, nothing stored twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn hot_keys_keep_their_order_across_server_restarts() {
+    let db = TestDb::new().await;
+    let mut server = server_with_stream().await;
+    let mut relays = Vec::new();
+    for _ in 0..3 {
+        let relay = relay_to(&db.pool, &server)
+            .await
+            .batch_size(200)
+            .build()
+            .unwrap();
+        relays.push(Running::relay(&relay));
+    }
+    let pool = db.pool.clone();
+    let writer = tokio::spawn(async move { emit_events(&pool, 10, 400, 50).await });
+    for stored in [500, 2_000] {
+        let js = server.jetstream().await;
+        wait_for("events in the stream", Duration::from_secs(60), || async {
+            match js.get_stream(STREAM).await {
+                Ok(mut s) => s.info().await.is_ok_and(|i| i.state.messages >= stored),
+                Err(_) => false,
+            }
+        })
+        .await;
+        server.kill();
+        server.spawn().await;
+    }
+    let n = writer.await.unwrap();
+    wait_until_published(&db.pool, Duration::from_secs(90)).await;
+    let received = server.read_stream(STREAM).await;
+    let duplicates = check_delivery(&db.pool, &received, n).await;
+    assert_eq!(duplicates, 0, "the duplicate window dropped every resend");
+    Running::stop_all(relays).await;
 }

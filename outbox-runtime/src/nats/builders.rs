@@ -15,9 +15,10 @@ impl RelayBuilder {
     /// Publishes to NATS JetStream instead of Kafka: see [`JetStream`] for the mapping (a
     /// topic is a subject; the event id is `Nats-Msg-Id`) and the streams. Every other setting
     /// means what it means for Kafka, but
-    /// [`one_record_in_flight_per_key`](Self::one_record_in_flight_per_key): on JetStream a
-    /// key's records always go one at a time (JetStream does not number a producer's messages,
-    /// so a refused one would not stop the next).
+    /// [`one_record_in_flight_per_key`](Self::one_record_in_flight_per_key): without it, a
+    /// key's records go out together, each on condition that the one before it is the stream's
+    /// last message (`Nats-Expected-Last-Msg-Id`: JetStream does not number a producer's
+    /// messages, so without that a refused one would not stop the next).
     #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
     pub fn jetstream(mut self, jetstream: JetStream) -> Self {
         self.broker_settings().set(jetstream, ());

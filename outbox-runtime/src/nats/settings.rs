@@ -16,7 +16,10 @@ use std::time::Duration;
 ///   (an e-mail address, a path) and a subject token cannot hold a dot or a space; and a subject
 ///   per key would make the server keep state for every key there ever was. Order per key needs
 ///   no subject of its own: a stream stores what one connection publishes in the order it
-///   arrives, and the relay sends a key's next message only once the previous one is stored.
+///   arrives, and each of a key's messages in flight behind another carries
+///   `Nats-Expected-Last-Msg-Id`, the id of the one before it, so that the server refuses it
+///   unless that one is what the stream stored last (a message refused, lost or timed out takes
+///   the ones behind it with it: never a gap).
 /// - **Headers**: those a Kafka record carries (`event_id`, `event_type`, `aggregate_type`,
 ///   `aggregate_id`, `content-type`, `outbox_id`, the application's own, and with
 ///   [`CloudEvents`](crate::relay::CloudEvents) the attributes as `ce-*` headers, the NATS binding's prefix), plus

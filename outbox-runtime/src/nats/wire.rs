@@ -99,16 +99,20 @@ pub(crate) fn message(
             }
         }
     }
-    // A replay's own id: with the event id, the duplicate window would drop it (and say it
-    // was stored).
-    let message_id = match row.replayed_at_ms {
-        None => event_id,
-        Some(at) => format!("{event_id}:replay:{at}"),
-    };
     Ok(PublishMessage::build()
         .headers(headers)
-        .message_id(&message_id)
+        .message_id(message_id(row))
         .payload(bytes::Bytes::copy_from_slice(row.payload.as_bytes())))
+}
+
+/// The row's `Nats-Msg-Id`: its event id, or for a replay an id of the replay's own (with the
+/// event id, the duplicate window would drop it, and say it was stored).
+pub(crate) fn message_id(row: &Claimed) -> String {
+    let event_id = row.event_id.hyphenated();
+    match row.replayed_at_ms {
+        None => event_id.to_string(),
+        Some(at) => format!("{event_id}:replay:{at}"),
+    }
 }
 
 /// A CloudEvents attribute's value as the NATS binding sends it: space, `"`, `%` and what is

@@ -135,8 +135,10 @@
 //! partition key the `outbox_key` header, `Nats-Msg-Id` the event id (a resend within the
 //! stream's duplicate window is stored once), and a row is marked published only once the
 //! server acknowledged it. JetStream does not number a producer's messages the way Kafka's
-//! idempotent producer does, so a key's next record goes only once the previous one is stored
-//! (keys still go in parallel). A topic that no stream captures is held, as a missing Kafka topic
+//! idempotent producer does, so a key's records go out together only on condition: each one
+//! behind another carries the id of the one before it (`Nats-Expected-Last-Msg-Id`), and the
+//! server stores it only if that one is the stream's last message, so a refused, lost or
+//! timed-out record takes the ones behind it with it. A topic that no stream captures is held, as a missing Kafka topic
 //! is, unless the relay is told to create its stream.
 //!
 //! ```no_run
