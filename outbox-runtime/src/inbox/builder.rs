@@ -261,9 +261,7 @@ impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
         self
     }
 
-    /// How often an idle inbox processor looks for rows (default 200 ms): for rows another
-    /// instance received and retries coming due. Rows this instance receives wake its
-    /// processors at once.
+    /// How often an idle inbox processor looks for rows (default 200 ms).
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.settings.poll_interval = interval;
         self

@@ -40,7 +40,11 @@ impl Consumer {
         source: Box<dyn Source>,
     ) -> Consumer {
         Consumer {
-            shared: Arc::new(Shared::new(pool, settings, routes)),
+            shared: Arc::new(Shared {
+                pool,
+                settings,
+                routes,
+            }),
             source: Arc::from(source),
         }
     }
