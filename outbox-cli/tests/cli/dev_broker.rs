@@ -10,8 +10,17 @@ use outbox_tests::{ChildGuard, TestDb};
 
 use crate::support::{emit_posted, outbox, signal, wait_exit, wait_line, TOPIC};
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dev_broker_serves_kafka_on_a_fixed_port() {
+/// `outbox dev-broker` on a free port with `partitions` partitions of `topic`, once it says it
+/// listens: the process, its port, that line, and its standard output (kept open).
+async fn start(
+    partitions: u32,
+    topic: &str,
+) -> (
+    ChildGuard,
+    u16,
+    String,
+    BufReader<std::process::ChildStdout>,
+) {
     let port = std::net::TcpListener::bind("127.0.0.1:0")
         .unwrap()
         .local_addr()
@@ -22,17 +31,23 @@ async fn dev_broker_serves_kafka_on_a_fixed_port() {
         "--port",
         &port.to_string(),
         "--partitions",
-        "3",
+        &partitions.to_string(),
         "--topic",
-        "demo.events",
+        topic,
     ]);
     cmd.stdout(Stdio::piped()).stderr(Stdio::null());
     let mut child = ChildGuard(cmd.spawn().expect("start dev broker"));
     let mut out = BufReader::new(child.0.stdout.take().unwrap());
-    let (line, _out) =
+    let (line, out) =
         tokio::task::spawn_blocking(move || (wait_line(&mut out, "listening on"), out))
             .await
             .unwrap();
+    (child, port, line, out)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_broker_serves_kafka_on_a_fixed_port() {
+    let (mut child, port, line, _out) = start(3, "demo.events").await;
     let bootstrap = format!("127.0.0.1:{port}");
     assert!(line.contains(&bootstrap), "{line}");
 
@@ -83,27 +98,7 @@ async fn dev_broker_answers_a_waiting_fetch_when_a_record_arrives() {
     use rdkafka::consumer::{Consumer as _, StreamConsumer};
     use rdkafka::Message as _;
 
-    let port = std::net::TcpListener::bind("127.0.0.1:0")
-        .unwrap()
-        .local_addr()
-        .unwrap()
-        .port();
-    let mut cmd = outbox(&[
-        "dev-broker",
-        "--port",
-        &port.to_string(),
-        "--partitions",
-        "1",
-        "--topic",
-        "wait.events",
-    ]);
-    cmd.stdout(Stdio::piped()).stderr(Stdio::null());
-    let mut child = ChildGuard(cmd.spawn().expect("start dev broker"));
-    let mut out = BufReader::new(child.0.stdout.take().unwrap());
-    let (_line, _out) =
-        tokio::task::spawn_blocking(move || (wait_line(&mut out, "listening on"), out))
-            .await
-            .unwrap();
+    let (mut child, port, _line, _out) = start(1, "wait.events").await;
     let bootstrap = format!("127.0.0.1:{port}");
     let record = |n: u32| outbox_tests::kafka::Outgoing {
         key: format!("key-{n}"),
