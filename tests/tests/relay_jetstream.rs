@@ -66,15 +66,7 @@ async fn end_to_end_on_jetstream() {
 async fn four_relays_keep_per_key_order_while_writes_continue() {
     let db = TestDb::new().await;
     let server = server_with_stream().await;
-    let mut relays = Vec::new();
-    for _ in 0..4 {
-        let relay = relay_to(&db.pool, &server)
-            .await
-            .batch_size(100)
-            .build()
-            .unwrap();
-        relays.push(Running::relay(&relay));
-    }
+    let relays = running_relays(&db.pool, &server, 4, |r| r.batch_size(100)).await;
     // 6,000 events over 300 keys, written while the relays run.
     let mut writers = Vec::new();
     for w in 0..3 {
@@ -306,18 +298,7 @@ async fn a_refused_message_is_not_overtaken_by_its_keys_later_events() {
 async fn a_server_killed_mid_batch_loses_nothing_and_keeps_order() {
     let db = TestDb::new().await;
     let mut server = server_with_stream().await;
-    let relays: Vec<_> = {
-        let mut v = Vec::new();
-        for _ in 0..2 {
-            let relay = relay_to(&db.pool, &server)
-                .await
-                .batch_size(50)
-                .build()
-                .unwrap();
-            v.push(Running::relay(&relay));
-        }
-        v
-    };
+    let relays = running_relays(&db.pool, &server, 2, |r| r.batch_size(50)).await;
     let pool = db.pool.clone();
     let writer = tokio::spawn(async move { emit_events(&pool, 40, 50, 20).await });
     // Kill it once part of the events are out.
@@ -568,14 +549,24 @@ async fn update_stream(
 /// `count` relays to `server`, each with a connection of its own, retrying refusals at once and
 /// never parking.
 async fn persistent_relays(pool: &PgPool, server: &NatsServer, count: usize) -> Vec<Running> {
+    running_relays(pool, server, count, |r| {
+        r.max_attempts(1_000_000)
+            .retry_backoff(Duration::from_millis(20), Duration::from_millis(100))
+    })
+    .await
+}
+
+/// `count` relays to `server` ([`relay_to`], then `tweak`), each with a connection of its
+/// own, running.
+async fn running_relays(
+    pool: &PgPool,
+    server: &NatsServer,
+    count: usize,
+    tweak: impl Fn(RelayBuilder) -> RelayBuilder,
+) -> Vec<Running> {
     let mut relays = Vec::new();
     for _ in 0..count {
-        let relay = relay_to(pool, server)
-            .await
-            .max_attempts(1_000_000)
-            .retry_backoff(Duration::from_millis(20), Duration::from_millis(100))
-            .build()
-            .unwrap();
+        let relay = tweak(relay_to(pool, server).await).build().unwrap();
         relays.push(Running::relay(&relay));
     }
     relays
@@ -696,15 +687,7 @@ async fn held(pool: &PgPool) -> i64 {
 async fn hot_keys_keep_their_order_across_server_restarts() {
     let db = TestDb::new().await;
     let mut server = server_with_stream().await;
-    let mut relays = Vec::new();
-    for _ in 0..3 {
-        let relay = relay_to(&db.pool, &server)
-            .await
-            .batch_size(200)
-            .build()
-            .unwrap();
-        relays.push(Running::relay(&relay));
-    }
+    let relays = running_relays(&db.pool, &server, 3, |r| r.batch_size(200)).await;
     let pool = db.pool.clone();
     let writer = tokio::spawn(async move { emit_events(&pool, 10, 400, 50).await });
     for stored in [500, 2_000] {
