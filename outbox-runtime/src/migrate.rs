@@ -58,6 +58,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(20261203000018, "parked_rows_leave_the_retry_index"),
     migration!(20261203000019, "consumer_lease"),
     migration!(20261204000020, "operator_retries"),
+    migration!(20261205000021, "inbox_order"),
 ];
 
 /// Key of the transaction-scoped advisory lock that serializes concurrent `migrate` calls.

@@ -261,7 +261,9 @@ impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
         self
     }
 
-    /// How often an idle inbox processor looks for rows (default 200 ms).
+    /// How often an idle inbox processor looks for rows (default 200 ms): for rows another
+    /// instance received and retries coming due. Rows this instance receives wake its
+    /// processors at once.
     pub fn poll_interval(mut self, interval: Duration) -> Self {
         self.settings.poll_interval = interval;
         self

@@ -40,11 +40,7 @@ impl Consumer {
         source: Box<dyn Source>,
     ) -> Consumer {
         Consumer {
-            shared: Arc::new(Shared {
-                pool,
-                settings,
-                routes,
-            }),
+            shared: Arc::new(Shared::new(pool, settings, routes)),
             source: Arc::from(source),
         }
     }

@@ -56,13 +56,19 @@
 //! **Inbox**: the consumer only stores each message in `inbox_event`
 //! (`ON CONFLICT (event_id) DO NOTHING`, batched), commits, then stores the offsets, so receipt
 //! keeps up with a burst. Processor tasks ([`processors`](ConsumerBuilder::processors), default 1;
-//! 0 with [`Consumer::run_processor`] elsewhere) claim unprocessed rows `FOR UPDATE SKIP LOCKED`
-//! in batches and run each row's handlers and `processed = true` in one transaction (again with a
-//! savepoint per row if one fails, so a failing row undoes only its own work). Failures record
-//! `attempts`, `last_error` and `next_attempt_at` on the row; after `max_attempts` (or a
-//! permanent failure) the row is dead (`dead_at`), kept for operators. Inbox processing does not
-//! keep per-key order. A processor that stops on its own (it should not) is logged, counted and
-//! restarted. Inbox mode deduplicates by `event_id` alone: give each service its own database or
+//! 0 with [`Consumer::run_processor`] elsewhere) claim unprocessed rows in batches and run each
+//! row's handlers and `processed = true` in one transaction (again with a savepoint per row if
+//! one fails, so a failing row undoes only its own work). Failures record `attempts`,
+//! `last_error` and `next_attempt_at` on the row; after `max_attempts` (or a permanent failure)
+//! the row is dead (`dead_at`), kept for operators. **Inbox processing keeps each key's order**,
+//! across every processor and instance: a key's rows are handled in the order they were
+//! received (the broker's), one batch at a time (a processor holds a transaction-scoped lock on
+//! each key it works on; others take other keys meanwhile). A row waiting for its retry holds
+//! back the later rows of its key, and nothing else; a dead row holds back nothing (as a dead
+//! letter in dedup mode). Rows without a key are in no order. The processors are woken as soon as
+//! a receipt commits new rows, and poll every [`poll_interval`](ConsumerBuilder::poll_interval)
+//! for what other instances received and for retries coming due. A processor that stops on its
+//! own (it should not) is logged, counted and restarted. Inbox mode deduplicates by `event_id` alone: give each service its own database or
 //! schema.
 //!
 //! # Settings
@@ -368,8 +374,9 @@
 //!   they come again before anything newer (the server serves redeliveries first).
 //!   So a key's messages are handled in order, except a retried one (after its key's later
 //!   messages, as with Kafka's retry topic). Throughput per topic is one instance's; topics are
-//!   read in parallel. Inbox mode keeps no per-key order (as on Kafka), so every instance
-//!   receives.
+//!   read in parallel. Inbox mode takes the lease too: one instance receives a topic at a
+//!   time, so its rows are stored in the stream's order, and every instance's processors
+//!   handle them, each key in that order.
 //!
 //! ```no_run
 //! # #[cfg(feature = "nats")]

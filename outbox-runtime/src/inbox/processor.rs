@@ -3,6 +3,7 @@
 //! its error and a retry time, or is dead); a processor that stops on its own is restarted.
 //! The statements are `store/inbox.rs`'s.
 
+use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +22,7 @@ use super::shared::Shared;
 use crate::error::{Error, Result};
 use crate::sqlstate::DbError;
 use crate::store::inbox::{self as store, inbox_status, Claimed, RowFailure};
+use crate::store::source_lock;
 
 /// Runs an inbox processor on a task, and runs it again if it ever stops before `cancel`
 /// (a bug: handler failures and panics are the rows' business, database failures are
@@ -68,6 +70,7 @@ pub(crate) async fn run(shared: &Shared, cancel: CancellationToken) -> Result<()
     let settings = &shared.settings;
     let mut failures = 0;
     let mut gauges_at: Option<std::time::Instant> = None;
+    let mut rows_waiting = shared.rows_waiting.subscribe();
     while !cancel.is_cancelled() {
         if gauges_at.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
             gauges_at = Some(std::time::Instant::now());
@@ -83,6 +86,8 @@ pub(crate) async fn run(shared: &Shared, cancel: CancellationToken) -> Result<()
                 }
             }
         }
+        // What is stored or released from here on wakes it from the wait below.
+        rows_waiting.mark_unchanged();
         match process_batch(shared).await {
             Ok(n) if n >= settings.batch_size => failures = 0,
             Ok(_) => {
@@ -90,6 +95,7 @@ pub(crate) async fn run(shared: &Shared, cancel: CancellationToken) -> Result<()
                 tokio::select! {
                     () = cancel.cancelled() => {}
                     () = tokio::time::sleep(settings.poll_interval) => {}
+                    _ = rows_waiting.changed() => {}
                 }
             }
             Err(e) => {
@@ -105,14 +111,14 @@ pub(crate) async fn run(shared: &Shared, cancel: CancellationToken) -> Result<()
     Ok(())
 }
 
-/// Processes the inbox until no row is due, once, and returns how many rows it handled
-/// (processed or failed).
+/// Processes the inbox until no row is due to it (rows of keys another processor holds are
+/// that one's), once, and returns how many rows it handled (processed or failed).
 pub(crate) async fn process_pending(shared: &Shared) -> Result<u64> {
     let mut total = 0;
     loop {
         let n = process_batch(shared).await?;
         total += n as u64;
-        if n < shared.settings.batch_size {
+        if n == 0 {
             return Ok(total);
         }
     }
@@ -180,7 +186,7 @@ impl Batch for Rows<'_> {
 
 async fn process_optimistic(shared: &Shared) -> Result<Pass<Uuid, usize>> {
     let routes = &shared.routes;
-    let mut tx = shared.pool.begin().await?;
+    let mut tx = source_lock::begin(&shared.pool).await?;
     let rows = store::claim(&mut tx, shared.settings.batch_size, None).await?;
     let mut done: Vec<Uuid> = Vec::with_capacity(rows.len());
     for row in &rows {
@@ -217,6 +223,9 @@ async fn process_optimistic(shared: &Shared) -> Result<Pass<Uuid, usize>> {
         Err(e) => return Err(e),
     }
     metrics::counter!("outbox_inbox_processed_total").increment(done.len() as u64);
+    if !rows.is_empty() {
+        shared.wake_processors(); // its keys are free again
+    }
     Ok(Pass::Done(rows.len()))
 }
 
@@ -267,12 +276,19 @@ async fn process_isolated(
     only: Option<&[Uuid]>,
 ) -> Result<Pass<Uuid, usize>> {
     let routes = &shared.routes;
-    let mut tx = shared.pool.begin().await?;
+    let mut tx = source_lock::begin(&shared.pool).await?;
     let rows = store::claim(&mut tx, shared.settings.batch_size, only).await?;
     let claimed = rows.len();
     let mut done: Vec<Uuid> = Vec::with_capacity(claimed);
     let mut failed: Vec<RowFailure> = Vec::new();
+    // Keys with a row that failed in this batch: their later rows wait for it (left as they
+    // are, held back by it once its failure is recorded).
+    let mut held_back: HashSet<(String, String)> = HashSet::new();
     for row in rows {
+        let key = row.partition_key.clone().map(|k| (row.topic.clone(), k));
+        if key.as_ref().is_some_and(|k| held_back.contains(k)) {
+            continue;
+        }
         let meta = row.meta();
         let span = super::meta::parented(
             tracing::info_span!("outbox_inbox_row", event_id = %row.event_id,
@@ -322,6 +338,7 @@ async fn process_isolated(
             row.attempts,
             &failure,
         ));
+        held_back.extend(key);
     }
     if !done.is_empty() {
         store::mark_processed(&mut tx, &done).await?;
@@ -337,5 +354,8 @@ async fn process_isolated(
         .increment(failed.iter().filter(|f| !f.dead).count() as u64);
     metrics::counter!("outbox_inbox_dead_total")
         .increment(failed.iter().filter(|f| f.dead).count() as u64);
+    if claimed > 0 {
+        shared.wake_processors(); // its keys are free again
+    }
     Ok(Pass::Done(claimed))
 }

@@ -83,6 +83,9 @@ pub(crate) async fn receive_checked(
         }
     };
     metrics::counter!("outbox_inbox_received_total").increment(received.new);
+    if received.new > 0 {
+        shared.wake_processors();
+    }
     let refused = received.refused.len() as u64;
     metrics::counter!("outbox_consumer_duplicates_total")
         .increment(rows.len() as u64 - received.new - refused);

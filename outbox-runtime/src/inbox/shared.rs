@@ -8,14 +8,34 @@ use super::route::Routes;
 use super::settings::Settings;
 use crate::sqlstate::{database_error, DbError};
 
-/// A consumer's parts, each of its own kind: the loops read them, nothing changes them.
+/// A consumer's parts, each of its own kind: the loops read them, nothing changes them (but
+/// `rows_waiting`, a signal).
 pub(crate) struct Shared {
     pub(crate) pool: PgPool,
     pub(crate) settings: Settings,
     pub(crate) routes: Routes,
+    /// Bumped when inbox rows may have become due: a receipt stored new rows, or a processor
+    /// committed a batch (releasing its keys, whose later rows another processor may have
+    /// left). This process's processors wait on it, and on their poll interval for what other
+    /// processes receive and for retries coming due.
+    pub(crate) rows_waiting: tokio::sync::watch::Sender<u64>,
 }
 
 impl Shared {
+    pub(crate) fn new(pool: PgPool, settings: Settings, routes: Routes) -> Shared {
+        Shared {
+            pool,
+            settings,
+            routes,
+            rows_waiting: tokio::sync::watch::Sender::new(0),
+        }
+    }
+
+    /// Wakes this process's processors.
+    pub(crate) fn wake_processors(&self) {
+        self.rows_waiting.send_modify(|n| *n = n.wrapping_add(1));
+    }
+
     /// After the `failures`-th failed write to `table` in a row: creates its partitions when
     /// the write found none for its rows (nothing created them ahead: no relay with retention,
     /// a consumer stopped for days), else logs the error; then waits the outage backoff.

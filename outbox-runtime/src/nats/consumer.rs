@@ -73,14 +73,15 @@ async fn consume(
     let mut readers = tokio::task::JoinSet::new();
     for topic in shared.routes.topics() {
         let settings = &shared.settings;
-        let lease = (settings.mode == Mode::Dedup).then(|| {
-            Lease::new(
-                shared.pool.clone(),
-                settings.group(),
-                &topic,
-                jetstream.ack_wait,
-            )
-        });
+        // One instance of a group reads a topic at a time, in either mode: in dedup mode so
+        // that handlers run in the stream's order, in inbox mode so that rows are stored in it
+        // (their `seq`: the processors' order within a key).
+        let lease = Some(Lease::new(
+            shared.pool.clone(),
+            settings.group(),
+            &topic,
+            jetstream.ack_wait,
+        ));
         let reader = Reader {
             shared: Arc::clone(shared),
             jetstream: jetstream.clone(),
@@ -109,7 +110,7 @@ struct Reader {
     jetstream: JetStream,
     context: jetstream::Context,
     topic: String,
-    /// Dedup mode: the group's lease on the topic, which this instance must own to read it.
+    /// The group's lease on the topic, which this instance must own to read it.
     lease: Option<Lease>,
     cancel: CancellationToken,
 }
@@ -127,7 +128,7 @@ enum Ended {
 }
 
 impl Reader {
-    /// Reads until `cancel` fires: in dedup mode waits for the group's lease, then opens the
+    /// Reads until `cancel` fires: waits for the group's lease, then opens the
     /// durable consumer (while its stream is missing or the server away, says so and tries
     /// again) and reads it until it fails or the lease lapses.
     async fn run(self) {
@@ -198,7 +199,7 @@ impl Reader {
     }
 
     /// Opens the durable consumer and reads it until it stops, `cancel` fires or the lease
-    /// lapses. In dedup mode, if messages delivered before are not settled (another instance's,
+    /// lapses. If messages delivered before are not settled (another instance's,
     /// crashed or stopped with messages fetched beyond its last batch; an earlier session's;
     /// retries waiting for their redelivery), first waits until they are due again, so that
     /// they come before anything newer (the server serves redeliveries first).

@@ -1,6 +1,7 @@
 //! Inbox mode's SQL (`inbox_event`, a row per event): the receipt (with its per-row
 //! fallback for what `jsonb` refuses) under its source locks, the processors' claim of due
-//! rows, marking them processed or failed, and the backlog figures ([`inbox_status`]). Their
+//! rows in their keys' order ([`claim`]), marking them processed or failed, and the backlog
+//! figures ([`inbox_status`]). Their
 //! callers decide when: `inbox/receive.rs` (the receipt, waiting out the database's failures)
 //! and `inbox/processor.rs` (the processors' transactions, down their ladder).
 
@@ -9,9 +10,13 @@ use std::time::Duration;
 use sqlx::{PgPool, Row as _};
 use uuid::Uuid;
 
+pub(crate) use claim::claim;
+
 use super::source_lock;
 use crate::error::Result;
 use crate::sqlstate::DbError;
+
+mod claim;
 
 /// A checked message, ready to store in the inbox.
 pub(crate) struct InboxRow<'m> {
@@ -129,25 +134,6 @@ async fn insert(pool: &PgPool, rows: &[InboxRow<'_>]) -> std::result::Result<u64
     Ok(result.rows_affected())
 }
 
-/// Due rows, oldest first.
-const CLAIM_INBOX_SQL: &str = "\
-SELECT event_id, topic, event_type, payload::text AS payload, attempts, partition_key, \
-  source_partition, source_offset, NULLIF(headers, '{}')::text AS headers, schema_version \
-FROM inbox_event \
-WHERE NOT processed AND dead_at IS NULL \
-  AND (next_attempt_at IS NULL OR next_attempt_at <= now()) \
-ORDER BY received_at LIMIT $1 FOR UPDATE SKIP LOCKED";
-
-/// The due rows of `$2` (ids). A query of its own: an optional filter (`$2 IS NULL OR ...`)
-/// would spoil the plan of the one above.
-const CLAIM_INBOX_IDS_SQL: &str = "\
-SELECT event_id, topic, event_type, payload::text AS payload, attempts, partition_key, \
-  source_partition, source_offset, NULLIF(headers, '{}')::text AS headers, schema_version \
-FROM inbox_event \
-WHERE event_id = ANY($2) AND NOT processed AND dead_at IS NULL \
-  AND (next_attempt_at IS NULL OR next_attempt_at <= now()) \
-ORDER BY received_at LIMIT $1 FOR UPDATE SKIP LOCKED";
-
 /// A claimed inbox row.
 pub(crate) struct Claimed {
     pub(crate) event_id: Uuid,
@@ -162,37 +148,20 @@ pub(crate) struct Claimed {
     pub(crate) schema_version: i64,
 }
 
-/// Claims up to `limit` due rows (not processed, not dead, no retry pending), oldest first,
-/// `FOR UPDATE SKIP LOCKED` in `conn`'s transaction; `only`: of these ids alone.
-pub(crate) async fn claim(
-    conn: &mut sqlx::PgConnection,
-    limit: usize,
-    only: Option<&[Uuid]>,
-) -> Result<Vec<Claimed>> {
-    let rows = match only {
-        None => sqlx::query(CLAIM_INBOX_SQL).bind(limit as i64),
-        Some(ids) => sqlx::query(CLAIM_INBOX_IDS_SQL)
-            .bind(limit as i64)
-            .bind(ids),
-    }
-    .fetch_all(conn)
-    .await?;
-    rows.iter()
-        .map(|r| {
-            Ok(Claimed {
-                event_id: r.try_get("event_id")?,
-                topic: r.try_get("topic")?,
-                event_type: r.try_get("event_type")?,
-                payload: r.try_get("payload")?,
-                attempts: r.try_get("attempts")?,
-                partition_key: r.try_get("partition_key")?,
-                partition: r.try_get("source_partition")?,
-                offset: r.try_get("source_offset")?,
-                headers: headers_from_json(r.try_get::<Option<String>, _>("headers")?.as_deref()),
-                schema_version: r.try_get("schema_version")?,
-            })
-        })
-        .collect()
+/// A claimed row, from the claim's statement.
+fn claimed(r: &sqlx::postgres::PgRow) -> Result<Claimed> {
+    Ok(Claimed {
+        event_id: r.try_get("event_id")?,
+        topic: r.try_get("topic")?,
+        event_type: r.try_get("event_type")?,
+        payload: r.try_get("payload")?,
+        attempts: r.try_get("attempts")?,
+        partition_key: r.try_get("partition_key")?,
+        partition: r.try_get("source_partition")?,
+        offset: r.try_get("source_offset")?,
+        headers: headers_from_json(r.try_get::<Option<String>, _>("headers")?.as_deref()),
+        schema_version: r.try_get("schema_version")?,
+    })
 }
 
 /// Marks rows processed (`processed`, `processed_at`, no retry pending).
@@ -252,7 +221,7 @@ pub(crate) async fn due_ids(pool: &PgPool, limit: usize) -> Result<Vec<Uuid>> {
     Ok(sqlx::query_scalar(
         "SELECT event_id FROM inbox_event WHERE NOT processed AND dead_at IS NULL \
            AND (next_attempt_at IS NULL OR next_attempt_at <= now()) \
-         ORDER BY received_at LIMIT $1",
+         ORDER BY seq LIMIT $1",
     )
     .bind(limit as i64)
     .fetch_all(&mut *conn)

@@ -87,6 +87,14 @@ impl Shape {
                         "ix_inbox_event_dead",
                         "(received_at) WHERE dead_at IS NOT NULL",
                     ),
+                    (
+                        "ix_inbox_event_pending",
+                        "(seq) WHERE NOT processed AND dead_at IS NULL",
+                    ),
+                    (
+                        "ix_inbox_event_key_pending",
+                        "(topic, partition_key, seq) WHERE NOT processed AND dead_at IS NULL",
+                    ),
                 ],
             }),
             CleanupTable::Outbox => Ok(Shape {
