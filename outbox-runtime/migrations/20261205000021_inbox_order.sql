@@ -26,7 +26,12 @@ FROM (SELECT event_id, received_at, nextval('inbox_event_seq') AS seq
             ORDER BY received_at, source_partition, source_offset) ordered) o
 WHERE i.event_id = o.event_id AND i.received_at = o.received_at;
 
--- The processors' claim, oldest first, and its look at each key's earlier rows.
+-- The processors' window, oldest first; each key's rows from its head, for the claim.
 CREATE INDEX ix_inbox_event_pending ON inbox_event (seq) WHERE NOT processed AND dead_at IS NULL;
 CREATE INDEX ix_inbox_event_key_pending ON inbox_event (topic, partition_key, seq)
     WHERE NOT processed AND dead_at IS NULL;
+-- Rows waiting for a retry, by key: what holds a key's later rows back. Failed rows alone, so
+-- the window's look at each row's key costs a probe into a small index, however long the
+-- key's backlog.
+CREATE INDEX ix_inbox_event_key_retrying ON inbox_event (topic, partition_key, seq)
+    WHERE next_attempt_at IS NOT NULL AND NOT processed AND dead_at IS NULL;

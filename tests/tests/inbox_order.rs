@@ -1,15 +1,16 @@
 //! Inbox mode keeps each key's order: several processors in several consumer instances of one
-//! group, failures retried, on the mock cluster and on JetStream. A row waiting for its retry
+//! group, failures retried, on the mock cluster, JetStream and RabbitMQ. A row waiting for its retry
 //! holds back the later rows of its key, and no other key.
 
 use std::time::Duration;
 
 use outbox_runtime::inbox::{Consumer, ConsumerBuilder, HandlerError, MessageMeta, Mode};
-use outbox_runtime::relay::JetStream;
+use outbox_runtime::relay::{JetStream, RabbitMq};
 use outbox_tests::fixtures::PAYMENTS;
 use outbox_tests::kafka::Outgoing;
 use outbox_tests::nats::NatsServer;
 use outbox_tests::payments::{builder, setup, wait_for};
+use outbox_tests::rabbitmq::{self as mq, Vhost};
 use outbox_tests::{count, Running, TestDb};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -222,5 +223,30 @@ async fn inbox_processors_keep_each_keys_order_across_instances_on_jetstream() {
         inbox(jetstream(server.client().await)),
         inbox(jetstream(server.client().await)),
     ];
+    in_order(&db, consumers, &accounts, 60).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_processors_keep_each_keys_order_across_instances_on_rabbitmq() {
+    const SHARDS: u16 = 4;
+    let vhost = Vhost::new("io-order");
+    let url = vhost.url();
+    let db = TestDb::new().await;
+    let accounts = accounts();
+    create_tables(&db.pool, &accounts).await;
+    let rabbit = || {
+        RabbitMq::new(&url)
+            .shards(SHARDS)
+            .heartbeat(Duration::from_secs(2))
+    };
+    rabbit().ensure_topology(PAYMENTS, "ledger").await.unwrap();
+    mq::publish_sharded(&url, PAYMENTS, SHARDS, &steps(&accounts, 60)).await;
+    let rabbitmq = || {
+        Consumer::builder(db.pool.clone())
+            .rabbitmq(rabbit())
+            .group_id("ledger")
+            .retry_backoff(Duration::from_millis(20), Duration::from_millis(200))
+    };
+    let consumers = [inbox(rabbitmq()), inbox(rabbitmq())];
     in_order(&db, consumers, &accounts, 60).await;
 }

@@ -95,6 +95,11 @@ impl Shape {
                         "ix_inbox_event_key_pending",
                         "(topic, partition_key, seq) WHERE NOT processed AND dead_at IS NULL",
                     ),
+                    (
+                        "ix_inbox_event_key_retrying",
+                        "(topic, partition_key, seq) \
+                         WHERE next_attempt_at IS NOT NULL AND NOT processed AND dead_at IS NULL",
+                    ),
                 ],
             }),
             CleanupTable::Outbox => Ok(Shape {
