@@ -498,6 +498,18 @@ pub use builder::ConsumerBuilder;
 #[cfg(feature = "_broker")]
 pub use consumer::Consumer;
 pub use handler::{BoxError, BoxFuture, Handler, HandlerError};
+
+/// Hook of this project's own tests and benchmarks (feature `testing`); not API:
+/// `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` of a processor's claim of `limit` rows, then of
+/// its head check, in a transaction rolled back.
+#[cfg(all(feature = "testing", feature = "_broker"))]
+#[doc(hidden)]
+pub async fn explain_claim(
+    pool: &sqlx::PgPool,
+    limit: usize,
+) -> crate::Result<Vec<serde_json::Value>> {
+    crate::store::inbox::explain_claim(pool, limit).await
+}
 pub use meta::MessageMeta;
 #[cfg(feature = "_broker")]
 pub use settings::{Mode, RetryPolicy};

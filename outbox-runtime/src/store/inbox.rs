@@ -11,6 +11,8 @@ use sqlx::{PgPool, Row as _};
 use uuid::Uuid;
 
 pub(crate) use claim::claim;
+#[cfg(feature = "testing")]
+pub(crate) use claim::explain as explain_claim;
 
 use super::source_lock;
 use crate::error::Result;

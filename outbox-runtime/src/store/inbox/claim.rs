@@ -138,31 +138,14 @@ pub(crate) async fn claim(
     .fetch_all(&mut *conn)
     .await?;
     let mut claimed: Vec<Claimed> = Vec::with_capacity(rows.len());
-    // Each key's rows claimed and last seq, in the order of their first row.
-    let mut keys: Vec<((String, String), i64, i64)> = Vec::new();
     for row in &rows {
-        let c = super::claimed(row)?;
-        if let Some(k) = &c.partition_key {
-            let seq: i64 = row.try_get("seq")?;
-            match keys
-                .iter_mut()
-                .find(|(key, _, _)| key.0 == c.topic && &key.1 == k)
-            {
-                Some((_, n, last)) => {
-                    *n += 1;
-                    *last = seq;
-                }
-                None => keys.push(((c.topic.clone(), k.clone()), 1, seq)),
-            }
-        }
-        claimed.push(c);
+        claimed.push(super::claimed(row)?);
     }
+    let keys = keys(&rows)?;
     if keys.is_empty() {
         return Ok(claimed);
     }
-    let topics: Vec<&str> = keys.iter().map(|((t, _), _, _)| t.as_str()).collect();
-    let names: Vec<&str> = keys.iter().map(|((_, k), _, _)| k.as_str()).collect();
-    let lasts: Vec<i64> = keys.iter().map(|(_, _, last)| *last).collect();
+    let (topics, names, lasts) = heads_args(&keys);
     let counts: Vec<i64> = sqlx::query_scalar(HEADS_SQL)
         .bind(&topics)
         .bind(&names)
@@ -188,4 +171,72 @@ pub(crate) async fn claim(
                 .is_none_or(|k| !behind.contains(&(c.topic.clone(), k.clone())))
         })
         .collect())
+}
+
+/// Each key's rows claimed and last seq, in the order of their first row.
+type Keys = Vec<((String, String), i64, i64)>;
+
+fn keys(rows: &[sqlx::postgres::PgRow]) -> Result<Keys> {
+    let mut keys: Keys = Vec::new();
+    for row in rows {
+        let Some(k) = row.try_get::<Option<String>, _>("partition_key")? else {
+            continue;
+        };
+        let topic: String = row.try_get("topic")?;
+        let seq: i64 = row.try_get("seq")?;
+        match keys
+            .iter_mut()
+            .find(|(key, _, _)| key.0 == topic && key.1 == k)
+        {
+            Some((_, n, last)) => {
+                *n += 1;
+                *last = seq;
+            }
+            None => keys.push(((topic, k), 1, seq)),
+        }
+    }
+    Ok(keys)
+}
+
+/// [`HEADS_SQL`]'s arrays: the keys' topics, names and last seqs.
+fn heads_args(keys: &Keys) -> (Vec<&str>, Vec<&str>, Vec<i64>) {
+    (
+        keys.iter().map(|((t, _), _, _)| t.as_str()).collect(),
+        keys.iter().map(|((_, k), _, _)| k.as_str()).collect(),
+        keys.iter().map(|(_, _, last)| *last).collect(),
+    )
+}
+
+/// `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` of a claim of `limit` as a processor makes it,
+/// and of its head check, in a transaction rolled back.
+#[cfg(feature = "testing")]
+pub(crate) async fn explain(pool: &sqlx::PgPool, limit: usize) -> Result<Vec<serde_json::Value>> {
+    let mut tx = crate::store::source_lock::begin(pool).await?;
+    let window = (limit * WINDOW_FACTOR) as i64;
+    let rows = sqlx::query(CLAIM_SQL)
+        .bind(limit as i64)
+        .bind(window)
+        .bind(KEY_LOCK)
+        .fetch_all(&mut *tx)
+        .await?;
+    let keys = keys(&rows)?;
+    let (topics, names, lasts) = heads_args(&keys);
+    let claim: serde_json::Value = sqlx::query_scalar(&format!(
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {CLAIM_SQL}"
+    ))
+    .bind(limit as i64)
+    .bind(window)
+    .bind(KEY_LOCK)
+    .fetch_one(&mut *tx)
+    .await?;
+    let heads: serde_json::Value = sqlx::query_scalar(&format!(
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {HEADS_SQL}"
+    ))
+    .bind(&topics)
+    .bind(&names)
+    .bind(&lasts)
+    .fetch_one(&mut *tx)
+    .await?;
+    tx.rollback().await?;
+    Ok(vec![claim, heads])
 }

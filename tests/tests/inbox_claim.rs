@@ -1,0 +1,71 @@
+//! The processors' claim costs what its batch costs, however many rows were processed since
+//! the inbox was last vacuumed (their entries stay in the pending indexes until then); and
+//! the floor that lets its scans start past them never leaves a row behind, even one whose
+//! receipt commits long after later rows were processed.
+
+use outbox_runtime::inbox;
+use outbox_tests::TestDb;
+use sqlx::PgPool;
+
+/// Buffers (shared, hit or read) the plan's top node touched.
+fn buffers(plan: &serde_json::Value) -> i64 {
+    let node = &plan[0]["Plan"];
+    node["Shared Hit Blocks"].as_i64().unwrap_or(0)
+        + node["Shared Read Blocks"].as_i64().unwrap_or(0)
+}
+
+/// Stores `n` rows as receipts store them, over 1,000 keys, in one statement.
+async fn received(pool: &PgPool, n: i64) {
+    sqlx::query(
+        "INSERT INTO inbox_event (event_id, topic, event_type, partition_key, payload, \
+             source_partition, source_offset) \
+         SELECT gen_random_uuid(), 'payment.events', 'PaymentSucceeded', 'acct-' || (g % 1000), \
+                jsonb_build_object('n', g), 0, g \
+         FROM generate_series(1, $1) AS g",
+    )
+    .bind(n)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// Buffers of the claim's two statements (the claim, the head check) for a batch of 100.
+async fn claim_cost(pool: &PgPool) -> (i64, i64) {
+    let plans = inbox::explain_claim(pool, 100).await.unwrap();
+    (buffers(&plans[0]), buffers(&plans[1]))
+}
+
+/// A claim behind 100,000 rows processed since the last vacuum (as at 500 events/s for three
+/// minutes with autovacuum behind) costs about what one on a fresh inbox does. Before the
+/// floor, both statements started at the bottom of their indexes and stepped over every
+/// processed row's entry: 10 to 20 times the buffers.
+#[tokio::test]
+async fn a_claim_costs_the_same_however_many_rows_were_processed_since_the_last_vacuum() {
+    let fresh = TestDb::new().await;
+    received(&fresh.pool, 10_000).await;
+    let (claim_base, heads_base) = claim_cost(&fresh.pool).await;
+
+    let busy = TestDb::new().await;
+    received(&busy.pool, 110_000).await;
+    sqlx::query(
+        "UPDATE inbox_event SET processed = true, processed_at = now() \
+         WHERE seq <= (SELECT min(seq) + 99999 FROM inbox_event)",
+    )
+    .execute(&busy.pool)
+    .await
+    .unwrap();
+    let (claim_behind, heads_behind) = claim_cost(&busy.pool).await;
+
+    println!(
+        "claim: {claim_base} buffers on a fresh inbox, {claim_behind} behind 100,000 processed rows; \
+         head check: {heads_base}, {heads_behind}"
+    );
+    assert!(
+        claim_behind <= 2 * claim_base + 50,
+        "the claim steps over the processed rows' entries: {claim_behind} buffers against {claim_base}"
+    );
+    assert!(
+        heads_behind <= 2 * heads_base + 50,
+        "the head check steps over the processed rows' entries: {heads_behind} buffers against {heads_base}"
+    );
+}
