@@ -3,6 +3,8 @@
 //! the floor that lets its scans start past them never leaves a row behind, even one whose
 //! receipt commits long after later rows were processed.
 
+use std::time::Duration;
+
 use outbox_runtime::inbox;
 use outbox_tests::TestDb;
 use sqlx::PgPool;
@@ -68,4 +70,92 @@ async fn a_claim_costs_the_same_however_many_rows_were_processed_since_the_last_
         heads_behind <= 2 * heads_base + 50,
         "the head check steps over the processed rows' entries: {heads_behind} buffers against {heads_base}"
     );
+}
+
+/// The oldest unprocessed, live row's `seq`.
+async fn oldest(pool: &PgPool) -> Option<i64> {
+    sqlx::query_scalar("SELECT min(seq) FROM inbox_event WHERE NOT processed AND dead_at IS NULL")
+        .fetch_one(pool)
+        .await
+        .unwrap()
+}
+
+/// The floor once a sighting settled (within 60 s: other tests' transactions end by then).
+async fn floor(pool: &PgPool) -> i64 {
+    inbox::claim_floor(pool, Duration::from_secs(60))
+        .await
+        .unwrap()
+        .expect("a sighting settles within 60 s")
+}
+
+/// A receipt that drew its row's `seq` and commits after later rows were received and
+/// processed holds the floor below its row until it ends, so its row is claimed once it
+/// commits; a dead row an operator retries lowers the floor to it again.
+#[tokio::test]
+async fn the_floor_waits_for_a_receipt_that_commits_late_and_comes_down_for_a_revived_row() {
+    let db = TestDb::new().await;
+    received(&db.pool, 100).await;
+    // A receipt still open: its transaction id taken first, as a receipt's is, then its row.
+    let mut late = db.pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut *late)
+        .await
+        .unwrap();
+    let late_seq: i64 = sqlx::query_scalar(
+        "INSERT INTO inbox_event (event_id, topic, event_type, partition_key, payload) \
+         VALUES (gen_random_uuid(), 'payment.events', 'PaymentSucceeded', 'acct-late', '{}') \
+         RETURNING seq",
+    )
+    .fetch_one(&mut *late)
+    .await
+    .unwrap();
+    // Later receipts, committed, and every row the processors can see handled.
+    received(&db.pool, 100).await;
+    sqlx::query("UPDATE inbox_event SET processed = true, processed_at = now()")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(oldest(&db.pool).await, None);
+    let settled = inbox::claim_floor(&db.pool, Duration::from_secs(2))
+        .await
+        .unwrap();
+    assert!(
+        settled.is_none_or(|f| f <= late_seq),
+        "the floor {settled:?} passed row {late_seq}, whose receipt has not ended"
+    );
+
+    late.commit().await.unwrap();
+    assert_eq!(oldest(&db.pool).await, Some(late_seq));
+    assert_eq!(
+        floor(&db.pool).await,
+        late_seq,
+        "the late row is the oldest to claim"
+    );
+    // It is handled; the first row of all turns out dead.
+    sqlx::query("UPDATE inbox_event SET processed = true, processed_at = now() WHERE seq = $1")
+        .bind(late_seq)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let first: i64 = sqlx::query_scalar(
+        "UPDATE inbox_event SET processed = false, processed_at = NULL, dead_at = now(), \
+                last_error = 'boom' \
+         WHERE seq = (SELECT min(seq) FROM inbox_event) RETURNING seq",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    let past = floor(&db.pool).await;
+    assert!(
+        past > late_seq,
+        "with nothing to process the floor moves past every row: {past}"
+    );
+
+    // The operator retries the dead row: its old seq is due again.
+    sqlx::query("UPDATE inbox_event SET dead_at = NULL, attempts = 0 WHERE seq = $1")
+        .bind(first)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(floor(&db.pool).await, first);
 }

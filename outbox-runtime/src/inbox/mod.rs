@@ -467,6 +467,8 @@ mod consumer;
 pub(crate) mod dedup;
 #[cfg(feature = "_broker")]
 pub(crate) mod failure;
+#[cfg(feature = "_broker")]
+pub(crate) mod floor;
 mod handler;
 #[cfg(feature = "_broker")]
 mod ladder;
@@ -501,14 +503,27 @@ pub use handler::{BoxError, BoxFuture, Handler, HandlerError};
 
 /// Hook of this project's own tests and benchmarks (feature `testing`); not API:
 /// `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` of a processor's claim of `limit` rows, then of
-/// its head check, in a transaction rolled back.
+/// its head check, in a transaction rolled back, from the floor once it settled (within a
+/// minute; else from the bottom).
 #[cfg(all(feature = "testing", feature = "_broker"))]
 #[doc(hidden)]
 pub async fn explain_claim(
     pool: &sqlx::PgPool,
     limit: usize,
 ) -> crate::Result<Vec<serde_json::Value>> {
-    crate::store::inbox::explain_claim(pool, limit).await
+    let floor = claim_floor(pool, std::time::Duration::from_secs(60)).await?;
+    crate::store::inbox::explain_claim(pool, limit, floor.unwrap_or(floor::NONE)).await
+}
+
+/// Hook of this project's own tests and benchmarks (feature `testing`); not API: the
+/// processors' floor, computed afresh until a sighting settles (`None`: not within `within`).
+#[cfg(all(feature = "testing", feature = "_broker"))]
+#[doc(hidden)]
+pub async fn claim_floor(
+    pool: &sqlx::PgPool,
+    within: std::time::Duration,
+) -> crate::Result<Option<i64>> {
+    floor::Floor::settled(pool, within).await
 }
 pub use meta::MessageMeta;
 #[cfg(feature = "_broker")]

@@ -186,8 +186,9 @@ impl Batch for Rows<'_> {
 
 async fn process_optimistic(shared: &Shared) -> Result<Pass<Uuid, usize>> {
     let routes = &shared.routes;
+    let floor = shared.floor.get(&shared.pool).await;
     let mut tx = source_lock::begin(&shared.pool).await?;
-    let rows = store::claim(&mut tx, shared.settings.batch_size, None).await?;
+    let rows = store::claim(&mut tx, shared.settings.batch_size, None, floor).await?;
     let mut done: Vec<Uuid> = Vec::with_capacity(rows.len());
     for row in &rows {
         let meta = row.meta();
@@ -276,8 +277,13 @@ async fn process_isolated(
     only: Option<&[Uuid]>,
 ) -> Result<Pass<Uuid, usize>> {
     let routes = &shared.routes;
+    // Rows picked by id (`due_ids`, which reads from the bottom) are claimed without a floor.
+    let floor = match only {
+        None => shared.floor.get(&shared.pool).await,
+        Some(_) => super::floor::NONE,
+    };
     let mut tx = source_lock::begin(&shared.pool).await?;
-    let rows = store::claim(&mut tx, shared.settings.batch_size, only).await?;
+    let rows = store::claim(&mut tx, shared.settings.batch_size, only, floor).await?;
     let claimed = rows.len();
     let mut done: Vec<Uuid> = Vec::with_capacity(claimed);
     let mut failed: Vec<RowFailure> = Vec::new();

@@ -9,7 +9,7 @@ use super::settings::Settings;
 use crate::sqlstate::{database_error, DbError};
 
 /// A consumer's parts, each of its own kind: the loops read them, nothing changes them (but
-/// `rows_waiting`, a signal).
+/// `rows_waiting`, a signal, and `floor`, a computed bound).
 pub(crate) struct Shared {
     pub(crate) pool: PgPool,
     pub(crate) settings: Settings,
@@ -19,6 +19,8 @@ pub(crate) struct Shared {
     /// left). This process's processors wait on it, and on their poll interval for what other
     /// processes receive and for retries coming due.
     pub(crate) rows_waiting: tokio::sync::watch::Sender<u64>,
+    /// Where the processors' claims start (inbox mode).
+    pub(crate) floor: super::floor::Floor,
 }
 
 impl Shared {
@@ -28,6 +30,7 @@ impl Shared {
             settings,
             routes,
             rows_waiting: tokio::sync::watch::Sender::new(0),
+            floor: super::floor::Floor::default(),
         }
     }
 

@@ -19,6 +19,7 @@ use crate::error::Result;
 use crate::sqlstate::DbError;
 
 mod claim;
+pub(crate) mod floor;
 
 /// A checked message, ready to store in the inbox.
 pub(crate) struct InboxRow<'m> {

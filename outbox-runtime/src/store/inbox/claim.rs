@@ -16,7 +16,9 @@
 //! So a key's rows are handled one batch at a time, in order, across every processor and
 //! instance; a row waiting for its retry holds back the later rows of its key alone; a dead
 //! row holds back nothing. Rows without a key are in no order and need no lock. Neither
-//! statement walks a key's backlog: the check counts the rows claimed.
+//! statement walks a key's backlog: the check counts the rows claimed. Both start at the
+//! processors' floor (`inbox/floor.rs`), not at the bottom of their indexes, where processed
+//! rows leave entries until a vacuum.
 
 use std::collections::HashSet;
 
@@ -70,7 +72,7 @@ macro_rules! not_held_back {
 
 /// The claim: due rows, oldest first, not held back, up to `$1`, among the first `$2`
 /// unprocessed, live ones (so a processor whose keys others hold stops there rather than read
-/// the whole backlog); of a row with a key, only if this transaction holds the key's
+/// the whole backlog), from the floor `$4` (see `inbox/floor.rs`: no row below it is due); of a row with a key, only if this transaction holds the key's
 /// advisory lock or gets it now (first key `$3`, the second a hash of the schema, topic and
 /// key, so two schemas' inboxes in one database do not contend); locked, skipping rows locked
 /// elsewhere. `$filter` narrows the rows.
@@ -83,8 +85,10 @@ macro_rules! claim_sql {
              FROM inbox_event e WHERE ",
             due!("e"),
             $filter,
-            " AND e.seq <= (SELECT max(w.seq) FROM (SELECT seq FROM inbox_event \
-                   WHERE NOT processed AND dead_at IS NULL ORDER BY seq LIMIT $2) w) \
+            " AND e.seq >= $4 \
+               AND e.seq <= (SELECT max(w.seq) FROM (SELECT seq FROM inbox_event \
+                   WHERE NOT processed AND dead_at IS NULL AND seq >= $4 \
+                   ORDER BY seq LIMIT $2) w) \
                AND (e.partition_key IS NULL OR pg_try_advisory_xact_lock($3, \
                    hashtext(current_schema() || E'\\x1f' || e.topic || E'\\x1f' \
                             || e.partition_key))) \
@@ -97,16 +101,16 @@ macro_rules! claim_sql {
 
 const CLAIM_SQL: &str = claim_sql!("");
 
-/// The claim among `$4` (ids) alone. A query of its own: an optional filter would spoil the
+/// The claim among `$5` (ids) alone. A query of its own: an optional filter would spoil the
 /// plan of the one above.
-const CLAIM_IDS_SQL: &str = claim_sql!(" AND e.event_id = ANY($4)");
+const CLAIM_IDS_SQL: &str = claim_sql!(" AND e.event_id = ANY($5)");
 
-/// Of each key claimed (`$1` topics, `$2` keys) up to its last row claimed (`$3` seq), how
-/// many unprocessed, live rows there are, seen by a statement that begins after the key's
+/// Of each key claimed (`$1` topics, `$2` keys) up to its last row claimed (`$3` seq), from
+/// the floor (`$4`), how many unprocessed, live rows there are, seen by a statement that begins after the key's
 /// lock was taken: as many as were claimed if, and only if, the claim is the key's head.
 const HEADS_SQL: &str = "SELECT (SELECT count(*) FROM inbox_event p \
          WHERE p.topic = k.topic AND p.partition_key = k.partition_key \
-           AND NOT p.processed AND p.dead_at IS NULL AND p.seq <= k.last) \
+           AND NOT p.processed AND p.dead_at IS NULL AND p.seq >= $4 AND p.seq <= k.last) \
      FROM unnest($1::text[], $2::text[], $3::int8[]) WITH ORDINALITY AS k(topic, partition_key, last, n) \
      ORDER BY k.n";
 
@@ -122,17 +126,20 @@ pub(crate) async fn claim(
     conn: &mut sqlx::PgConnection,
     limit: usize,
     only: Option<&[Uuid]>,
+    floor: i64,
 ) -> Result<Vec<Claimed>> {
     let window = (limit * WINDOW_FACTOR) as i64;
     let rows = match only {
         None => sqlx::query(CLAIM_SQL)
             .bind(limit as i64)
             .bind(window)
-            .bind(KEY_LOCK),
+            .bind(KEY_LOCK)
+            .bind(floor),
         Some(only) => sqlx::query(CLAIM_IDS_SQL)
             .bind(limit as i64)
             .bind(window)
             .bind(KEY_LOCK)
+            .bind(floor)
             .bind(only),
     }
     .fetch_all(&mut *conn)
@@ -150,6 +157,7 @@ pub(crate) async fn claim(
         .bind(&topics)
         .bind(&names)
         .bind(&lasts)
+        .bind(floor)
         .fetch_all(&mut *conn)
         .await?;
     let behind: HashSet<&(String, String)> = keys
@@ -210,13 +218,18 @@ fn heads_args(keys: &Keys) -> (Vec<&str>, Vec<&str>, Vec<i64>) {
 /// `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` of a claim of `limit` as a processor makes it,
 /// and of its head check, in a transaction rolled back.
 #[cfg(feature = "testing")]
-pub(crate) async fn explain(pool: &sqlx::PgPool, limit: usize) -> Result<Vec<serde_json::Value>> {
+pub(crate) async fn explain(
+    pool: &sqlx::PgPool,
+    limit: usize,
+    floor: i64,
+) -> Result<Vec<serde_json::Value>> {
     let mut tx = crate::store::source_lock::begin(pool).await?;
     let window = (limit * WINDOW_FACTOR) as i64;
     let rows = sqlx::query(CLAIM_SQL)
         .bind(limit as i64)
         .bind(window)
         .bind(KEY_LOCK)
+        .bind(floor)
         .fetch_all(&mut *tx)
         .await?;
     let keys = keys(&rows)?;
@@ -227,6 +240,7 @@ pub(crate) async fn explain(pool: &sqlx::PgPool, limit: usize) -> Result<Vec<ser
     .bind(limit as i64)
     .bind(window)
     .bind(KEY_LOCK)
+    .bind(floor)
     .fetch_one(&mut *tx)
     .await?;
     let heads: serde_json::Value = sqlx::query_scalar(&format!(
@@ -235,6 +249,7 @@ pub(crate) async fn explain(pool: &sqlx::PgPool, limit: usize) -> Result<Vec<ser
     .bind(&topics)
     .bind(&names)
     .bind(&lasts)
+    .bind(floor)
     .fetch_one(&mut *tx)
     .await?;
     tx.rollback().await?;
