@@ -159,3 +159,25 @@ async fn the_floor_waits_for_a_receipt_that_commits_late_and_comes_down_for_a_re
         .unwrap();
     assert_eq!(floor(&db.pool).await, first);
 }
+
+/// A receipt costs what its rows cost, however large the inbox's partition has grown since
+/// the connection planned its insert (a prepared statement keeps its generic plan; statistics
+/// stale or missing, as between autovacuum's rounds or with it off). Before, the absence
+/// check became a hash anti-join over the whole partition: a receipt of one row read every
+/// row received that day (7 ms at 30,000 rows, growing with each).
+#[tokio::test]
+async fn a_receipt_costs_the_same_however_large_its_partition_has_grown() {
+    let db = TestDb::new().await;
+    let pool = db.pool.clone();
+    let (before, after) = inbox::explain_receipt(&db.pool, async move {
+        received(&pool, 100_000).await;
+    })
+    .await
+    .unwrap();
+    let (before, after) = (buffers(&before), buffers(&after));
+    println!("a receipt of one row: {before} buffers on an empty inbox, {after} with 100,000 rows");
+    assert!(
+        after <= before + 50,
+        "the receipt reads the partition it stores into: {after} buffers against {before}"
+    );
+}

@@ -515,6 +515,18 @@ pub async fn explain_claim(
     crate::store::inbox::explain_claim(pool, limit, floor.unwrap_or(floor::NONE)).await
 }
 
+/// Hook of this project's own tests and benchmarks (feature `testing`); not API:
+/// `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` of a receipt of one new row by a connection whose
+/// prepared insert was planned before `between` (the generic plan it keeps), before and after.
+#[cfg(all(feature = "testing", feature = "_broker"))]
+#[doc(hidden)]
+pub async fn explain_receipt(
+    pool: &sqlx::PgPool,
+    between: impl std::future::Future<Output = ()>,
+) -> crate::Result<(serde_json::Value, serde_json::Value)> {
+    crate::store::inbox::explain_receipt(pool, between).await
+}
+
 /// Hook of this project's own tests and benchmarks (feature `testing`); not API: the
 /// processors' floor, computed afresh until a sighting settles (`None`: not within `within`).
 #[cfg(all(feature = "testing", feature = "_broker"))]

@@ -72,6 +72,56 @@ pub(crate) async fn receive(pool: &PgPool, rows: &[InboxRow<'_>]) -> Result<Rece
     }
 }
 
+/// The receipt's insert: the rows (`$1` ids, `$2` topics, `$3` event types, `$4` keys, `$5`
+/// payloads, `$6` headers, `$7` partitions, `$8` offsets, `$9` schema versions) no partition
+/// holds yet, in their order.
+const RECEIPT_SQL: &str = "INSERT INTO inbox_event (event_id, topic, event_type, partition_key, \
+         payload, headers, source_partition, source_offset, schema_version) \
+     SELECT r.id, r.topic, r.event_type, r.partition_key, r.payload::jsonb, \
+         coalesce(r.headers::jsonb, '{}'), r.part, r.off, r.version \
+     FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], \
+         $7::int4[], $8::int8[], $9::int8[]) \
+         WITH ORDINALITY AS r(id, topic, event_type, partition_key, payload, headers, part, \
+             off, version, n) \
+     WHERE NOT EXISTS (SELECT 1 FROM inbox_event i WHERE i.event_id = r.id \
+         AND i.received_at <= statement_timestamp() + interval '1 hour') \
+     ORDER BY r.n \
+     ON CONFLICT DO NOTHING";
+
+/// `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` of a receipt of one new row, on a connection that
+/// prepared the receipt's insert and planned it once (a generic plan, as a connection's
+/// prepared statement gets after a few executions), before and after `between` (rolled back).
+#[cfg(feature = "testing")]
+pub(crate) async fn explain_receipt(
+    pool: &PgPool,
+    between: impl std::future::Future<Output = ()>,
+) -> Result<(serde_json::Value, serde_json::Value)> {
+    use sqlx::Connection as _;
+    let mut conn = pool.acquire().await?;
+    sqlx::raw_sql(&format!(
+        "SET plan_cache_mode = force_generic_plan; PREPARE receipt AS {RECEIPT_SQL}"
+    ))
+    .execute(&mut *conn)
+    .await?;
+    let explain = "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE receipt(\
+        ARRAY[gen_random_uuid()], ARRAY['payment.events'], ARRAY['PaymentSucceeded'], \
+        ARRAY['acct-1'], ARRAY['{}'], ARRAY[NULL::text], ARRAY[0], ARRAY[1::int8], ARRAY[1::int8])";
+    let explained = async |conn: &mut sqlx::PgConnection| -> Result<serde_json::Value> {
+        let mut tx = conn.begin().await?;
+        let plan = sqlx::query_scalar(explain).fetch_one(&mut *tx).await?;
+        tx.rollback().await?;
+        Ok(plan)
+    };
+    // Planned now, with the table as it is: the plan stays cached for the second.
+    let before = explained(&mut conn).await?;
+    between.await;
+    let after = explained(&mut conn).await?;
+    sqlx::raw_sql("DEALLOCATE receipt; RESET plan_cache_mode")
+        .execute(&mut *conn)
+        .await?;
+    Ok((before, after))
+}
+
 /// First key of the advisory locks [`insert`] takes ("INBX"; see [`source_lock`]).
 const RECEIPT_LOCK: i32 = 0x494E_4258;
 
@@ -108,31 +158,18 @@ async fn insert(pool: &PgPool, rows: &[InboxRow<'_>]) -> std::result::Result<u64
     let partitions: Vec<i32> = rows.iter().map(|r| r.partition).collect();
     let offsets: Vec<i64> = rows.iter().map(|r| r.offset).collect();
     let versions: Vec<i64> = rows.iter().map(|r| i64::from(r.schema_version)).collect();
-    let result = sqlx::query(
-        "INSERT INTO inbox_event (event_id, topic, event_type, partition_key, payload, headers, \
-             source_partition, source_offset, schema_version) \
-         SELECT r.id, r.topic, r.event_type, r.partition_key, r.payload::jsonb, \
-             coalesce(r.headers::jsonb, '{}'), r.part, r.off, r.version \
-         FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], \
-             $7::int4[], $8::int8[], $9::int8[]) \
-             WITH ORDINALITY AS r(id, topic, event_type, partition_key, payload, headers, part, \
-                 off, version, n) \
-         WHERE NOT EXISTS (SELECT 1 FROM inbox_event i WHERE i.event_id = r.id \
-             AND i.received_at <= statement_timestamp() + interval '1 hour') \
-         ORDER BY r.n \
-         ON CONFLICT DO NOTHING",
-    )
-    .bind(&ids)
-    .bind(&topics)
-    .bind(&types)
-    .bind(&keys)
-    .bind(&payloads)
-    .bind(&headers)
-    .bind(&partitions)
-    .bind(&offsets)
-    .bind(&versions)
-    .execute(&mut *tx)
-    .await?;
+    let result = sqlx::query(RECEIPT_SQL)
+        .bind(&ids)
+        .bind(&topics)
+        .bind(&types)
+        .bind(&keys)
+        .bind(&payloads)
+        .bind(&headers)
+        .bind(&partitions)
+        .bind(&offsets)
+        .bind(&versions)
+        .execute(&mut *tx)
+        .await?;
     tx.commit().await?;
     Ok(result.rows_affected())
 }
