@@ -74,7 +74,9 @@ pub(crate) async fn receive(pool: &PgPool, rows: &[InboxRow<'_>]) -> Result<Rece
 
 /// The receipt's insert: the rows (`$1` ids, `$2` topics, `$3` event types, `$4` keys, `$5`
 /// payloads, `$6` headers, `$7` partitions, `$8` offsets, `$9` schema versions) no partition
-/// holds yet, in their order.
+/// holds yet, in their order. The absence check probes each partition's key index once per
+/// row (`OFFSET 0` keeps it a subplan: pulled up into an anti-join, a plan made while the
+/// partition was small, or on stale statistics, hashes the whole partition every receipt).
 const RECEIPT_SQL: &str = "INSERT INTO inbox_event (event_id, topic, event_type, partition_key, \
          payload, headers, source_partition, source_offset, schema_version) \
      SELECT r.id, r.topic, r.event_type, r.partition_key, r.payload::jsonb, \
@@ -84,7 +86,7 @@ const RECEIPT_SQL: &str = "INSERT INTO inbox_event (event_id, topic, event_type,
          WITH ORDINALITY AS r(id, topic, event_type, partition_key, payload, headers, part, \
              off, version, n) \
      WHERE NOT EXISTS (SELECT 1 FROM inbox_event i WHERE i.event_id = r.id \
-         AND i.received_at <= statement_timestamp() + interval '1 hour') \
+         AND i.received_at <= statement_timestamp() + interval '1 hour' OFFSET 0) \
      ORDER BY r.n \
      ON CONFLICT DO NOTHING";
 
