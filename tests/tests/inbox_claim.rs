@@ -181,3 +181,56 @@ async fn a_receipt_costs_the_same_however_large_its_partition_has_grown() {
         "the receipt reads the partition it stores into: {after} buffers against {before}"
     );
 }
+
+/// A payment as [`received`] stores it.
+#[derive(serde::Serialize, serde::Deserialize, outbox_runtime::OutboxEvent)]
+#[outbox(
+    topic = "payment.events",
+    aggregate_type = "Account",
+    event_type = "PaymentSucceeded"
+)]
+struct Payment {
+    #[outbox(aggregate_id)]
+    n: i64,
+}
+
+/// Takes note of nothing.
+#[outbox_runtime::inbox_handler]
+async fn noted(
+    _event: Payment,
+    _tx: &mut sqlx::PgConnection,
+) -> Result<(), outbox_runtime::inbox::HandlerError> {
+    Ok(())
+}
+
+/// A processor's marks (processed, failed) find their rows by id in a table that grows all day:
+/// a plan a connection kept from while the partition was small scans it whole (a generic
+/// plan, which PostgreSQL settles on after a statement's fifth execution: a sequential scan of
+/// the partition, 5 ms at 30,000 rows and growing, found by the latency bench). They are
+/// planned each time, with the partition's size.
+#[tokio::test]
+async fn a_processor_keeps_no_plan_of_its_marks_from_while_the_partition_was_small() {
+    let db = TestDb::new().await;
+    // One connection: every statement the processor prepares is on it.
+    let pool = db.pool(1).await;
+    let consumer = inbox::Consumer::builder(pool.clone())
+        .brokers("127.0.0.1:9")
+        .group_id("marks")
+        .handler(noted)
+        .mode(inbox::Mode::Inbox)
+        .processors(0)
+        .build()
+        .unwrap();
+    for _ in 0..10 {
+        received(&pool, 10).await;
+        assert_eq!(consumer.process_inbox_pending().await.unwrap(), 10);
+    }
+    let kept: Vec<String> = sqlx::query_scalar(
+        "SELECT statement FROM pg_prepared_statements \
+         WHERE statement LIKE 'UPDATE inbox_event%' AND generic_plans > 0",
+    )
+    .fetch_all(&pool)
+    .await
+    .unwrap();
+    assert!(kept.is_empty(), "kept generic plans: {kept:?}");
+}
