@@ -206,12 +206,17 @@ fn claimed(r: &sqlx::postgres::PgRow) -> Result<Claimed> {
     })
 }
 
-/// Marks rows processed (`processed`, `processed_at`, no retry pending).
+/// Marks rows processed (`processed`, `processed_at`, no retry pending). Like every statement
+/// here that finds rows by id alone, planned each time (not prepared): a plan kept from while
+/// the day's partition was small scans it whole, however large it has grown (a generic plan,
+/// which PostgreSQL settles on after a few executions; the statistics that would replace it
+/// wait for autovacuum).
 pub(crate) async fn mark_processed(conn: &mut sqlx::PgConnection, done: &[Uuid]) -> Result<()> {
     sqlx::query(
         "UPDATE inbox_event SET processed = true, processed_at = now(), next_attempt_at = NULL \
          WHERE event_id = ANY($1)",
     )
+    .persistent(false)
     .bind(done)
     .execute(conn)
     .await?;
@@ -247,6 +252,7 @@ pub(crate) async fn record_failures(
              AS f(id, error, backoff, dead) \
          WHERE i.event_id = f.id",
     )
+    .persistent(false)
     .bind(&ids)
     .bind(&errors)
     .bind(&backoffs)
@@ -274,6 +280,7 @@ pub(crate) async fn due_ids(pool: &PgPool, limit: usize) -> Result<Vec<Uuid>> {
 pub(crate) async fn attempts(pool: &PgPool, event_id: Uuid) -> Result<i32> {
     Ok(
         sqlx::query_scalar("SELECT attempts FROM inbox_event WHERE event_id = $1")
+            .persistent(false)
             .bind(event_id)
             .fetch_one(pool)
             .await?,
