@@ -85,9 +85,10 @@ macro_rules! claim_sql {
              FROM inbox_event e WHERE ",
             due!("e"),
             $filter,
-            " AND e.seq >= $4 \
+            " AND e.seq >= $4 AND e.received_at <= statement_timestamp() + interval '1 hour' \
                AND e.seq <= (SELECT max(w.seq) FROM (SELECT seq FROM inbox_event \
                    WHERE NOT processed AND dead_at IS NULL AND seq >= $4 \
+                     AND received_at <= statement_timestamp() + interval '1 hour' \
                    ORDER BY seq LIMIT $2) w) \
                AND (e.partition_key IS NULL OR pg_try_advisory_xact_lock($3, \
                    hashtext(current_schema() || E'\\x1f' || e.topic || E'\\x1f' \
@@ -106,11 +107,15 @@ const CLAIM_SQL: &str = claim_sql!("");
 const CLAIM_IDS_SQL: &str = claim_sql!(" AND e.event_id = ANY($5)");
 
 /// Of each key claimed (`$1` topics, `$2` keys) up to its last row claimed (`$3` seq), from
-/// the floor (`$4`), how many unprocessed, live rows there are, seen by a statement that begins after the key's
+/// the floor (`$4`), how many unprocessed, live rows there are (in the partitions received
+/// into so far: the ones made ahead, which hold nothing yet, are left out at the executor's
+/// start instead of probed per key; the hour is a margin for a clock set back, as the
+/// receipt's), seen by a statement that begins after the key's
 /// lock was taken: as many as were claimed if, and only if, the claim is the key's head.
 const HEADS_SQL: &str = "SELECT (SELECT count(*) FROM inbox_event p \
          WHERE p.topic = k.topic AND p.partition_key = k.partition_key \
-           AND NOT p.processed AND p.dead_at IS NULL AND p.seq >= $4 AND p.seq <= k.last) \
+           AND NOT p.processed AND p.dead_at IS NULL AND p.seq >= $4 AND p.seq <= k.last \
+           AND p.received_at <= statement_timestamp() + interval '1 hour') \
      FROM unnest($1::text[], $2::text[], $3::int8[]) WITH ORDINALITY AS k(topic, partition_key, last, n) \
      ORDER BY k.n";
 
