@@ -21,7 +21,7 @@ use super::settings::Settings;
 use super::shared::Shared;
 use crate::error::{Error, Result};
 use crate::sqlstate::DbError;
-use crate::store::inbox::{self as store, inbox_status, Claimed, RowFailure};
+use crate::store::inbox::{self as store, inbox_status, Claimed, ReceivedAt, RowFailure};
 use crate::store::source_lock;
 
 /// Runs an inbox processor on a task, and runs it again if it ever stops before `cancel`
@@ -189,7 +189,7 @@ async fn process_optimistic(shared: &Shared) -> Result<Pass<Uuid, usize>> {
     let floor = shared.floor.get(&shared.pool).await;
     let mut tx = source_lock::begin(&shared.pool).await?;
     let rows = store::claim(&mut tx, shared.settings.batch_size, None, floor).await?;
-    let mut done: Vec<Uuid> = Vec::with_capacity(rows.len());
+    let mut done: Vec<(Uuid, ReceivedAt)> = Vec::with_capacity(rows.len());
     for row in &rows {
         let meta = row.meta();
         let span = super::meta::parented(
@@ -206,7 +206,7 @@ async fn process_optimistic(shared: &Shared) -> Result<Pass<Uuid, usize>> {
                 return Ok(Pass::Failed(row.event_id, failure));
             }
         }
-        done.push(row.event_id);
+        done.push((row.event_id, row.received_at));
     }
     if !done.is_empty() {
         if let Err(e) = store::mark_processed(&mut tx, &done).await {
@@ -285,7 +285,7 @@ async fn process_isolated(
     let mut tx = source_lock::begin(&shared.pool).await?;
     let rows = store::claim(&mut tx, shared.settings.batch_size, only, floor).await?;
     let claimed = rows.len();
-    let mut done: Vec<Uuid> = Vec::with_capacity(claimed);
+    let mut done: Vec<(Uuid, ReceivedAt)> = Vec::with_capacity(claimed);
     let mut failed: Vec<RowFailure> = Vec::new();
     // Keys with a row that failed in this batch: their later rows wait for it (left as they
     // are, held back by it once its failure is recorded).
@@ -329,7 +329,7 @@ async fn process_isolated(
         };
         let failure = match ladder::settle(savepoint, result, reused, names).await? {
             Settled::Kept => {
-                done.push(row.event_id);
+                done.push((row.event_id, row.received_at));
                 continue;
             }
             Settled::Undone(failure) => failure,

@@ -81,7 +81,7 @@ macro_rules! claim_sql {
         concat!(
             "SELECT e.event_id, e.topic, e.event_type, e.payload::text AS payload, e.attempts, \
                e.partition_key, e.source_partition, e.source_offset, \
-               NULLIF(e.headers, '{}')::text AS headers, e.schema_version, e.seq \
+               NULLIF(e.headers, '{}')::text AS headers, e.schema_version, e.seq, e.received_at \
              FROM inbox_event e WHERE ",
             due!("e"),
             $filter,
