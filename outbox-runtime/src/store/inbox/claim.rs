@@ -123,6 +123,19 @@ const HEADS_SQL: &str = "SELECT (SELECT count(*) FROM inbox_event p \
 /// no other processor holds.
 const WINDOW_FACTOR: usize = 4;
 
+/// A claim's statement (`CLAIM_SQL` or one with its parameters) with its first four bound.
+fn claim_query(
+    sql: &str,
+    limit: usize,
+    floor: i64,
+) -> sqlx::query::Query<'_, sqlx::Postgres, sqlx::postgres::PgArguments> {
+    sqlx::query(sql)
+        .bind(limit as i64)
+        .bind((limit * WINDOW_FACTOR) as i64)
+        .bind(KEY_LOCK)
+        .bind(floor)
+}
+
 /// Claims up to `limit` due rows in their keys' order (see the module's docs), in `conn`'s
 /// transaction, which must be at READ COMMITTED (the second statement then sees what the
 /// previous holder of a key committed); `only`: of these ids alone. Rows come in the order to
@@ -133,19 +146,9 @@ pub(crate) async fn claim(
     only: Option<&[Uuid]>,
     floor: i64,
 ) -> Result<Vec<Claimed>> {
-    let window = (limit * WINDOW_FACTOR) as i64;
     let rows = match only {
-        None => sqlx::query(CLAIM_SQL)
-            .bind(limit as i64)
-            .bind(window)
-            .bind(KEY_LOCK)
-            .bind(floor),
-        Some(only) => sqlx::query(CLAIM_IDS_SQL)
-            .bind(limit as i64)
-            .bind(window)
-            .bind(KEY_LOCK)
-            .bind(floor)
-            .bind(only),
+        None => claim_query(CLAIM_SQL, limit, floor),
+        Some(only) => claim_query(CLAIM_IDS_SQL, limit, floor).bind(only),
     }
     .fetch_all(&mut *conn)
     .await?;
@@ -229,25 +232,18 @@ pub(crate) async fn explain(
     floor: i64,
 ) -> Result<Vec<serde_json::Value>> {
     let mut tx = crate::store::source_lock::begin(pool).await?;
-    let window = (limit * WINDOW_FACTOR) as i64;
-    let rows = sqlx::query(CLAIM_SQL)
-        .bind(limit as i64)
-        .bind(window)
-        .bind(KEY_LOCK)
-        .bind(floor)
+    let rows = claim_query(CLAIM_SQL, limit, floor)
         .fetch_all(&mut *tx)
         .await?;
     let keys = keys(&rows)?;
     let (topics, names, lasts) = heads_args(&keys);
-    let claim: serde_json::Value = sqlx::query_scalar(&format!(
-        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {CLAIM_SQL}"
-    ))
-    .bind(limit as i64)
-    .bind(window)
-    .bind(KEY_LOCK)
-    .bind(floor)
-    .fetch_one(&mut *tx)
-    .await?;
+    let explain = format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {CLAIM_SQL}");
+    let claim: serde_json::Value = sqlx::Row::try_get(
+        &claim_query(&explain, limit, floor)
+            .fetch_one(&mut *tx)
+            .await?,
+        0,
+    )?;
     let heads: serde_json::Value = sqlx::query_scalar(&format!(
         "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {HEADS_SQL}"
     ))
