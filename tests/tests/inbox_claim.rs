@@ -80,7 +80,7 @@ async fn oldest(pool: &PgPool) -> Option<i64> {
         .unwrap()
 }
 
-/// The floor once a sighting settled (within 60 s: other tests' transactions end by then).
+/// The floor once a sighting settled (within 60 s: the test's own transactions end at once).
 async fn floor(pool: &PgPool) -> i64 {
     inbox::claim_floor(pool, Duration::from_secs(60))
         .await
@@ -95,12 +95,8 @@ async fn floor(pool: &PgPool) -> i64 {
 async fn the_floor_waits_for_a_receipt_that_commits_late_and_comes_down_for_a_revived_row() {
     let db = TestDb::new().await;
     received(&db.pool, 100).await;
-    // A receipt still open: its transaction id taken first, as a receipt's is, then its row.
+    // A receipt still open, its row's seq drawn.
     let mut late = db.pool.begin().await.unwrap();
-    sqlx::query("SELECT pg_current_xact_id()")
-        .execute(&mut *late)
-        .await
-        .unwrap();
     let late_seq: i64 = sqlx::query_scalar(
         "INSERT INTO inbox_event (event_id, topic, event_type, partition_key, payload) \
          VALUES (gen_random_uuid(), 'payment.events', 'PaymentSucceeded', 'acct-late', '{}') \
@@ -233,4 +229,27 @@ async fn a_processor_keeps_no_plan_of_its_marks_from_while_the_partition_was_sma
     .await
     .unwrap();
     assert!(kept.is_empty(), "kept generic plans: {kept:?}");
+}
+
+/// A transaction left open in another database of the server holds back nothing of this one's
+/// floor (it would if the floor waited on the server's oldest transaction).
+#[tokio::test]
+async fn a_transaction_open_in_another_database_does_not_hold_the_floor() {
+    let db = TestDb::new().await;
+    let other = TestDb::new().await;
+    let mut open = other.pool.begin().await.unwrap();
+    sqlx::query("SELECT pg_current_xact_id()")
+        .execute(&mut *open)
+        .await
+        .unwrap();
+    received(&db.pool, 10).await;
+    let settled = inbox::claim_floor(&db.pool, Duration::from_secs(10))
+        .await
+        .unwrap();
+    assert_eq!(
+        settled,
+        oldest(&db.pool).await,
+        "the floor is at the oldest row"
+    );
+    open.rollback().await.unwrap();
 }
