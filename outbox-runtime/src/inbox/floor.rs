@@ -6,16 +6,16 @@
 //! autovacuum off), and with it a claim steps over at most the rows processed since about
 //! two [`INTERVAL`]s ago.
 //!
-//! Why it holds. A receipt gives its transaction an id before its rows draw their `seq`
-//! (`store::source_lock::lock`). A sighting reads how far the sequence was drawn (`L`), then,
-//! in a statement of its own, its snapshot's `xmax`: every `seq <= L` belongs to a transaction
-//! whose id is below that `xmax`. Once a later snapshot's `xmin` reaches it, every such
-//! transaction has ended, so every row with `seq <= L` that will ever exist is visible to that
-//! snapshot, and the oldest unprocessed, live row it sees (`oldest`) is the lowest such row
-//! there is. The floor is then `min(oldest, L + 1)`: no row below it is due, nor will be. While
-//! no sighting has settled (a long transaction), the floor stays where it was, lowered to
-//! `oldest` (a row an operator revived).
-//!
+//! Why it holds. A sighting reads how far the sequence was drawn (`L`), then, in a statement
+//! of its own, which transactions run in this database: one that drew a `seq <= L` had begun
+//! before `L` was read, so it has ended by then or is among them. Once all of them have ended,
+//! a statement that begins after that sees every row with `seq <= L` that will ever exist, so
+//! the oldest unprocessed, live row it sees (`oldest`) is the lowest there is among them. The
+//! floor is then `min(oldest, L + 1)`: no row below it is due, nor will be. While no sighting
+//! has settled (a long transaction in this database), the floor stays where it was, lowered to
+//! `oldest` (a row an operator revived). Only receipts write the inbox, and never through a
+//! prepared transaction.
+
 //! What a floor leaves out for at most one interval: a dead row an operator retried (its
 //! `seq` is old). The head check (`store/inbox/claim.rs`) counts from the floor too: a key's
 //! rows below it are processed or dead, but for such a revived row, which its key's later rows
@@ -54,8 +54,8 @@ pub(crate) struct Floor {
 #[derive(Default)]
 struct State {
     at: Option<Instant>,
-    /// `(L, xmax)` of each sighting not settled yet, oldest first.
-    sightings: VecDeque<(i64, i64)>,
+    /// `(L, the transactions running then)` of each sighting not settled yet, oldest first.
+    sightings: VecDeque<(i64, Vec<String>)>,
 }
 
 impl Default for Floor {
@@ -73,12 +73,7 @@ impl Floor {
     /// processor; the others use the one there is). When the database cannot say, the floor
     /// stays as it was: claims go on, as safe as before.
     pub(crate) async fn get(&self, pool: &PgPool) -> i64 {
-        let due = self
-            .state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-            .at
-            .is_none_or(|at| at.elapsed() >= INTERVAL);
+        let due = self.lock().at.is_none_or(|at| at.elapsed() >= INTERVAL);
         if due && !self.busy.swap(true, Ordering::AcqRel) {
             let _busy = Busy(&self.busy);
             if let Err(e) = self.compute(pool).await {
@@ -91,32 +86,42 @@ impl Floor {
     /// Computes the floor again; whether a sighting settled (else it only went down, if at
     /// all).
     async fn compute(&self, pool: &PgPool) -> crate::Result<bool> {
-        // `L` first, then the snapshot, in a statement that begins after it.
-        let drawn = store::drawn(pool).await?;
-        let look = store::look(pool).await?;
-        let mut state = self
-            .state
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        state.at = Some(Instant::now());
+        // The oldest sightings whose transactions have all ended (if one's have not, neither
+        // have a later one's: a transaction still running was running at each).
+        let waiting: Vec<(i64, Vec<String>)> = self.lock().sightings.iter().cloned().collect();
         let mut settled = None;
-        while let Some(&(l, xmax)) = state.sightings.front() {
-            if look.xmin < xmax {
+        for (i, (l, running)) in waiting.iter().enumerate() {
+            if !store::ended(pool, running).await? {
                 break;
             }
-            settled = Some(l);
-            state.sightings.pop_front();
+            settled = Some((i, *l));
+        }
+        // Then, in a statement that begins after those ended, the oldest row.
+        let oldest = store::oldest(pool).await?;
+        // A sighting for later: `L` first, then what runs.
+        let drawn = store::drawn(pool).await?.unwrap_or(0);
+        let running = store::running(pool).await?;
+        let mut state = self.lock();
+        state.at = Some(Instant::now());
+        if let Some((i, _)) = settled {
+            state.sightings.drain(..=i);
         }
         let old = self.value.load(Ordering::Acquire);
         let floor = match settled {
-            Some(l) => look.oldest.map_or(l + 1, |o| o.min(l + 1)),
-            None => look.oldest.map_or(old, |o| o.min(old)),
+            Some((_, l)) => oldest.map_or(l + 1, |o| o.min(l + 1)),
+            None => oldest.map_or(old, |o| o.min(old)),
         };
         self.value.store(floor, Ordering::Release);
         if state.sightings.len() < MAX_SIGHTINGS {
-            state.sightings.push_back((drawn.unwrap_or(0), look.xmax));
+            state.sightings.push_back((drawn, running));
         }
         Ok(settled.is_some())
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
     }
 
     /// A new floor computed until a sighting settles (the transactions running at the first

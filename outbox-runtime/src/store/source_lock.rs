@@ -14,16 +14,14 @@ pub(crate) async fn begin(pool: &PgPool) -> sqlx::Result<Transaction<'static, Po
 }
 
 /// Takes a transaction-scoped advisory lock per source (`key`, then a hash of the schema and
-/// the source), in hash order so that two transactions never deadlock; and gives the
-/// transaction its id, before anything it writes draws a value from a sequence (the inbox
-/// processors' floor relies on it: `inbox/floor.rs`).
+/// the source), in hash order so that two transactions never deadlock.
 pub(crate) async fn lock(
     conn: &mut PgConnection,
     key: i32,
     sources: &[String],
 ) -> sqlx::Result<()> {
     sqlx::query(
-        "SELECT pg_current_xact_id(), count(pg_advisory_xact_lock($1, h)) \
+        "SELECT count(pg_advisory_xact_lock($1, h)) \
          FROM (SELECT DISTINCT hashtext(current_schema() || k) AS h \
                FROM unnest($2::text[]) AS k ORDER BY 1) AS s",
     )

@@ -1,19 +1,10 @@
 //! What the processors' floor is computed from (see `inbox/floor.rs`): the receipts' sequence
-//! as far as it was drawn, and a snapshot's bounds with the oldest row still to process.
+//! as far as it was drawn, the transactions running in this database, and the oldest row still
+//! to process. Each a statement of its own: the floor's reasoning depends on their order.
 
 use sqlx::PgPool;
 
 use crate::error::Result;
-
-/// A look at the inbox, by one statement's snapshot.
-pub(crate) struct Look {
-    /// The oldest transaction still running (`pg_snapshot_xmin`).
-    pub xmin: i64,
-    /// The first transaction id not yet assigned (`pg_snapshot_xmax`).
-    pub xmax: i64,
-    /// The lowest `seq` of a row unprocessed and not dead (`None`: none).
-    pub oldest: Option<i64>,
-}
 
 /// How far the receipts have drawn `inbox_event_seq` (`None`: never). Not transactional: a
 /// value drawn by a transaction that has not committed counts.
@@ -25,15 +16,36 @@ pub(crate) async fn drawn(pool: &PgPool) -> Result<Option<i64>> {
     )
 }
 
-/// A [`Look`], by a statement of its own (so its snapshot begins after whatever was read
-/// before).
-pub(crate) async fn look(pool: &PgPool) -> Result<Look> {
-    let (xmin, xmax, oldest): (i64, i64, Option<i64>) = sqlx::query_as(
-        "SELECT pg_snapshot_xmin(s)::text::int8, pg_snapshot_xmax(s)::text::int8, \
-                (SELECT min(seq) FROM inbox_event WHERE NOT processed AND dead_at IS NULL) \
-         FROM pg_current_snapshot() AS s",
+/// The transactions running now in this database, but this session's: their virtual ids,
+/// which each holds from its start to its end (`pg_locks`, which every role can read).
+pub(crate) async fn running(pool: &PgPool) -> Result<Vec<String>> {
+    Ok(sqlx::query_scalar(
+        "SELECT ARRAY(SELECT l.virtualxid FROM pg_locks l \
+                      JOIN pg_stat_activity a ON a.pid = l.pid \
+                      WHERE l.locktype = 'virtualxid' AND l.granted \
+                        AND l.mode = 'ExclusiveLock' AND l.pid <> pg_backend_pid() \
+                        AND a.datname = current_database())",
     )
     .fetch_one(pool)
-    .await?;
-    Ok(Look { xmin, xmax, oldest })
+    .await?)
+}
+
+/// Whether every one of `these` transactions (virtual ids) has ended.
+pub(crate) async fn ended(pool: &PgPool, these: &[String]) -> Result<bool> {
+    Ok(sqlx::query_scalar(
+        "SELECT NOT EXISTS (SELECT 1 FROM pg_locks WHERE locktype = 'virtualxid' \
+                            AND granted AND virtualxid = ANY($1))",
+    )
+    .bind(these)
+    .fetch_one(pool)
+    .await?)
+}
+
+/// The lowest `seq` of a row unprocessed and not dead (`None`: none).
+pub(crate) async fn oldest(pool: &PgPool) -> Result<Option<i64>> {
+    Ok(sqlx::query_scalar(
+        "SELECT min(seq) FROM inbox_event WHERE NOT processed AND dead_at IS NULL",
+    )
+    .fetch_one(pool)
+    .await?)
 }
