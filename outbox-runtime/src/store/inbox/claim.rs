@@ -72,10 +72,12 @@ macro_rules! not_held_back {
 
 /// The claim: due rows, oldest first, not held back, up to `$1`, among the first `$2`
 /// unprocessed, live ones (so a processor whose keys others hold stops there rather than read
-/// the whole backlog), from the floor `$4` (see `inbox/floor.rs`: no row below it is due); of a row with a key, only if this transaction holds the key's
-/// advisory lock or gets it now (first key `$3`, the second a hash of the schema, topic and
-/// key, so two schemas' inboxes in one database do not contend); locked, skipping rows locked
-/// elsewhere. `$filter` narrows the rows.
+/// the whole backlog), from the floor `$4` (see `inbox/floor.rs`: no row below it is due),
+/// in the partitions received into so far (the ones made ahead left out at the executor's
+/// start; the hour is a margin for a clock set back, as the receipt's); of a row with a key,
+/// only if this transaction holds the key's advisory lock or gets it now (first key `$3`, the
+/// second a hash of the schema, topic and key, so two schemas' inboxes in one database do not
+/// contend); locked, skipping rows locked elsewhere. `$filter` narrows the rows.
 macro_rules! claim_sql {
     ($filter:literal) => {
         concat!(
@@ -108,10 +110,9 @@ const CLAIM_IDS_SQL: &str = claim_sql!(" AND e.event_id = ANY($5)");
 
 /// Of each key claimed (`$1` topics, `$2` keys) up to its last row claimed (`$3` seq), from
 /// the floor (`$4`), how many unprocessed, live rows there are (in the partitions received
-/// into so far: the ones made ahead, which hold nothing yet, are left out at the executor's
-/// start instead of probed per key; the hour is a margin for a clock set back, as the
-/// receipt's), seen by a statement that begins after the key's
-/// lock was taken: as many as were claimed if, and only if, the claim is the key's head.
+/// into so far, as the claim: the ones made ahead are not probed per key), seen by a statement
+/// that begins after the key's lock was taken: as many as were claimed if, and only if, the
+/// claim is the key's head.
 const HEADS_SQL: &str = "SELECT (SELECT count(*) FROM inbox_event p \
          WHERE p.topic = k.topic AND p.partition_key = k.partition_key \
            AND NOT p.processed AND p.dead_at IS NULL AND p.seq >= $4 AND p.seq <= k.last \
