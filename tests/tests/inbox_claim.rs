@@ -253,3 +253,59 @@ async fn a_transaction_open_in_another_database_does_not_hold_the_floor() {
     );
     open.rollback().await.unwrap();
 }
+/// A key whose first row waits for its retry holds back its own later rows and nothing else,
+/// however many of them there are: the other keys' rows received after them are handled now,
+/// not when the retry comes due (each claim looked only at the oldest four batches of
+/// unprocessed rows, 2,000 with the default batch, the held-back ones included, and found
+/// nothing it could take).
+#[tokio::test]
+async fn a_key_waiting_for_its_retry_holds_back_only_its_own_rows_however_many() {
+    let db = TestDb::new().await;
+    sqlx::query(
+        "INSERT INTO inbox_event (event_id, topic, event_type, partition_key, payload, \
+             source_partition, source_offset) \
+         SELECT gen_random_uuid(), 'payment.events', 'PaymentSucceeded', 'acct-stuck', \
+                jsonb_build_object('n', g), 0, g \
+         FROM generate_series(1, 5000) AS g",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    // Its first row failed; its retry is an hour away.
+    sqlx::query(
+        "UPDATE inbox_event SET attempts = 1, last_error = 'boom', \
+                next_attempt_at = now() + interval '1 hour' \
+         WHERE seq = (SELECT min(seq) FROM inbox_event)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    received(&db.pool, 50).await;
+    let consumer = inbox::Consumer::builder(db.pool.clone())
+        .brokers("127.0.0.1:9")
+        .group_id("held")
+        .handler(noted)
+        .mode(inbox::Mode::Inbox)
+        .processors(0)
+        .build()
+        .unwrap();
+    let handled = consumer.process_inbox_pending().await.unwrap();
+    let left: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM inbox_event WHERE NOT processed AND partition_key <> 'acct-stuck'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (handled, left),
+        (50, 0),
+        "the rows of the other keys are handled while acct-stuck waits"
+    );
+    let stuck: i64 = sqlx::query_scalar(
+        "SELECT count(*) FROM inbox_event WHERE NOT processed AND partition_key = 'acct-stuck'",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(stuck, 5000, "acct-stuck's rows wait for its first");
+}
