@@ -59,6 +59,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(20261203000019, "consumer_lease"),
     migration!(20261204000020, "operator_retries"),
     migration!(20261205000021, "inbox_order"),
+    migration!(20261206000022, "inbox_shards"),
 ];
 
 /// Key of the transaction-scoped advisory lock that serializes concurrent `migrate` calls.

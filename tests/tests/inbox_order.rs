@@ -250,3 +250,105 @@ async fn inbox_processors_keep_each_keys_order_across_instances_on_rabbitmq() {
     let consumers = [inbox(rabbitmq()), inbox(rabbitmq())];
     in_order(&db, consumers, &accounts, 60).await;
 }
+
+/// Stores `per_account` steps of each account in the inbox as receipts store them,
+/// interleaved (step 0 of each, then step 1, ...).
+async fn received_steps(pool: &PgPool, accounts: &[String], per_account: i64) {
+    sqlx::query(
+        "INSERT INTO inbox_event (event_id, topic, event_type, partition_key, payload, \
+             source_partition, source_offset) \
+         SELECT gen_random_uuid(), 'payment.events', 'Step', a.account, \
+                jsonb_build_object('account', a.account, 'n', n), 0, \
+                n * 1000 + a.i \
+         FROM generate_series(0, $2 - 1) AS n, unnest($1::text[]) WITH ORDINALITY AS a(account, i) \
+         ORDER BY n, a.i",
+    )
+    .bind(accounts)
+    .bind(per_account)
+    .execute(pool)
+    .await
+    .unwrap();
+}
+
+/// Processors hold shards of the keys through their sessions: when a processor's session
+/// ends (here ended by the server, again and again, mid-batch), its shards go to the others
+/// or to it once it reconnects, and no key's rows are handled out of order or twice, though
+/// every seventh step fails once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_processor_whose_session_ends_hands_its_keys_on_in_order() {
+    let db = TestDb::new().await;
+    let accounts: Vec<String> = (0..16).map(|i| format!("account-{i}")).collect();
+    create_tables(&db.pool, &accounts).await;
+    sqlx::query("UPDATE gate SET released = true")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let per_account = 150;
+    received_steps(&db.pool, &accounts, per_account).await;
+    let consumers: Vec<Consumer> = (0..2)
+        .map(|_| {
+            Consumer::builder(db.pool.clone())
+                .brokers("127.0.0.1:9")
+                .group_id("handover")
+                .handler(record_step)
+                .mode(Mode::Inbox)
+                .processors(0)
+                .batch_size(20)
+                .max_attempts(1_000)
+                .poll_interval(Duration::from_millis(20))
+                .build()
+                .unwrap()
+        })
+        .collect();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let mut processors = tokio::task::JoinSet::new();
+    for consumer in &consumers {
+        for _ in 0..2 {
+            let (consumer, cancel) = (consumer.clone(), cancel.clone());
+            processors.spawn(async move { consumer.run_processor(cancel).await });
+        }
+    }
+    let all = accounts.len() as i64 * per_account;
+    let steps = || count(&db.pool, "SELECT count(*) FROM steps");
+    let mut ended = 0;
+    let mut last = 0;
+    while ended < 12 {
+        // Once more rows were handled since the last time, a processor's session is ended.
+        wait_for("progress", Duration::from_secs(60), || async {
+            let now = steps().await;
+            now > last || now == all
+        })
+        .await;
+        last = steps().await;
+        if last == all {
+            break;
+        }
+        let n: i64 = sqlx::query_scalar(
+            "SELECT count(pg_terminate_backend(pid)) FROM (SELECT pid FROM pg_stat_activity \
+             WHERE datname = current_database() AND application_name = 'outbox-inbox-processor' \
+             ORDER BY random() LIMIT 1) s",
+        )
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+        ended += n;
+    }
+    wait_for("every step handled", Duration::from_secs(120), || async {
+        steps().await == all
+    })
+    .await;
+    cancel.cancel();
+    while let Some(ended) = processors.join_next().await {
+        ended.unwrap().unwrap();
+    }
+    assert!(ended >= 3, "only {ended} processor sessions were ended");
+    assert_eq!(out_of_order(&db.pool).await, Vec::<String>::new());
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT count(*) FROM inbox_event WHERE NOT processed"
+        )
+        .await,
+        0
+    );
+}

@@ -406,7 +406,6 @@ async fn a_plain_inbox_converts_while_a_consumer_runs_losing_nothing() {
         [
             "inbox_event_pkey",
             "ix_inbox_event_dead",
-            "ix_inbox_event_key_pending",
             "ix_inbox_event_key_retrying",
             "ix_inbox_event_pending",
             "ix_inbox_event_unprocessed"

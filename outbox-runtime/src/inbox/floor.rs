@@ -2,8 +2,8 @@
 //! a claim's scans start there instead of at the inbox's oldest index entry. A processed row
 //! leaves dead entries in the pending indexes until a vacuum removes them; a scan from the
 //! bottom steps over all of them, so without the floor a claim's cost grows with every row
-//! processed since the last vacuum (behind 100,000 of them, a claim of 100 read 907 buffers
-//! and its head check 11,249, against 368 and 1,100 on a fresh inbox: `tests/inbox_claim.rs`),
+//! processed since the last vacuum (behind 100,000 of them, a claim of 100 read 907 buffers,
+//! against 368 on a fresh inbox: `tests/inbox_claim.rs`),
 //! and with it a claim steps over at most the rows processed since about two [`INTERVAL`]s
 //! ago.
 //!
@@ -18,9 +18,8 @@
 //! prepared transaction.
 //!
 //! What a floor leaves out for at most one interval: a dead row an operator retried (its
-//! `seq` is old). The head check (`store/inbox/claim.rs`) counts from the floor too: a key's
-//! rows below it are processed or dead, but for such a revived row, which its key's later rows
-//! then pass (a dead row holds nothing back; once revived, it is handled after them).
+//! `seq` is old; a dead row holds nothing back, so its key's later rows may have passed it,
+//! and once revived it is handled after them).
 //!
 //! The sequence must not cache values per session (`CACHE 1`, as the migration makes it): a
 //! value cached before a sighting could be drawn after it.
@@ -30,7 +29,7 @@ use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use sqlx::PgPool;
+use sqlx::PgConnection;
 
 use crate::store::inbox::floor as store;
 
@@ -73,11 +72,11 @@ impl Floor {
     /// The floor for a claim, computed again first when [`INTERVAL`] has passed (by one
     /// processor; the others use the one there is). When the database cannot say, the floor
     /// stays as it was: claims go on, as safe as before.
-    pub(crate) async fn get(&self, pool: &PgPool) -> i64 {
+    pub(crate) async fn get(&self, conn: &mut PgConnection) -> i64 {
         let due = self.lock().at.is_none_or(|at| at.elapsed() >= INTERVAL);
         if due && !self.busy.swap(true, Ordering::AcqRel) {
             let _busy = Busy(&self.busy);
-            if let Err(e) = self.compute(pool).await {
+            if let Err(e) = self.compute(conn).await {
                 tracing::debug!(error = %crate::error_chain(&e), "cannot compute the inbox floor");
             }
         }
@@ -86,22 +85,22 @@ impl Floor {
 
     /// Computes the floor again; whether a sighting settled (else it only went down, if at
     /// all).
-    async fn compute(&self, pool: &PgPool) -> crate::Result<bool> {
+    async fn compute(&self, conn: &mut PgConnection) -> crate::Result<bool> {
         // The oldest sightings whose transactions have all ended (if one's have not, neither
         // have a later one's: a transaction still running was running at each).
         let waiting: Vec<(i64, Vec<String>)> = self.lock().sightings.iter().cloned().collect();
         let mut settled = None;
         for (i, (l, running)) in waiting.iter().enumerate() {
-            if !store::ended(pool, running).await? {
+            if !store::ended(conn, running).await? {
                 break;
             }
             settled = Some((i, *l));
         }
         // Then, in a statement that begins after those ended, the oldest row.
-        let oldest = store::oldest(pool).await?;
+        let oldest = store::oldest(conn).await?;
         // A sighting for later: `L` first, then what runs.
-        let drawn = store::drawn(pool).await?.unwrap_or(0);
-        let running = store::running(pool).await?;
+        let drawn = store::drawn(conn).await?.unwrap_or(0);
+        let running = store::running(conn).await?;
         let mut state = self.lock();
         state.at = Some(Instant::now());
         if let Some((i, _)) = settled {
@@ -128,11 +127,15 @@ impl Floor {
     /// A new floor computed until a sighting settles (the transactions running at the first
     /// have ended), or `within` has passed (`None`).
     #[cfg(feature = "testing")]
-    pub(crate) async fn settled(pool: &PgPool, within: Duration) -> crate::Result<Option<i64>> {
+    pub(crate) async fn settled(
+        pool: &sqlx::PgPool,
+        within: Duration,
+    ) -> crate::Result<Option<i64>> {
         let floor = Floor::default();
+        let mut conn = pool.acquire().await?;
         let deadline = Instant::now() + within;
         loop {
-            if floor.compute(pool).await? {
+            if floor.compute(&mut conn).await? {
                 return Ok(Some(floor.value.load(Ordering::Acquire)));
             }
             if Instant::now() >= deadline {

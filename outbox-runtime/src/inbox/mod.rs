@@ -487,6 +487,8 @@ pub(crate) mod route;
 #[cfg(feature = "_broker")]
 pub(crate) mod settings;
 #[cfg(feature = "_broker")]
+mod shards;
+#[cfg(feature = "_broker")]
 pub(crate) mod shared;
 #[cfg(feature = "_broker")]
 pub(crate) mod source;
@@ -502,15 +504,12 @@ pub use consumer::Consumer;
 pub use handler::{BoxError, BoxFuture, Handler, HandlerError};
 
 /// Hook of this project's own tests and benchmarks (feature `testing`); not API:
-/// `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` of a processor's claim of `limit` rows, then of
-/// its head check, in a transaction rolled back, from the floor once it settled (within a
+/// `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)` of the claim of `limit` rows of a processor that
+/// holds every shard, in a transaction rolled back, from the floor once it settled (within a
 /// minute; else from the bottom).
 #[cfg(all(feature = "testing", feature = "_broker"))]
 #[doc(hidden)]
-pub async fn explain_claim(
-    pool: &sqlx::PgPool,
-    limit: usize,
-) -> crate::Result<Vec<serde_json::Value>> {
+pub async fn explain_claim(pool: &sqlx::PgPool, limit: usize) -> crate::Result<serde_json::Value> {
     let floor = claim_floor(pool, std::time::Duration::from_secs(60)).await?;
     crate::store::inbox::explain_claim(pool, limit, floor.unwrap_or(floor::NONE)).await
 }

@@ -1,13 +1,15 @@
-//! Inbox mode's processors: each claims due rows `FOR UPDATE SKIP LOCKED` and runs their
-//! handlers, marking them processed in the same transaction (a row that fails gets an attempt,
-//! its error and a retry time, or is dead); a processor that stops on its own is restarted.
-//! The statements are `store/inbox.rs`'s.
+//! Inbox mode's processors: each holds a share of the keys' shards (`shards.rs`), claims due
+//! rows of its shards (and of no key) in their keys' order and runs their handlers, marking
+//! them processed in the same transaction, on the connection that holds the shards (a row that
+//! fails gets an attempt, its error and a retry time, or is dead); a processor that stops on
+//! its own is restarted. The statements are `store/inbox.rs`'s.
 
 use std::collections::HashSet;
 use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::Connection;
+use sqlx::PgConnection;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -18,11 +20,11 @@ use super::failure::Failure;
 use super::ladder::{self, Batch, Pass, Settled};
 use super::meta::MessageMeta;
 use super::settings::Settings;
+use super::shards::Shards;
 use super::shared::Shared;
 use crate::error::{Error, Result};
 use crate::sqlstate::DbError;
-use crate::store::inbox::{self as store, inbox_status, Claimed, ReceivedAt, RowFailure};
-use crate::store::source_lock;
+use crate::store::inbox::{self as store, inbox_status, Claimed, ReceivedAt, RowFailure, Scope};
 
 /// Runs an inbox processor on a task, and runs it again if it ever stops before `cancel`
 /// (a bug: handler failures and panics are the rows' business, database failures are
@@ -71,6 +73,9 @@ pub(crate) async fn run(shared: &Shared, cancel: CancellationToken) -> Result<()
     let mut failures = 0;
     let mut gauges_at: Option<std::time::Instant> = None;
     let mut rows_waiting = shared.rows_waiting.subscribe();
+    let mut shards = Shards::detached();
+    // After a wait: its share of the shards is looked at before the claim.
+    let mut woken = true;
     while !cancel.is_cancelled() {
         if gauges_at.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
             gauges_at = Some(std::time::Instant::now());
@@ -88,8 +93,13 @@ pub(crate) async fn run(shared: &Shared, cancel: CancellationToken) -> Result<()
         }
         // What is stored or released from here on wakes it from the wait below.
         rows_waiting.mark_unchanged();
-        match process_batch(shared).await {
-            Ok(n) if n >= settings.batch_size => failures = 0,
+        let batch = process_batch(shared, &mut shards, woken).await;
+        woken = true;
+        match batch {
+            Ok(n) if n >= settings.batch_size => {
+                failures = 0;
+                woken = false;
+            }
             Ok(_) => {
                 failures = 0;
                 tokio::select! {
@@ -100,6 +110,8 @@ pub(crate) async fn run(shared: &Shared, cancel: CancellationToken) -> Result<()
             }
             Err(e) => {
                 failures += 1;
+                // Its connection may be what failed: a new one holds the shards next time.
+                shards.reset();
                 tracing::warn!(error = %crate::error_chain(&e), "inbox processor batch failed; retrying");
                 tokio::select! {
                     () = cancel.cancelled() => {}
@@ -111,14 +123,16 @@ pub(crate) async fn run(shared: &Shared, cancel: CancellationToken) -> Result<()
     Ok(())
 }
 
-/// Processes the inbox until no row is due to it (rows of keys another processor holds are
-/// that one's), once, and returns how many rows it handled (processed or failed).
+/// Processes the inbox until no row is due to it (rows of shards other processors hold are
+/// theirs), once, and returns how many rows it handled (processed or failed).
 pub(crate) async fn process_pending(shared: &Shared) -> Result<u64> {
+    let mut shards = Shards::pooled();
     let mut total = 0;
     loop {
-        let n = process_batch(shared).await?;
+        let n = process_batch(shared, &mut shards, total == 0).await?;
         total += n as u64;
         if n == 0 {
+            shards.release().await?;
             return Ok(total);
         }
     }
@@ -131,14 +145,22 @@ type Known = ladder::Known<Uuid>;
 /// (every handler straight in it); if a handler fails, panics or leaves the transaction
 /// aborted, again with a savepoint per row, so a failing row undoes only its own work and
 /// records its failure; if the commit is refused (a deferred constraint), each row in a
-/// transaction of its own. Returns how many rows it claimed.
-async fn process_batch(shared: &Shared) -> Result<usize> {
-    ladder::handle(&mut Rows { shared, only: None }).await
+/// transaction of its own. Returns how many rows it claimed. `woken`: after a wait, when its
+/// share of the shards is looked at whatever the time.
+async fn process_batch(shared: &Shared, shards: &mut Shards, woken: bool) -> Result<usize> {
+    shards.ready(&shared.pool, woken).await?;
+    ladder::handle(&mut Rows {
+        shared,
+        shards,
+        only: None,
+    })
+    .await
 }
 
 /// The due rows a processor claims (`only`: just these), as the [`ladder`] handles them.
 struct Rows<'a> {
     shared: &'a Shared,
+    shards: &'a mut Shards,
     only: Option<&'a [Uuid]>,
 }
 
@@ -149,18 +171,19 @@ impl Batch for Rows<'_> {
     type Error = crate::Error;
 
     async fn together(&mut self, _known: &mut Known) -> Result<Pass<Uuid, usize>> {
-        process_optimistic(self.shared).await
+        process_optimistic(self.shared, self.shards).await
     }
 
     async fn isolated(&mut self, known: &Known) -> Result<Pass<Uuid, usize>> {
-        process_isolated(self.shared, known, self.only).await
+        process_isolated(self.shared, self.shards, known, self.only).await
     }
 
     /// Each due row in a transaction of its own, so the refusal falls on its row, whose
     /// failure is then recorded in a transaction of its own.
     async fn one_by_one(&mut self, known: &Known) -> Result<usize> {
         let shared = self.shared;
-        let ids = store::due_ids(&shared.pool, shared.settings.batch_size).await?;
+        let mask = self.shards.mask();
+        let ids = store::due_ids(self.shards.conn(), shared.settings.batch_size, mask).await?;
         for id in &ids {
             let seen: Known = known
                 .get(id)
@@ -169,13 +192,15 @@ impl Batch for Rows<'_> {
                 .collect();
             let mut one = Rows {
                 shared,
+                shards: &mut *self.shards,
                 only: Some(std::slice::from_ref(id)),
             };
             if let Err(refused) = ladder::alone(&mut one, seen).await? {
-                let attempts = store::attempts(&shared.pool, *id).await?;
+                let conn = self.shards.conn();
+                let attempts = store::attempts(&mut *conn, *id).await?;
                 let failure = Failure::refused_at_commit(&refused);
                 let failure = RowFailure::new(&shared.settings, *id, attempts, &failure);
-                let mut tx = shared.pool.begin().await?;
+                let mut tx = conn.begin().await?;
                 store::record_failures(&mut tx, &[failure]).await?;
                 tx.commit().await?;
             }
@@ -184,11 +209,32 @@ impl Batch for Rows<'_> {
     }
 }
 
-async fn process_optimistic(shared: &Shared) -> Result<Pass<Uuid, usize>> {
+/// Begins a batch's transaction on the connection that holds `shards`, at READ COMMITTED
+/// whatever the role's default (its claim then sees what the shards' previous holders
+/// committed), and claims its rows from `floor`.
+async fn begin<'c>(
+    shared: &Shared,
+    shards: &'c mut Shards,
+    only: Option<&[Uuid]>,
+    floor: i64,
+) -> Result<(sqlx::Transaction<'c, sqlx::Postgres>, Vec<Claimed>)> {
+    let scope = Scope {
+        shards: shards.mask(),
+        members: shards.members(),
+        floor,
+    };
+    let conn: &mut PgConnection = shards.conn();
+    let mut tx = conn
+        .begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
+        .await?;
+    let rows = store::claim(&mut tx, shared.settings.batch_size, only, scope).await?;
+    Ok((tx, rows))
+}
+
+async fn process_optimistic(shared: &Shared, shards: &mut Shards) -> Result<Pass<Uuid, usize>> {
     let routes = &shared.routes;
-    let floor = shared.floor.get(&shared.pool).await;
-    let mut tx = source_lock::begin(&shared.pool).await?;
-    let rows = store::claim(&mut tx, shared.settings.batch_size, None, floor).await?;
+    let floor = shared.floor.get(shards.conn()).await;
+    let (mut tx, rows) = begin(shared, shards, None, floor).await?;
     let mut done: Vec<(Uuid, ReceivedAt)> = Vec::with_capacity(rows.len());
     for row in &rows {
         let meta = row.meta();
@@ -224,9 +270,6 @@ async fn process_optimistic(shared: &Shared) -> Result<Pass<Uuid, usize>> {
         Err(e) => return Err(e),
     }
     metrics::counter!("outbox_inbox_processed_total").increment(done.len() as u64);
-    if !rows.is_empty() {
-        shared.wake_processors(); // its keys are free again
-    }
     Ok(Pass::Done(rows.len()))
 }
 
@@ -273,17 +316,17 @@ impl RowFailure {
 /// One transaction, a savepoint per row; `only`: just these rows.
 async fn process_isolated(
     shared: &Shared,
+    shards: &mut Shards,
     known: &Known,
     only: Option<&[Uuid]>,
 ) -> Result<Pass<Uuid, usize>> {
     let routes = &shared.routes;
     // Rows picked by id (`due_ids`, which reads from the bottom) are claimed without a floor.
     let floor = match only {
-        None => shared.floor.get(&shared.pool).await,
+        None => shared.floor.get(shards.conn()).await,
         Some(_) => super::floor::NONE,
     };
-    let mut tx = source_lock::begin(&shared.pool).await?;
-    let rows = store::claim(&mut tx, shared.settings.batch_size, only, floor).await?;
+    let (mut tx, rows) = begin(shared, shards, only, floor).await?;
     let claimed = rows.len();
     let mut done: Vec<(Uuid, ReceivedAt)> = Vec::with_capacity(claimed);
     let mut failed: Vec<RowFailure> = Vec::new();
@@ -360,8 +403,5 @@ async fn process_isolated(
         .increment(failed.iter().filter(|f| !f.dead).count() as u64);
     metrics::counter!("outbox_inbox_dead_total")
         .increment(failed.iter().filter(|f| f.dead).count() as u64);
-    if claimed > 0 {
-        shared.wake_processors(); // its keys are free again
-    }
     Ok(Pass::Done(claimed))
 }

@@ -14,10 +14,9 @@ pub(crate) struct Shared {
     pub(crate) pool: PgPool,
     pub(crate) settings: Settings,
     pub(crate) routes: Routes,
-    /// Bumped when inbox rows may have become due: a receipt stored new rows, or a processor
-    /// committed a batch (releasing its keys, whose later rows another processor may have
-    /// left). This process's processors wait on it, and on their poll interval for what other
-    /// processes receive and for retries coming due.
+    /// Bumped when inbox rows may have become due: a receipt stored new rows. This process's
+    /// processors wait on it, and on their poll interval for what other processes receive,
+    /// for retries coming due and for shards another processor gave up.
     pub(crate) rows_waiting: tokio::sync::watch::Sender<u64>,
     /// Where the processors' claims start (inbox mode).
     pub(crate) floor: super::floor::Floor,

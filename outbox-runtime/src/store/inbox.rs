@@ -10,9 +10,9 @@ use std::time::Duration;
 use sqlx::{PgPool, Row as _};
 use uuid::Uuid;
 
-pub(crate) use claim::claim;
 #[cfg(feature = "testing")]
 pub(crate) use claim::explain as explain_claim;
+pub(crate) use claim::{claim, Scope};
 
 use super::source_lock;
 use crate::error::Result;
@@ -282,27 +282,34 @@ pub(crate) async fn record_failures(
     Ok(())
 }
 
-/// The ids of up to `limit` due rows, oldest first, locking nothing: what a processor handles
-/// one by one after a refused commit.
-pub(crate) async fn due_ids(pool: &PgPool, limit: usize) -> Result<Vec<Uuid>> {
-    let mut conn = pool.acquire().await?;
+/// The ids of up to `limit` due rows of the shards `shards` (a mask, as the claim's) or of no
+/// key, oldest first, locking nothing: what a processor handles one by one after a refused
+/// commit.
+pub(crate) async fn due_ids(
+    conn: &mut sqlx::PgConnection,
+    limit: usize,
+    shards: i64,
+) -> Result<Vec<Uuid>> {
     Ok(sqlx::query_scalar(
         "SELECT event_id FROM inbox_event WHERE NOT processed AND dead_at IS NULL \
            AND (next_attempt_at IS NULL OR next_attempt_at <= now()) \
+           AND (partition_key IS NULL \
+                OR ($2::int8 >> (hashtext(topic || E'\\x1f' || partition_key) & 63)) & 1 = 1) \
          ORDER BY seq LIMIT $1",
     )
     .bind(limit as i64)
-    .fetch_all(&mut *conn)
+    .bind(shards)
+    .fetch_all(conn)
     .await?)
 }
 
 /// A row's `attempts` so far.
-pub(crate) async fn attempts(pool: &PgPool, event_id: Uuid) -> Result<i32> {
+pub(crate) async fn attempts(conn: &mut sqlx::PgConnection, event_id: Uuid) -> Result<i32> {
     Ok(
         sqlx::query_scalar("SELECT attempts FROM inbox_event WHERE event_id = $1")
             .persistent(false)
             .bind(event_id)
-            .fetch_one(pool)
+            .fetch_one(conn)
             .await?,
     )
 }

@@ -1,8 +1,9 @@
 //! The SQL of each subsystem, on PostgreSQL: what the relay reads and writes of the outbox
 //! ([`relay`]), and the row it claims and a replay reads ([`record`]); the consumers':
 //! dedup mode's `processed_event` rows ([`dedup`]), inbox mode's `inbox_event` rows
-//! ([`inbox`]), the JetStream consumers' leases ([`lease`]), and the source locks a dedup batch
-//! or an inbox receipt takes ([`source_lock`]). The modules above it (the relay, the consumers,
+//! ([`inbox`]), the JetStream consumers' leases ([`lease`]), the source locks a dedup batch
+//! or an inbox receipt takes ([`source_lock`]), and the shards relays and inbox processors hold
+//! ([`shards`]). The modules above it (the relay, the consumers,
 //! the operator's tools) call these functions and name no table layout of their own here.
 
 #[cfg(feature = "_broker")]
@@ -15,5 +16,7 @@ pub(crate) mod lease;
 pub(crate) mod record;
 #[cfg_attr(not(feature = "_broker"), allow(dead_code, unused_imports))]
 pub(crate) mod relay;
+#[cfg_attr(not(feature = "_broker"), allow(dead_code, unused_imports))]
+pub(crate) mod shards;
 #[cfg_attr(not(feature = "_broker"), allow(dead_code, unused_imports))]
 pub(crate) mod source_lock;

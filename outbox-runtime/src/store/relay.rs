@@ -9,25 +9,18 @@ use chrono::{DateTime, Utc};
 use sqlx::{Executor, PgConnection, Row};
 
 use super::record::{claimed_columns, Claimed};
+use super::shards::{self, Space};
+pub(crate) use super::shards::{shard_mask, SHARDS};
 use crate::error::{Error, Result};
 
-/// Keys are spread over this many shards by `hashtext(partition_key) & 63`; each shard is
-/// published by one relay instance at a time, so one key's events go out in `id` order.
-pub(crate) const SHARDS: i32 = 64;
-
-/// Second keys of the two-key advisory locks; the first key is the outbox table's oid, so that
-/// installations in two schemas of one database never count or block each other's relays.
-/// A member slot is `MEMBER_KEY + slot`, a shard `SHARD_KEY + shard`.
-const MEMBER_KEY: i32 = 0x4d00_0000; // "M"
-const SHARD_KEY: i32 = 0x5300_0000; // "S"
-const MEMBER_SLOTS: i32 = 4096;
+/// The table the relay works on, by the name `search_path` resolves.
+const TABLE: &str = "outbox_event";
 
 /// The `outbox_event` table that `search_path` resolves to, as the relay needs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Table {
-    /// The table's oid, as the first key of the relay's advisory locks (an `oid` is unsigned:
-    /// its bits, read as an `int4`).
-    lock_space: i32,
+    /// The relay's member and shard locks, under the table's oid.
+    space: Space,
     /// The oid of the sequence behind `outbox_event.id`.
     id_sequence: i64,
 }
@@ -56,43 +49,20 @@ impl Table {
             )));
         }
         Ok(Table {
-            lock_space: table as u32 as i32,
+            space: Space::of(table),
             id_sequence,
         })
     }
 }
 
-/// Takes a member slot (a session advisory lock held while the instance lives), so that every
-/// instance can count the live ones. Returns the slot.
+/// Takes a member slot: see [`shards::join`].
 pub(crate) async fn join(conn: &mut PgConnection, table: Table) -> Result<Option<i32>> {
-    let slot: Option<i32> = sqlx::query_scalar(
-        "SELECT s FROM generate_series(0, $3 - 1) AS s \
-         WHERE pg_try_advisory_lock($1, $2 + s) LIMIT 1",
-    )
-    .bind(table.lock_space)
-    .bind(MEMBER_KEY)
-    .bind(MEMBER_SLOTS)
-    .fetch_optional(&mut *conn)
-    .await?;
-    Ok(slot)
+    shards::join(conn, table.space).await
 }
-
-/// `pg_locks` rows of this table's member locks (`l` is `pg_locks`).
-const MEMBER_LOCKS_SQL: &str = "l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 \
-     AND l.classid = to_regclass('outbox_event')::oid \
-     AND l.objid::int8 BETWEEN $1 AND $1 + $2 - 1 \
-     AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())";
 
 /// Live relay instances of the outbox on the `search_path`: the member locks held.
 pub(crate) async fn members(conn: &mut PgConnection) -> Result<i64> {
-    let n: i64 = sqlx::query_scalar(&format!(
-        "SELECT count(*) FROM pg_locks l WHERE {MEMBER_LOCKS_SQL}"
-    ))
-    .bind(i64::from(MEMBER_KEY))
-    .bind(MEMBER_SLOTS)
-    .fetch_one(&mut *conn)
-    .await?;
-    Ok(n)
+    shards::members(conn, TABLE).await
 }
 
 /// One live relay instance as the database sees it: its session and the advisory locks it holds.
@@ -118,11 +88,12 @@ pub(crate) async fn member_list(conn: &mut PgConnection) -> Result<Vec<Member>> 
                       ORDER BY 1) AS shards, \
                 a.backend_start, a.application_name, host(a.client_addr) AS client_addr \
          FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
-         WHERE {MEMBER_LOCKS_SQL} ORDER BY slot"
+         WHERE {} ORDER BY slot",
+        shards::member_locks_sql(TABLE)
     ))
-    .bind(i64::from(MEMBER_KEY))
-    .bind(MEMBER_SLOTS)
-    .bind(i64::from(SHARD_KEY))
+    .bind(i64::from(shards::MEMBER_KEY))
+    .bind(shards::MEMBER_SLOTS)
+    .bind(i64::from(shards::SHARD_KEY))
     .bind(SHARDS)
     .fetch_all(&mut *conn)
     .await?;
@@ -157,80 +128,28 @@ pub(crate) async fn set_waiting(conn: &mut PgConnection, slot: i32, waiting: boo
 pub(crate) async fn clear_stale_waiting(conn: &mut PgConnection, slot: i32) -> Result<()> {
     sqlx::query(&format!(
         "DELETE FROM outbox_relay_waiting w WHERE w.slot = $3 OR NOT EXISTS ( \
-             SELECT 1 FROM pg_locks l WHERE {MEMBER_LOCKS_SQL} AND l.objid::int8 = $1 + w.slot)"
+             SELECT 1 FROM pg_locks l WHERE {} AND l.objid::int8 = $1 + w.slot)",
+        shards::member_locks_sql(TABLE)
     ))
-    .bind(i64::from(MEMBER_KEY))
-    .bind(MEMBER_SLOTS)
+    .bind(i64::from(shards::MEMBER_KEY))
+    .bind(shards::MEMBER_SLOTS)
     .bind(slot)
     .execute(&mut *conn)
     .await?;
     Ok(())
 }
 
-/// Moves `owned` toward this instance's fair share of the shards: releases extras, takes free
-/// ones. Called only between batches, so a released shard has nothing in flight. Returns
-/// whether it took shards (their rows below the instance's cursor are unknown to it).
+/// Moves `owned` toward this instance's fair share of the shards: see [`shards::rebalance`].
+/// Called only between batches, so a released shard has nothing in flight.
 pub(crate) async fn rebalance(
     conn: &mut PgConnection,
     table: Table,
     owned: &mut BTreeSet<i32>,
     slot: i32,
 ) -> Result<bool> {
-    let members = members(conn).await?.max(1);
-    let target = ((SHARDS as i64 + members - 1) / members) as usize;
-    let unlock = "SELECT pg_advisory_unlock($1, $2 + s) FROM unnest($3::int4[]) AS s";
-    if owned.len() > target {
-        let extra: Vec<i32> = owned
-            .iter()
-            .rev()
-            .take(owned.len() - target)
-            .copied()
-            .collect();
-        sqlx::query(unlock)
-            .bind(table.lock_space)
-            .bind(SHARD_KEY)
-            .bind(&extra)
-            .execute(&mut *conn)
-            .await?;
-        for s in extra {
-            owned.remove(&s);
-        }
-        return Ok(false);
-    }
-    if owned.len() == target {
-        return Ok(false);
-    }
-    // Start from a place that depends on the slot, so instances try different shards.
-    let start = (slot * 17).rem_euclid(SHARDS);
-    let candidates: Vec<i32> = (0..SHARDS)
-        .map(|i| (start + i) % SHARDS)
-        .filter(|s| !owned.contains(s))
-        .collect();
-    let got: Vec<i32> = sqlx::query_scalar(
-        "SELECT s FROM unnest($3::int4[]) AS s WHERE pg_try_advisory_lock($1, $2 + s)",
-    )
-    .bind(table.lock_space)
-    .bind(SHARD_KEY)
-    .bind(&candidates)
-    .fetch_all(&mut *conn)
-    .await?;
-    let need = target - owned.len();
-    let (keep, give_back) = got.split_at(got.len().min(need));
-    owned.extend(keep);
-    if !give_back.is_empty() {
-        sqlx::query(unlock)
-            .bind(table.lock_space)
-            .bind(SHARD_KEY)
-            .bind(give_back)
-            .execute(&mut *conn)
-            .await?;
-    }
-    Ok(!keep.is_empty())
-}
-
-/// The shards as a bit mask (bit `s` for shard `s`), which the claim tests in constant time.
-pub(crate) fn shard_mask(shards: &BTreeSet<i32>) -> i64 {
-    shards.iter().fold(0u64, |m, s| m | 1 << s) as i64
+    shards::rebalance(conn, table.space, TABLE, owned, slot)
+        .await
+        .map(|(gained, _)| gained)
 }
 
 /// What the claim needs to know before it scans, read in the statement that begins the batch

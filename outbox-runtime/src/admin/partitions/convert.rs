@@ -92,10 +92,6 @@ impl Shape {
                         "(seq) WHERE NOT processed AND dead_at IS NULL",
                     ),
                     (
-                        "ix_inbox_event_key_pending",
-                        "(topic, partition_key, seq) WHERE NOT processed AND dead_at IS NULL",
-                    ),
-                    (
                         "ix_inbox_event_key_retrying",
                         "(topic, partition_key, seq) \
                          WHERE next_attempt_at IS NOT NULL AND NOT processed AND dead_at IS NULL",
