@@ -1,25 +1,36 @@
 //! Inbox processing alone: how fast processors drain `inbox_event` rows, by number of
 //! processors and of partition keys, with a handler that does nothing (the framework's cost).
-//! The rows are inserted as a receipt would store them; no broker is involved.
+//! The rows are inserted as a receipt would store them, in one transaction; no broker is
+//! involved. The processors run as a consumer runs them (`run_processor`, polling every
+//! millisecond), started before the first round and kept through the rounds, so what is timed
+//! is from the rows' commit to the last one processed. `STALE=1` leaves the statistics as
+//! the emptied table's (a new partition before its first analyze).
 //!
 //! `cargo bench -p outbox-tests --bench inbox_processing` (env: `N`, default 20000; `ROUNDS`,
 //! default 3; `PROCESSORS`, default `1,2,4`; `KEYS`, default `0,1000,100,10`, 0 meaning a key
 //! per row). Run it at two commits in turn to compare them: it uses only what both have.
 
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use outbox_runtime::inbox::{Consumer, Mode};
 use outbox_tests::bench::{env, median, rate, trivial, PaymentSucceeded};
 use outbox_tests::TestDb;
 use sqlx::PgPool;
+use tokio::task::JoinHandle;
+use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 const TOPIC: &str = "bench.payments";
 
 /// `n` unprocessed rows, keyed by `keys` keys in turn (0: a key per row).
 async fn fill(pool: &PgPool, n: usize, keys: usize) {
-    sqlx::query("TRUNCATE inbox_event")
+    sqlx::query("VACUUM ANALYZE inbox_event")
         .execute(pool)
+        .await
+        .unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    sqlx::query("TRUNCATE inbox_event")
+        .execute(&mut *tx)
         .await
         .unwrap();
     let key_ids: Vec<Uuid> = (0..keys.max(1)).map(|_| Uuid::now_v7()).collect();
@@ -57,14 +68,19 @@ async fn fill(pool: &PgPool, n: usize, keys: usize) {
         .bind(payloads)
         .bind(partition_keys)
         .bind(TOPIC)
-        .execute(pool)
+        .execute(&mut *tx)
         .await
         .unwrap();
     }
-    sqlx::query("VACUUM ANALYZE inbox_event")
-        .execute(pool)
-        .await
-        .unwrap();
+    // In the transaction, so the statistics count the rows (unless `STALE` is set: what the
+    // planner knows is the empty table).
+    if std::env::var_os("STALE").is_none() {
+        sqlx::query("ANALYZE inbox_event")
+            .execute(&mut *tx)
+            .await
+            .unwrap();
+    }
+    tx.commit().await.unwrap();
 }
 
 async fn unprocessed(pool: &PgPool) -> i64 {
@@ -74,29 +90,26 @@ async fn unprocessed(pool: &PgPool) -> i64 {
         .unwrap()
 }
 
-/// Events/s for `processors` processors draining the inbox: each processes until no row is
-/// due to it, and again until none is left at all.
-async fn drain(consumer: &Consumer, pool: &PgPool, processors: usize) -> f64 {
-    let n = unprocessed(pool).await as u64;
-    let start = Instant::now();
-    let tasks: Vec<_> = (0..processors)
+/// `processors` processors, running until cancelled.
+fn start(consumer: &Consumer, processors: usize) -> (CancellationToken, Vec<JoinHandle<()>>) {
+    let cancel = CancellationToken::new();
+    let tasks = (0..processors)
         .map(|_| {
-            let consumer = consumer.clone();
-            let pool = pool.clone();
-            tokio::spawn(async move {
-                loop {
-                    let done = consumer.process_inbox_pending().await.unwrap();
-                    if done == 0 && unprocessed(&pool).await == 0 {
-                        return;
-                    }
-                }
-            })
+            let (consumer, cancel) = (consumer.clone(), cancel.clone());
+            tokio::spawn(async move { consumer.run_processor(cancel).await.unwrap() })
         })
         .collect();
-    for task in tasks {
-        task.await.unwrap();
+    (cancel, tasks)
+}
+
+/// Events/s of the running processors from the rows' commit to the last one processed.
+async fn drain(pool: &PgPool, n: usize, keys: usize) -> f64 {
+    fill(pool, n, keys).await;
+    let start = Instant::now();
+    while unprocessed(pool).await > 0 {
+        tokio::time::sleep(Duration::from_millis(1)).await;
     }
-    rate(n, start.elapsed())
+    rate(n as u64, start.elapsed())
 }
 
 fn list(name: &str, default: &str) -> Vec<usize> {
@@ -121,16 +134,21 @@ async fn main() {
         .handler(trivial)
         .mode(Mode::Inbox)
         .processors(0)
+        .poll_interval(Duration::from_millis(1))
         .build()
         .unwrap();
     println!("inbox processing, {n} rows, medians of {rounds} rounds (events/s):");
     println!("{:>6} {:>10} {:>10}", "keys", "processors", "events/s");
     for &k in &keys {
         for &p in &processors {
+            let (cancel, tasks) = start(&consumer, p);
             let mut samples = Vec::with_capacity(rounds);
             for _ in 0..rounds {
-                fill(&db.pool, n, k).await;
-                samples.push(drain(&consumer, &db.pool, p).await);
+                samples.push(drain(&db.pool, n, k).await);
+            }
+            cancel.cancel();
+            for task in tasks {
+                task.await.unwrap();
             }
             let key_label = if k == 0 {
                 "each".to_owned()

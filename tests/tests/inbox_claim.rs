@@ -304,3 +304,49 @@ async fn a_key_waiting_for_its_retry_holds_back_only_its_own_rows_however_many()
     .unwrap();
     assert_eq!(stuck, 5000, "acct-stuck's rows wait for its first");
 }
+
+/// A processor's claim keeps no plan from while the inbox was empty: the plan a session keeps
+/// of a prepared statement is made once, on the sizes and statistics of that moment, and one
+/// made on an empty, never analyzed partition (a new day's) reads the partition whole and
+/// sorts it, for every claim, as it fills.
+#[tokio::test]
+async fn a_processor_keeps_no_plan_of_its_claim_from_while_the_inbox_was_empty() {
+    let db = TestDb::new().await;
+    // One connection: the processor's claim is prepared on it, and explained on it after.
+    let pool = db.pool(1).await;
+    let consumer = inbox::Consumer::builder(pool.clone())
+        .brokers("127.0.0.1:9")
+        .group_id("claims")
+        .handler(noted)
+        .mode(inbox::Mode::Inbox)
+        .processors(0)
+        .build()
+        .unwrap();
+    // Claims on an empty inbox, more than the five PostgreSQL plans afresh before it keeps one.
+    for _ in 0..8 {
+        assert_eq!(consumer.process_inbox_pending().await.unwrap(), 0);
+    }
+    received(&pool, 30_000).await;
+    let mut conn = pool.acquire().await.unwrap();
+    let name: String = sqlx::query_scalar(
+        "SELECT name FROM pg_prepared_statements \
+         WHERE statement LIKE '%FROM inbox_event e WHERE%' AND statement NOT LIKE '%ANY($2)%'",
+    )
+    .fetch_one(&mut *conn)
+    .await
+    .unwrap();
+    let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    let plan: serde_json::Value = sqlx::query_scalar(&format!(
+        "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE {name}(500, 2000, -1, 0)"
+    ))
+    .fetch_one(&mut *tx)
+    .await
+    .unwrap();
+    tx.rollback().await.unwrap();
+    let kept = buffers(&plan);
+    println!("the claim kept from an empty inbox reads {kept} buffers with 30,000 rows");
+    assert!(
+        kept < 1_500,
+        "the claim's kept plan reads the partition whole: {kept} buffers"
+    );
+}

@@ -249,7 +249,8 @@ impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
     }
 
     /// Inbox processor tasks this consumer runs (default 1; 0 runs none, for a deployment
-    /// whose processors run elsewhere).
+    /// whose processors run elsewhere). Each holds its share of the keys' shards on a server
+    /// connection of its own, taken out of the pool (see the operations guide).
     pub fn processors(mut self, processors: usize) -> Self {
         self.settings.processors = processors;
         self

@@ -9,7 +9,6 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::Connection;
-use sqlx::PgConnection;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument;
@@ -209,9 +208,9 @@ impl Batch for Rows<'_> {
     }
 }
 
-/// Begins a batch's transaction on the connection that holds `shards`, at READ COMMITTED
-/// whatever the role's default (its claim then sees what the shards' previous holders
-/// committed), and claims its rows from `floor`.
+/// Begins a batch's transaction on the connection that holds `shards` (`store::BEGIN_SQL`: at
+/// READ COMMITTED, so its claim sees what the shards' previous holders committed), and claims
+/// its rows from `floor`.
 async fn begin<'c>(
     shared: &Shared,
     shards: &'c mut Shards,
@@ -223,10 +222,7 @@ async fn begin<'c>(
         members: shards.members(),
         floor,
     };
-    let conn: &mut PgConnection = shards.conn();
-    let mut tx = conn
-        .begin_with("BEGIN ISOLATION LEVEL READ COMMITTED")
-        .await?;
+    let mut tx = shards.conn().begin_with(store::BEGIN_SQL).await?;
     let rows = store::claim(&mut tx, shared.settings.batch_size, only, scope).await?;
     Ok((tx, rows))
 }

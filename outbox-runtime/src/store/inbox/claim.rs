@@ -111,12 +111,26 @@ macro_rules! claim_sql {
     };
 }
 
-/// A processor's claim, among the first `$2` rows to claim by anyone (so one whose shards have
-/// nothing near the front stops there rather than read the whole backlog).
+/// The first row to claim by anyone (its `seq`).
+macro_rules! first_claimable {
+    () => {
+        concat!(
+            "(SELECT w.seq FROM inbox_event w WHERE ",
+            claimable!("w"),
+            " ORDER BY w.seq LIMIT 1)"
+        )
+    };
+}
+
+/// A processor's claim, among the rows from the first to claim by anyone to `$2` later in
+/// `seq` (so one whose shards have nothing near the front stops there rather than read the
+/// whole backlog; rows held back before it are stepped over once, not counted).
 const CLAIM_SQL: &str = claim_sql!(concat!(
-    " AND e.seq <= (SELECT max(w.seq) FROM (SELECT w.seq FROM inbox_event w WHERE ",
-    claimable!("w"),
-    " ORDER BY w.seq LIMIT $2) w)"
+    " AND e.seq BETWEEN ",
+    first_claimable!(),
+    " AND ",
+    first_claimable!(),
+    " + $2"
 ));
 
 /// The claim among `$2` (ids) alone. A query of its own: an optional filter would spoil the
@@ -146,6 +160,10 @@ enum Among<'q> {
     Ids(&'q [Uuid]),
 }
 
+/// Begins a processor's transaction, at READ COMMITTED whatever the role's default: its claim
+/// then sees what the shards' previous holders committed.
+pub(crate) const BEGIN_SQL: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+
 /// Which rows a processor claims.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Scope {
@@ -158,8 +176,8 @@ pub(crate) struct Scope {
 }
 
 /// Claims up to `limit` due rows of `scope`'s shards in their keys' order (see the module's
-/// docs), in `conn`'s transaction, which must be at READ COMMITTED and on the connection
-/// that holds the shards; `only`: of these ids alone. Rows come in the order to handle them.
+/// docs), in `conn`'s transaction, which [`BEGIN_SQL`] began on the connection that holds
+/// the shards; `only`: of these ids alone. Rows come in the order to handle them.
 pub(crate) async fn claim(
     conn: &mut sqlx::PgConnection,
     limit: usize,
@@ -176,8 +194,8 @@ pub(crate) async fn claim(
     rows.iter().map(super::claimed).collect()
 }
 
-/// The rows a claim of `limit` looks at with `members` processors: each one's share and three
-/// batches more.
+/// How far past the first row to claim a claim of `limit` looks (in `seq`, so processed rows
+/// count) with `members` processors: each one's share and three batches more.
 fn window(limit: usize, members: i64) -> usize {
     limit.saturating_mul(usize::try_from(members.max(1)).unwrap_or(1) + 3)
 }
@@ -190,7 +208,7 @@ pub(crate) async fn explain(
     limit: usize,
     floor: i64,
 ) -> Result<serde_json::Value> {
-    let mut tx = crate::store::source_lock::begin(pool).await?;
+    let mut tx = pool.begin_with(BEGIN_SQL).await?;
     let explain = format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {CLAIM_SQL}");
     let claim: serde_json::Value = sqlx::Row::try_get(
         &claim_query(&explain, limit, -1, floor, Among::Window(window(limit, 1)))
