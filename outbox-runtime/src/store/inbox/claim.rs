@@ -37,10 +37,21 @@ macro_rules! due {
     };
 }
 
-/// Whether row `$t`'s key has no row waiting for its retry (`ix_inbox_event_key_retrying`,
-/// which holds failed rows alone: the set of such keys, read once per statement). A key's rows
-/// are attempted in order, so its rows before one waiting for a retry are all processed or
-/// dead: the key's row waiting holds back exactly its later ones.
+/// The keys with a row waiting for its retry (`ix_inbox_event_key_retrying`, which holds
+/// failed rows alone), read once per statement. A key's rows are attempted in order, so its
+/// rows before one waiting for a retry are all processed or dead: the key's row waiting holds
+/// back exactly its later ones. In that index's order, so that no plan reads another index
+/// for them (the pending one, whose order it has no use for, would serve as well while a
+/// partition is empty).
+macro_rules! held {
+    () => {
+        "WITH held AS MATERIALIZED (SELECT p.topic, p.partition_key FROM inbox_event p \
+         WHERE p.next_attempt_at > now() AND NOT p.processed AND p.dead_at IS NULL \
+           AND p.partition_key IS NOT NULL ORDER BY p.topic, p.partition_key) "
+    };
+}
+
+/// Whether row `$t`'s key is not `held!` back.
 macro_rules! not_held_back {
     ($t:literal) => {
         concat!(
@@ -50,10 +61,7 @@ macro_rules! not_held_back {
             $t,
             ".topic, ",
             $t,
-            ".partition_key) NOT IN \
-                 (SELECT p.topic, p.partition_key FROM inbox_event p \
-                  WHERE p.next_attempt_at > now() AND NOT p.processed AND p.dead_at IS NULL \
-                    AND p.partition_key IS NOT NULL))"
+            ".partition_key) NOT IN (SELECT * FROM held))"
         )
     };
 }
@@ -98,6 +106,7 @@ macro_rules! claimable {
 macro_rules! claim_sql {
     ($among:expr) => {
         concat!(
+            held!(),
             "SELECT e.event_id, e.topic, e.event_type, e.payload::text AS payload, e.attempts, \
                e.partition_key, e.source_partition, e.source_offset, \
                NULLIF(e.headers, '{}')::text AS headers, e.schema_version, e.received_at \
