@@ -308,6 +308,14 @@ async fn a_processor_whose_session_ends_hands_its_keys_on_in_order() {
             processors.spawn(async move { consumer.run_processor(cancel).await });
         }
     }
+    wait_for("four processors seen", Duration::from_secs(30), || async {
+        outbox_runtime::admin::status(&db.pool)
+            .await
+            .unwrap()
+            .inbox_processors
+            == 4
+    })
+    .await;
     let all = accounts.len() as i64 * per_account;
     let steps = || count(&db.pool, "SELECT count(*) FROM steps");
     let mut ended = 0;

@@ -129,7 +129,10 @@ fn print_status(status: &Status) {
         );
     }
     out!();
-    out!("inbox");
+    out!(
+        "inbox ({} inbox processors running)",
+        status.inbox_processors
+    );
     if status.inbox.is_empty() {
         out!("  nothing unprocessed or dead");
     } else {

@@ -102,6 +102,7 @@ async fn migrate_then_status_matches_a_hand_count() {
     assert!((240.0..300.0).contains(&age), "{age}");
     assert_eq!(status["processed_event_rows"], 9);
     assert_eq!(status["relay_instances"], 0);
+    assert_eq!(status["inbox_processors"], 0);
 
     let table = run(&db.url, &["status"]).await;
     assert_ok(&table);

@@ -23,6 +23,8 @@ pub struct Status {
     pub processed_event_rows: i64,
     /// Live relay instances on this database.
     pub relay_instances: i64,
+    /// Live inbox processors on this database (each holds its share of the keys' shards).
+    pub inbox_processors: i64,
     /// The JetStream consumers' leases (dedup mode: which instance of a group reads a topic);
     /// by group and topic.
     pub consumer_leases: Vec<ConsumerLease>,
@@ -242,6 +244,7 @@ pub(super) async fn status_on(conn: &mut PgConnection, count: Count) -> Result<S
     .fetch_one(&mut *conn)
     .await?;
     let relay_instances = crate::store::relay::members(&mut *conn).await?;
+    let inbox_processors = crate::store::shards::members(&mut *conn, "inbox_event").await?;
     let consumer_leases = sqlx::query(
         "SELECT group_id, topic, holder IS NOT NULL AND expires_at > now() AS owned, \
                 CASE WHEN holder IS NOT NULL \
@@ -265,6 +268,7 @@ pub(super) async fn status_on(conn: &mut PgConnection, count: Count) -> Result<S
         inbox,
         processed_event_rows,
         relay_instances,
+        inbox_processors,
         consumer_leases,
     })
 }

@@ -62,8 +62,9 @@
 //! `last_error` and `next_attempt_at` on the row; after `max_attempts` (or a permanent failure)
 //! the row is dead (`dead_at`), kept for operators. **Inbox processing keeps each key's order**,
 //! across every processor and instance: a key's rows are handled in the order they were
-//! received (the broker's), one batch at a time (a processor holds a transaction-scoped lock on
-//! each key it works on; others take other keys meanwhile). A row waiting for its retry holds
+//! received (the broker's), by one processor at a time (each holds a share of 64 shards of the
+//! keys through a server connection of its own, outside the pool, moved toward the fair share
+//! between its batches; others take other keys meanwhile). A row waiting for its retry holds
 //! back the later rows of its key, and nothing else; a dead row holds back nothing (as a dead
 //! letter in dedup mode). Rows without a key are in no order. The processors are woken as soon as
 //! a receipt commits new rows, and poll every [`poll_interval`](ConsumerBuilder::poll_interval)
