@@ -350,3 +350,36 @@ async fn a_processor_keeps_no_plan_of_its_claim_from_while_the_inbox_was_empty()
         "the claim's kept plan reads the partition whole: {kept} buffers"
     );
 }
+
+/// A claim costs its batch when the statistics describe an inbox whose rows were all
+/// processed (the last analyze before a burst, as between autovacuum's rounds): believing few
+/// rows due, a plan that reads the claim's whole window and sorts it costs several batches'
+/// reads for every claim until the next analyze.
+#[tokio::test]
+async fn a_claim_costs_its_batch_on_the_statistics_of_an_inbox_all_processed() {
+    let analyzed = TestDb::new().await;
+    received(&analyzed.pool, 30_000).await;
+    sqlx::query("ANALYZE inbox_event")
+        .execute(&analyzed.pool)
+        .await
+        .unwrap();
+    let base = buffers(&inbox::explain_claim(&analyzed.pool, 500).await.unwrap());
+
+    let stale = TestDb::new().await;
+    received(&stale.pool, 30_000).await;
+    sqlx::query("UPDATE inbox_event SET processed = true, processed_at = now()")
+        .execute(&stale.pool)
+        .await
+        .unwrap();
+    sqlx::query("ANALYZE inbox_event")
+        .execute(&stale.pool)
+        .await
+        .unwrap();
+    received(&stale.pool, 30_000).await;
+    let behind = buffers(&inbox::explain_claim(&stale.pool, 500).await.unwrap());
+    println!("a claim of 500: {base} buffers analyzed, {behind} on the statistics of an inbox all processed");
+    assert!(
+        behind <= 2 * base + 50,
+        "the claim reads its window whole on stale statistics: {behind} buffers against {base}"
+    );
+}
