@@ -383,3 +383,44 @@ async fn a_claim_costs_its_batch_on_the_statistics_of_an_inbox_all_processed() {
         "the claim reads its window whole on stale statistics: {behind} buffers against {base}"
     );
 }
+
+/// Records the planner settings its handler runs with.
+#[outbox_runtime::inbox_handler]
+async fn settings_seen(
+    _event: Payment,
+    tx: &mut sqlx::PgConnection,
+) -> Result<(), outbox_runtime::inbox::HandlerError> {
+    sqlx::query(
+        "INSERT INTO seen SELECT current_setting('enable_seqscan') || ' ' \
+             || current_setting('enable_bitmapscan') || ' ' || current_setting('enable_sort')",
+    )
+    .execute(&mut *tx)
+    .await?;
+    Ok(())
+}
+
+/// The planner is held to index scans for the claim alone: handlers run with the session's
+/// own settings.
+#[tokio::test]
+async fn handlers_run_with_the_sessions_own_planner_settings() {
+    let db = TestDb::new().await;
+    sqlx::query("CREATE TABLE seen (settings text NOT NULL)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    received(&db.pool, 20).await;
+    let consumer = inbox::Consumer::builder(db.pool.clone())
+        .brokers("127.0.0.1:9")
+        .group_id("settings")
+        .handler(settings_seen)
+        .mode(inbox::Mode::Inbox)
+        .processors(0)
+        .build()
+        .unwrap();
+    assert_eq!(consumer.process_inbox_pending().await.unwrap(), 20);
+    let seen: Vec<String> = sqlx::query_scalar("SELECT DISTINCT settings FROM seen")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(seen, ["on on on"]);
+}

@@ -209,8 +209,8 @@ impl Batch for Rows<'_> {
 }
 
 /// Begins a batch's transaction on the connection that holds `shards` (`store::BEGIN_SQL`: at
-/// READ COMMITTED, so its claim sees what the shards' previous holders committed), and claims
-/// its rows from `floor`.
+/// READ COMMITTED, so its claim sees what the shards' previous holders committed; the planner
+/// held to index scans for the claim alone), and claims its rows from `floor`.
 async fn begin<'c>(
     shared: &Shared,
     shards: &'c mut Shards,
@@ -222,8 +222,9 @@ async fn begin<'c>(
         members: shards.members(),
         floor,
     };
-    let mut tx = shards.conn().begin_with(store::BEGIN_SQL).await?;
-    let rows = store::claim(&mut tx, shared.settings.batch_size, only, scope).await?;
+    let (conn, restore) = shards.conn_and_restore();
+    let mut tx = conn.begin_with(store::BEGIN_SQL).await?;
+    let rows = store::claim(&mut tx, shared.settings.batch_size, only, scope, restore).await?;
     Ok((tx, rows))
 }
 

@@ -36,6 +36,8 @@ enum Held {
 pub(crate) struct Shards {
     pooled: bool,
     held: Option<(Held, Space, i32)>,
+    /// What gives the session its own planner settings back after a claim.
+    restore: String,
     owned: BTreeSet<i32>,
     members: i64,
     rebalanced: Option<Instant>,
@@ -56,6 +58,7 @@ impl Shards {
         Shards {
             pooled,
             held: None,
+            restore: String::new(),
             owned: BTreeSet::new(),
             members: 1,
             rebalanced: None,
@@ -76,7 +79,9 @@ impl Shards {
     /// whatever the time). Call it between batches only.
     pub(crate) async fn ready(&mut self, pool: &PgPool, now: bool) -> Result<()> {
         if self.held.is_none() {
-            self.held = Some(self.join(pool).await?);
+            let mut held = self.join(pool).await?;
+            self.restore = crate::store::inbox::planner_restore(conn(&mut held.0)).await?;
+            self.held = Some(held);
             self.rebalanced = None;
         }
         if now
@@ -124,6 +129,15 @@ impl Shards {
     /// The connection the shards are held on, to run a batch on (after [`Shards::ready`]).
     pub(crate) fn conn(&mut self) -> &mut PgConnection {
         conn(&mut self.held.as_mut().expect("ready").0)
+    }
+
+    /// The connection, and the statement that gives it its planner settings back after a
+    /// claim (`store::inbox::planner_restore`).
+    pub(crate) fn conn_and_restore(&mut self) -> (&mut PgConnection, &str) {
+        (
+            conn(&mut self.held.as_mut().expect("ready").0),
+            &self.restore,
+        )
     }
 
     /// Gives the shards up and drops the connection (after an error on it: the server

@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 #[cfg(feature = "testing")]
 pub(crate) use claim::explain as explain_claim;
-pub(crate) use claim::{claim, Scope, BEGIN_SQL};
+pub(crate) use claim::{claim, planner_restore, Scope, BEGIN_SQL};
 
 use super::source_lock;
 use crate::error::Result;

@@ -169,9 +169,35 @@ enum Among<'q> {
     Ids(&'q [Uuid]),
 }
 
-/// Begins a processor's transaction, at READ COMMITTED whatever the role's default: its claim
-/// then sees what the shards' previous holders committed.
-pub(crate) const BEGIN_SQL: &str = "BEGIN ISOLATION LEVEL READ COMMITTED";
+/// Begins a processor's transaction, at READ COMMITTED whatever the role's default (its claim
+/// then sees what the shards' previous holders committed), with the planner left only index
+/// scans in their order for the claim. On statistics that say few rows are due (the last
+/// analyze saw them all processed: before a burst, between autovacuum's rounds) it would read
+/// the claim's whole window and sort it, several batches' reads for every claim until the
+/// next analyze. The handlers get the session's own settings back ([`planner_restore`])
+/// before they run.
+pub(crate) const BEGIN_SQL: &str = "BEGIN ISOLATION LEVEL READ COMMITTED; \
+     SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; \
+     SET LOCAL enable_sort = off";
+
+/// The statement that gives a session its own planner settings back after a claim in a
+/// transaction [`BEGIN_SQL`] began (read once per session; the settings are booleans).
+pub(crate) async fn planner_restore(conn: &mut sqlx::PgConnection) -> Result<String> {
+    let (seqscan, bitmapscan, sort): (String, String, String) = sqlx::query_as(
+        "SELECT current_setting('enable_seqscan'), current_setting('enable_bitmapscan'), \
+                current_setting('enable_sort')",
+    )
+    .fetch_one(&mut *conn)
+    .await?;
+    let on = |v: &str| if v == "off" { "off" } else { "on" };
+    Ok(format!(
+        "SET LOCAL enable_seqscan = {}; SET LOCAL enable_bitmapscan = {}; \
+         SET LOCAL enable_sort = {}",
+        on(&seqscan),
+        on(&bitmapscan),
+        on(&sort)
+    ))
+}
 
 /// Which rows a processor claims.
 #[derive(Debug, Clone, Copy)]
@@ -186,12 +212,14 @@ pub(crate) struct Scope {
 
 /// Claims up to `limit` due rows of `scope`'s shards in their keys' order (see the module's
 /// docs), in `conn`'s transaction, which [`BEGIN_SQL`] began on the connection that holds
-/// the shards; `only`: of these ids alone. Rows come in the order to handle them.
+/// the shards, then gives the session its planner settings back (`restore`, from
+/// [`planner_restore`]); `only`: of these ids alone. Rows come in the order to handle them.
 pub(crate) async fn claim(
     conn: &mut sqlx::PgConnection,
     limit: usize,
     only: Option<&[Uuid]>,
     scope: Scope,
+    restore: &str,
 ) -> Result<Vec<Claimed>> {
     let (sql, among) = match only {
         None => (CLAIM_SQL, Among::Window(window(limit, scope.members))),
@@ -200,6 +228,7 @@ pub(crate) async fn claim(
     let rows = claim_query(sql, limit, scope.shards, scope.floor, among)
         .fetch_all(&mut *conn)
         .await?;
+    sqlx::Executor::execute(&mut *conn, restore).await?;
     rows.iter().map(super::claimed).collect()
 }
 
