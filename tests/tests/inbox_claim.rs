@@ -172,6 +172,18 @@ async fn a_receipt_costs_the_same_however_large_its_partition_has_grown() {
     );
 }
 
+/// A consumer that only processes the inbox (no broker is ever reached), with `handler`.
+fn processing<H: inbox::Handler<()>>(pool: &PgPool, handler: H) -> inbox::Consumer {
+    inbox::Consumer::builder(pool.clone())
+        .brokers("127.0.0.1:9")
+        .group_id("processing")
+        .handler(handler)
+        .mode(inbox::Mode::Inbox)
+        .processors(0)
+        .build()
+        .unwrap()
+}
+
 /// A payment as [`received`] stores it.
 #[derive(serde::Serialize, serde::Deserialize, outbox_runtime::OutboxEvent)]
 #[outbox(
@@ -203,14 +215,7 @@ async fn a_processor_keeps_no_plan_of_its_marks_from_while_the_partition_was_sma
     let db = TestDb::new().await;
     // One connection: every statement the processor prepares is on it.
     let pool = db.pool(1).await;
-    let consumer = inbox::Consumer::builder(pool.clone())
-        .brokers("127.0.0.1:9")
-        .group_id("marks")
-        .handler(noted)
-        .mode(inbox::Mode::Inbox)
-        .processors(0)
-        .build()
-        .unwrap();
+    let consumer = processing(&pool, noted);
     for _ in 0..10 {
         received(&pool, 10).await;
         assert_eq!(consumer.process_inbox_pending().await.unwrap(), 10);
@@ -276,14 +281,7 @@ async fn a_key_waiting_for_its_retry_holds_back_only_its_own_rows_however_many()
     .await
     .unwrap();
     received(&db.pool, 50).await;
-    let consumer = inbox::Consumer::builder(db.pool.clone())
-        .brokers("127.0.0.1:9")
-        .group_id("held")
-        .handler(noted)
-        .mode(inbox::Mode::Inbox)
-        .processors(0)
-        .build()
-        .unwrap();
+    let consumer = processing(&db.pool, noted);
     let handled = consumer.process_inbox_pending().await.unwrap();
     let left: i64 = sqlx::query_scalar(
         "SELECT count(*) FROM inbox_event WHERE NOT processed AND partition_key <> 'acct-stuck'",
@@ -314,14 +312,7 @@ async fn a_processor_keeps_no_plan_of_its_claim_from_while_the_inbox_was_empty()
     let db = TestDb::new().await;
     // One connection: the processor's claim is prepared on it, and explained on it after.
     let pool = db.pool(1).await;
-    let consumer = inbox::Consumer::builder(pool.clone())
-        .brokers("127.0.0.1:9")
-        .group_id("claims")
-        .handler(noted)
-        .mode(inbox::Mode::Inbox)
-        .processors(0)
-        .build()
-        .unwrap();
+    let consumer = processing(&pool, noted);
     // Claims on an empty inbox, more than the five PostgreSQL plans afresh before it keeps one.
     for _ in 0..8 {
         assert_eq!(consumer.process_inbox_pending().await.unwrap(), 0);
@@ -409,14 +400,7 @@ async fn handlers_run_with_the_sessions_own_planner_settings() {
         .await
         .unwrap();
     received(&db.pool, 20).await;
-    let consumer = inbox::Consumer::builder(db.pool.clone())
-        .brokers("127.0.0.1:9")
-        .group_id("settings")
-        .handler(settings_seen)
-        .mode(inbox::Mode::Inbox)
-        .processors(0)
-        .build()
-        .unwrap();
+    let consumer = processing(&db.pool, settings_seen);
     assert_eq!(consumer.process_inbox_pending().await.unwrap(), 20);
     let seen: Vec<String> = sqlx::query_scalar("SELECT DISTINCT settings FROM seen")
         .fetch_all(&db.pool)

@@ -121,12 +121,17 @@ async fn out_of_order(pool: &PgPool) -> Vec<String> {
     .unwrap()
 }
 
-/// An inbox consumer quick to retry, with `processors` processors in small batches.
+/// An inbox consumer quick to retry, with two processors in small batches.
 fn inbox(builder: ConsumerBuilder) -> Consumer {
+    processing(builder, 2)
+}
+
+/// An inbox consumer quick to retry, with `processors` processors in small batches.
+fn processing(builder: ConsumerBuilder, processors: usize) -> Consumer {
     builder
         .handler(record_step)
         .mode(Mode::Inbox)
-        .processors(2)
+        .processors(processors)
         .batch_size(40)
         .max_attempts(1_000)
         .poll_interval(Duration::from_millis(20))
@@ -287,17 +292,10 @@ async fn a_processor_whose_session_ends_hands_its_keys_on_in_order() {
     received_steps(&db.pool, &accounts, per_account).await;
     let consumers: Vec<Consumer> = (0..2)
         .map(|_| {
-            Consumer::builder(db.pool.clone())
+            let builder = Consumer::builder(db.pool.clone())
                 .brokers("127.0.0.1:9")
-                .group_id("handover")
-                .handler(record_step)
-                .mode(Mode::Inbox)
-                .processors(0)
-                .batch_size(20)
-                .max_attempts(1_000)
-                .poll_interval(Duration::from_millis(20))
-                .build()
-                .unwrap()
+                .group_id("handover");
+            processing(builder, 0)
         })
         .collect();
     let cancel = tokio_util::sync::CancellationToken::new();
