@@ -121,6 +121,15 @@ async fn out_of_order(pool: &PgPool) -> Vec<String> {
     .unwrap()
 }
 
+/// No step recorded out of its account's order, and every row processed.
+async fn all_in_order(pool: &PgPool) {
+    assert_eq!(out_of_order(pool).await, Vec::<String>::new());
+    assert_eq!(
+        count(pool, "SELECT count(*) FROM inbox_event WHERE NOT processed").await,
+        0
+    );
+}
+
 /// An inbox consumer quick to retry, with two processors in small batches.
 fn inbox(builder: ConsumerBuilder) -> Consumer {
     processing(builder, 2)
@@ -180,15 +189,7 @@ async fn in_order(db: &TestDb, consumers: [Consumer; 2], accounts: &[String], pe
     for r in running {
         r.stop().await;
     }
-    assert_eq!(out_of_order(&db.pool).await, Vec::<String>::new());
-    assert_eq!(
-        count(
-            &db.pool,
-            "SELECT count(*) FROM inbox_event WHERE NOT processed"
-        )
-        .await,
-        0
-    );
+    all_in_order(&db.pool).await;
 }
 
 fn accounts() -> Vec<String> {
@@ -348,13 +349,5 @@ async fn a_processor_whose_session_ends_hands_its_keys_on_in_order() {
         ended.unwrap().unwrap();
     }
     assert!(ended >= 3, "only {ended} processor sessions were ended");
-    assert_eq!(out_of_order(&db.pool).await, Vec::<String>::new());
-    assert_eq!(
-        count(
-            &db.pool,
-            "SELECT count(*) FROM inbox_event WHERE NOT processed"
-        )
-        .await,
-        0
-    );
+    all_in_order(&db.pool).await;
 }
