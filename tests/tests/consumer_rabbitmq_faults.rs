@@ -325,13 +325,19 @@ async fn a_quorum_queue_a_kill_left_leaderless_is_consumed_once_declared_again()
     if leaderless {
         // What the consumer's warning tells the operator to do.
         mq::rabbitmqctl(Some(&node), &["delete_queue", &queue]);
-        wait_for(
-            "the queue declared again",
-            Duration::from_secs(60),
-            || async { mq::queue_depth(&url, &queue).await.is_some() },
-        )
-        .await;
     }
+    // Read from: declared (again) and bound, so that what is published next is routed to it
+    // (published between its declaration and its binding, it would be dropped).
+    wait_for(
+        "the queue declared and read",
+        Duration::from_secs(60),
+        || async {
+            mq::list_consumers(Some(&node), "/")
+                .iter()
+                .any(|(q, _)| *q == queue)
+        },
+    )
+    .await;
     let records = outbox_tests::deposits::interleaved(3, 5);
     mq::publish(&url, TOPIC, "0", &records).await;
     let pool = db.pool.clone();
