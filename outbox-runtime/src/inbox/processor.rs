@@ -93,12 +93,10 @@ pub(crate) async fn run(shared: &Shared, cancel: CancellationToken) -> Result<()
         // What is stored or released from here on wakes it from the wait below.
         rows_waiting.mark_unchanged();
         let batch = process_batch(shared, &mut shards, woken).await;
-        woken = true;
+        // Only after a full batch does it go straight on, with no wait.
+        woken = !matches!(batch, Ok(n) if n >= settings.batch_size);
         match batch {
-            Ok(n) if n >= settings.batch_size => {
-                failures = 0;
-                woken = false;
-            }
+            Ok(n) if n >= settings.batch_size => failures = 0,
             Ok(_) => {
                 failures = 0;
                 tokio::select! {

@@ -5,16 +5,13 @@
 //! between batches: at most every [`REBALANCE_EVERY`] while busy, at each wake-up when idle.
 
 use std::collections::BTreeSet;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, PgPool, Postgres};
 
 use crate::error::{Error, Result};
-use crate::store::shards::{self, Space};
-
-/// How often a busy processor looks at its share of the shards.
-pub(crate) const REBALANCE_EVERY: Duration = Duration::from_millis(100);
+use crate::store::shards::{self, Space, REBALANCE_EVERY};
 
 /// The table whose processors these are, by the name `search_path` resolves.
 const TABLE: &str = "inbox_event";
@@ -128,7 +125,7 @@ impl Shards {
 
     /// The connection the shards are held on, to run a batch on (after [`Shards::ready`]).
     pub(crate) fn conn(&mut self) -> &mut PgConnection {
-        conn(&mut self.held.as_mut().expect("ready").0)
+        self.conn_and_restore().0
     }
 
     /// The connection, and the statement that gives it its planner settings back after a
@@ -158,15 +155,11 @@ impl Shards {
                 "SELECT pg_advisory_unlock_all(); RESET application_name",
             )
             .await?;
-            if let Held::Pooled(c) = held {
-                drop(c); // back to the pool, holding nothing
-            }
+            // Dropped: a pooled connection goes back to the pool, holding nothing.
         }
         Ok(())
     }
-}
 
-impl Shards {
     /// A pooled connection not released (after an error, or a cancelled future) is closed
     /// when dropped: back in the pool, it would go on holding the shards.
     fn close_pooled(&mut self) {

@@ -46,9 +46,7 @@ pub(super) enum Step {
 /// How often held keys (an operator's problem) are tried again, at most.
 const HELD_RETRY: Duration = Duration::from_secs(10);
 
-/// How often an instance checks its share of the shards (when busy; an idle one checks each
-/// time it wakes).
-pub(super) const REBALANCE_EVERY: Duration = Duration::from_millis(100);
+pub(super) use crate::store::shards::REBALANCE_EVERY;
 
 /// Where the next claim starts, so that a claim never walks what earlier claims covered (rows
 /// since published, whose index entries stay until a vacuum): the cost of a claim stays that of

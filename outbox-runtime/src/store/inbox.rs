@@ -12,7 +12,7 @@ use uuid::Uuid;
 
 #[cfg(feature = "testing")]
 pub(crate) use claim::explain as explain_claim;
-pub(crate) use claim::{claim, planner_restore, Scope, BEGIN_SQL};
+pub(crate) use claim::{claim, due_ids, planner_restore, Scope, BEGIN_SQL};
 
 use super::source_lock;
 use crate::error::Result;
@@ -280,27 +280,6 @@ pub(crate) async fn record_failures(
     .execute(conn)
     .await?;
     Ok(())
-}
-
-/// The ids of up to `limit` due rows of the shards `shards` (a mask, as the claim's) or of no
-/// key, oldest first, locking nothing: what a processor handles one by one after a refused
-/// commit.
-pub(crate) async fn due_ids(
-    conn: &mut sqlx::PgConnection,
-    limit: usize,
-    shards: i64,
-) -> Result<Vec<Uuid>> {
-    Ok(sqlx::query_scalar(
-        "SELECT event_id FROM inbox_event WHERE NOT processed AND dead_at IS NULL \
-           AND (next_attempt_at IS NULL OR next_attempt_at <= now()) \
-           AND (partition_key IS NULL \
-                OR ($2::int8 >> (hashtext(topic || E'\\x1f' || partition_key) & 63)) & 1 = 1) \
-         ORDER BY seq LIMIT $1",
-    )
-    .bind(limit as i64)
-    .bind(shards)
-    .fetch_all(conn)
-    .await?)
 }
 
 /// A row's `attempts` so far.

@@ -140,7 +140,8 @@ pub(crate) async fn clear_stale_waiting(conn: &mut PgConnection, slot: i32) -> R
 }
 
 /// Moves `owned` toward this instance's fair share of the shards: see [`shards::rebalance`].
-/// Called only between batches, so a released shard has nothing in flight.
+/// Called only between batches, so a released shard has nothing in flight. Returns whether it
+/// took shards (their rows below the instance's cursor are unknown to it).
 pub(crate) async fn rebalance(
     conn: &mut PgConnection,
     table: Table,

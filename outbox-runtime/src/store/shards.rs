@@ -10,6 +10,7 @@
 //! the processors of one, never count or block each other.
 
 use std::collections::BTreeSet;
+use std::time::Duration;
 
 use sqlx::PgConnection;
 
@@ -23,6 +24,10 @@ pub(crate) const SHARDS: i32 = 64;
 pub(crate) const MEMBER_KEY: i32 = 0x4d00_0000; // "M"
 pub(crate) const SHARD_KEY: i32 = 0x5300_0000; // "S"
 pub(crate) const MEMBER_SLOTS: i32 = 4096;
+
+/// How often a busy member looks at its share of the shards (an idle one looks each time it
+/// wakes).
+pub(crate) const REBALANCE_EVERY: Duration = Duration::from_millis(100);
 
 /// Whose locks: a table's, under its oid.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

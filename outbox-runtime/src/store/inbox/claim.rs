@@ -66,14 +66,16 @@ macro_rules! not_held_back {
     };
 }
 
-/// Whether row `$t`'s key is in a shard of the mask `$3` (bit `s` for shard `s`, as
-/// `store/shards.rs` numbers them), or it has no key.
+/// Whether row `$t`'s key is in a shard of the mask `$mask` (a parameter; bit `s` for shard
+/// `s`, as `store/shards.rs` numbers them), or it has no key.
 macro_rules! mine {
-    ($t:literal) => {
+    ($t:literal, $mask:literal) => {
         concat!(
             "(",
             $t,
-            ".partition_key IS NULL OR ($3::int8 >> (hashtext(",
+            ".partition_key IS NULL OR (",
+            $mask,
+            "::int8 >> (hashtext(",
             $t,
             ".topic || E'\\x1f' || ",
             $t,
@@ -113,7 +115,7 @@ macro_rules! claim_sql {
              FROM inbox_event e WHERE ",
             claimable!("e"),
             " AND ",
-            mine!("e"),
+            mine!("e", "$3"),
             $among,
             " ORDER BY e.seq LIMIT $1 FOR UPDATE OF e SKIP LOCKED"
         )
@@ -157,7 +159,7 @@ fn claim_query<'q>(
 ) -> sqlx::query::Query<'q, sqlx::Postgres, sqlx::postgres::PgArguments> {
     let query = sqlx::query(sql).bind(limit as i64);
     let query = match among {
-        Among::Window(window) => query.bind(window.max(limit) as i64),
+        Among::Window(window) => query.bind(window as i64),
         Among::Ids(ids) => query.bind(ids),
     };
     query.bind(shards).bind(floor)
@@ -230,6 +232,26 @@ pub(crate) async fn claim(
         .await?;
     sqlx::Executor::execute(&mut *conn, restore).await?;
     rows.iter().map(super::claimed).collect()
+}
+
+/// The ids of up to `limit` (`$1`) due rows of the shards `$2` (a mask) or of no key, oldest
+/// first, locking nothing: what a processor handles one by one after a refused commit.
+pub(crate) async fn due_ids(
+    conn: &mut sqlx::PgConnection,
+    limit: usize,
+    shards: i64,
+) -> Result<Vec<Uuid>> {
+    Ok(sqlx::query_scalar(concat!(
+        "SELECT e.event_id FROM inbox_event e WHERE ",
+        due!("e"),
+        " AND ",
+        mine!("e", "$2"),
+        " ORDER BY e.seq LIMIT $1"
+    ))
+    .bind(limit as i64)
+    .bind(shards)
+    .fetch_all(conn)
+    .await?)
 }
 
 /// How far past the first row to claim a claim of `limit` looks (in `seq`, so processed rows
