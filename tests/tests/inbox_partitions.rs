@@ -2,7 +2,8 @@
 //! across a partition boundary (a redelivery after its first receipt's partition rolled over),
 //! a consumer creates the partition it finds missing, retention drops a partition only once
 //! every row in it is processed (one with an unprocessed or a dead row is kept and reported),
-//! and an installation from before converts while a consumer runs.
+//! and an installation from before converts while a consumer runs, its processors sharing the
+//! keys' shards with those started after.
 
 use std::time::Duration;
 
@@ -411,4 +412,69 @@ async fn a_plain_inbox_converts_while_a_consumer_runs_losing_nothing() {
             "ix_inbox_event_unprocessed"
         ]
     );
+}
+
+/// The shards held by inbox processors: how many processors hold any, and the shards held by
+/// more than one processor (`inbox_event`'s processors are the sessions named
+/// `outbox-inbox-processor`; a shard is the second key of a two-key advisory lock, the same
+/// for every processor of one inbox).
+async fn shard_holders(pool: &PgPool) -> (i64, i64) {
+    sqlx::query_as(
+        "WITH held AS (SELECT l.pid, l.classid, l.objid FROM pg_locks l \
+                       JOIN pg_stat_activity a ON a.pid = l.pid \
+                       WHERE l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 \
+                         AND a.application_name = 'outbox-inbox-processor' \
+                         AND a.datname = current_database()) \
+         SELECT (SELECT count(DISTINCT pid) FROM held), \
+                (SELECT count(*) FROM (SELECT objid FROM held GROUP BY objid \
+                                       HAVING count(DISTINCT pid) > 1) twice)",
+    )
+    .fetch_one(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn processors_started_before_and_after_a_conversion_share_the_keys_shards() {
+    // Failed before the fix: the processors locked their shards under the table's oid, which
+    // the conversion changes, so a consumer started after it counted only its own processors
+    // and took every shard that those started before held too (one key, two processors).
+    let db = TestDb::before_partitions().await;
+    fixtures::create_orders(&db.pool).await;
+    let kafka = Kafka::mock();
+    kafka.create_topic(PAYMENTS, PARTITIONS).await;
+    kafka.create_topic(&format!("{PAYMENTS}.dlq"), 1).await;
+    let consumer = |kafka: &Kafka| {
+        builder(&db, kafka, "orders")
+            .handler(fixtures::mark_order_paid)
+            .mode(Mode::Inbox)
+            .processors(2)
+            .poll_interval(Duration::from_millis(20))
+            .build()
+            .unwrap()
+    };
+    let before = Running::consumer(&consumer(&kafka));
+    let processors = || async { admin::status(&db.pool).await.unwrap().inbox_processors };
+    wait_for("two processors", Duration::from_secs(30), || async {
+        processors().await == 2
+    })
+    .await;
+    let conversion = admin::convert_to_partitions(&db.pool, CleanupTable::Inbox)
+        .await
+        .unwrap();
+    assert!(matches!(conversion, Conversion::Converted { .. }), "{conversion:?}");
+    let after = Running::consumer(&consumer(&kafka));
+    // All four count, and once the shares settle every shard has one holder among them.
+    wait_for(
+        "four processors counted, each holding a share, no shard held twice",
+        Duration::from_secs(30),
+        || async { processors().await == 4 && shard_holders(&db.pool).await == (4, 0) },
+    )
+    .await;
+    // And they process: a payment sent now is applied once.
+    let payments = orders_with_payments(&db.pool, 200).await;
+    produce(&kafka.bootstrap(), PAYMENTS, &records(&payments)).await;
+    settled(&db, &kafka, 200, 200).await;
+    assert!(paid_counts(&db.pool).await.iter().all(|&p| p == 1));
+    Running::stop_all([before, after]).await;
 }
