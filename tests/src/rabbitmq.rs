@@ -19,15 +19,17 @@ use std::time::Duration;
 
 use amqprs::callbacks::ChannelCallback;
 use amqprs::channel::{
-    BasicAckArguments, BasicGetArguments, BasicPublishArguments, Channel, ExchangeDeclareArguments,
-    ExchangeDeleteArguments, ExchangeType, QueueBindArguments, QueueDeclareArguments,
-    QueueDeleteArguments,
+    BasicAckArguments, BasicCancelArguments, BasicConsumeArguments, BasicPublishArguments,
+    BasicQosArguments, Channel, ConsumerMessage, ExchangeDeclareArguments, ExchangeDeleteArguments,
+    ExchangeType, QueueBindArguments, QueueDeclareArguments, QueueDeleteArguments,
 };
 use amqprs::connection::{Connection, OpenConnectionArguments};
 use amqprs::{
-    Ack, BasicProperties, Cancel, CloseChannel, FieldTable, FieldValue, GetOk, Nack, Return,
+    Ack, BasicProperties, Cancel, CloseChannel, FieldTable, FieldValue, Nack, Return,
     DELIVERY_MODE_PERSISTENT,
 };
+
+use tokio::sync::mpsc::UnboundedReceiver;
 
 use crate::kafka::{Outgoing, Received};
 
@@ -715,62 +717,112 @@ pub async fn delete_exchange(url: &str, exchange: &str) {
     close(connection, channel).await;
 }
 
-/// Takes messages from `queue` (`basic.get`, each acknowledged: they leave the queue) until
-/// `expected` are read or `within` passes, and returns them in the order read, as the Kafka
-/// tests' records (see [`received`]). A queue missing (not declared yet) reads as empty until
-/// it appears; any other failure (the node refusing, the connection lost) panics.
+/// Takes messages from `queue` (each acknowledged: they leave the queue) until `expected` are
+/// read or `within` passes, and returns them in the order read, as the Kafka tests' records
+/// (see [`received`]). A queue missing (not declared yet) reads as empty until it appears; any
+/// other failure (the node refusing, the connection lost) panics.
 pub async fn read_queue(
     url: &str,
     queue: &str,
     expected: usize,
     within: Duration,
 ) -> Vec<Received> {
-    let deadline = tokio::time::Instant::now() + within;
-    let (connection, mut channel, mut closed) = open(url).await;
     let mut out = Vec::new();
-    while out.len() < expected {
-        match take_one(&channel, queue).await {
-            Ok(Some((get_ok, properties, body))) => {
-                out.push(received(&get_ok, &properties, body, out.len() as i64));
-                continue;
-            }
-            Ok(None) => {}
-            // The queue is missing: the node closed the channel. Another one, and wait.
-            Err(_) if closed.not_found() => {
-                (channel, closed) = open_channel(&connection, url).await;
-            }
-            Err(e) => panic!("basic.get on {queue} at {url}: {}", closed.explain(&e)),
-        }
-        if tokio::time::Instant::now() >= deadline {
-            break;
-        }
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
-    close(connection, channel).await;
+    take(
+        url,
+        queue,
+        expected,
+        within,
+        |routing_key, properties, body| {
+            out.push(received(routing_key, &properties, body, out.len() as i64));
+        },
+    )
+    .await;
     out
 }
 
-/// Takes one message of `queue` (`basic.get`, acknowledged at once), `None` if it holds none.
-/// Never cancelled: amqprs's channel task panics (and the channel is dead) when a
-/// `basic.get`'s answer arrives for a future dropped meanwhile. A node answers at once; one
-/// that does not within 10 s is broken.
-pub(crate) async fn take_one(
+/// Takes up to `expected` messages of `queue` within `within`, each acknowledged once `each`
+/// has it: read through a consumer of prefetch 1, cancelled before the last one is
+/// acknowledged, so that nothing past `expected` is taken. (Not `basic.get`: amqprs's channel
+/// task panicked on a `get-ok`, "get responder must be registered", under the parallel suite.)
+/// A missing queue is waited for; any other failure panics.
+pub(crate) async fn take(
+    url: &str,
+    queue: &str,
+    expected: usize,
+    within: Duration,
+    mut each: impl FnMut(&str, BasicProperties, Vec<u8>),
+) {
+    let deadline = tokio::time::Instant::now() + within;
+    let (connection, mut channel, mut closed) = open(url).await;
+    let mut read = 0;
+    if expected > 0 {
+        let (tag, mut deliveries) = loop {
+            match consume(&channel, queue).await {
+                Ok(consumer) => break consumer,
+                // The queue is missing: the node closed the channel. Another one, and wait.
+                Err(_) if closed.not_found() && tokio::time::Instant::now() < deadline => {
+                    (channel, closed) = open_channel(&connection, url).await;
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                Err(_) if closed.not_found() => {
+                    close(connection, channel).await;
+                    return;
+                }
+                Err(e) => panic!("consume {queue} at {url}: {}", closed.explain(&e)),
+            }
+        };
+        while read < expected {
+            let Ok(message) = tokio::time::timeout_at(deadline, deliveries.recv()).await else {
+                break;
+            };
+            let Some(ConsumerMessage {
+                deliver: Some(deliver),
+                basic_properties: Some(properties),
+                content: Some(body),
+                ..
+            }) = message
+            else {
+                panic!(
+                    "the consumer of {queue} at {url} ended: {:?}",
+                    closed.reason()
+                );
+            };
+            read += 1;
+            each(deliver.routing_key(), properties, body);
+            if read == expected {
+                // With this one unacknowledged, the node sends no other before the cancel.
+                channel
+                    .basic_cancel(BasicCancelArguments::new(&tag))
+                    .await
+                    .unwrap_or_else(|e| panic!("cancel the consumer of {queue}: {e}"));
+            }
+            channel
+                .basic_ack(BasicAckArguments::new(deliver.delivery_tag(), false))
+                .await
+                .unwrap_or_else(|e| panic!("acknowledge a message of {queue}: {e}"));
+        }
+    }
+    close(connection, channel).await;
+}
+
+/// A consumer of `queue` on `channel`, of prefetch 1 and manual acknowledgements. A node
+/// answers at once; one that does not within 10 s is broken.
+async fn consume(
     channel: &Channel,
     queue: &str,
-) -> Result<Option<(GetOk, BasicProperties, Vec<u8>)>, amqprs::error::Error> {
-    let get = tokio::time::timeout(
-        Duration::from_secs(10),
-        channel.basic_get(BasicGetArguments::new(queue)),
-    )
-    .await
-    .unwrap_or_else(|_| panic!("basic.get on {queue} unanswered for 10 s"));
-    if let Ok(Some((get_ok, _, _))) = &get {
+) -> Result<(String, UnboundedReceiver<ConsumerMessage>), amqprs::error::Error> {
+    let answer = async {
         channel
-            .basic_ack(BasicAckArguments::new(get_ok.delivery_tag(), false))
-            .await
-            .unwrap_or_else(|e| panic!("acknowledge a message of {queue}: {e}"));
-    }
-    get
+            .basic_qos(BasicQosArguments::new(0, 1, false))
+            .await?;
+        let mut args = BasicConsumeArguments::new(queue, "");
+        args.manual_ack(true);
+        channel.basic_consume_rx(args).await
+    };
+    tokio::time::timeout(Duration::from_secs(10), answer)
+        .await
+        .unwrap_or_else(|_| panic!("basic.consume on {queue} unanswered for 10 s"))
 }
 
 /// A header's value as text: a string's own; any other type's `Display` (a number, a
@@ -796,7 +848,7 @@ pub fn header(properties: &BasicProperties, name: &str) -> Option<String> {
 /// `outbox_key`, the timestamp from `outbox_timestamp_ms`, the partition from the routing key
 /// if it is a number (the relay's shard) else 0, and `offset` its place in the reading.
 pub fn received(
-    get_ok: &GetOk,
+    routing_key: &str,
     properties: &BasicProperties,
     body: Vec<u8>,
     offset: i64,
@@ -819,7 +871,7 @@ pub fn received(
             .get("outbox_timestamp_ms")
             .and_then(|t| t.parse().ok()),
         headers,
-        partition: get_ok.routing_key().parse().unwrap_or(0),
+        partition: routing_key.parse().unwrap_or(0),
         offset,
     }
 }

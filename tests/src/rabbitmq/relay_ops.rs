@@ -108,27 +108,27 @@ pub struct Message {
     pub routing_key: String,
 }
 
-/// Takes every message `queue` holds now (as [`read_queue`] does, each acknowledged), with its
-/// properties.
+/// Takes every message `queue` holds now (as many as its depth when called, each
+/// acknowledged), with its properties, within 10 s.
 pub async fn take_messages(url: &str, queue: &str) -> Vec<Message> {
-    let (connection, channel, closed) = open(url).await;
+    let depth = queue_depth(url, queue).await.unwrap_or(0) as usize;
     let mut out = Vec::new();
-    loop {
-        match take_one(&channel, queue).await {
-            Ok(Some((get_ok, properties, body))) => {
-                out.push(Message {
-                    message_id: properties.message_id().cloned(),
-                    delivery_mode: properties.delivery_mode(),
-                    content_type: properties.content_type().cloned(),
-                    routing_key: get_ok.routing_key().clone(),
-                    record: received(&get_ok, &properties, body, out.len() as i64),
-                });
-            }
-            Ok(None) => break,
-            Err(e) => panic!("basic.get on {queue} at {url}: {}", closed.explain(&e)),
-        }
-    }
-    close(connection, channel).await;
+    take(
+        url,
+        queue,
+        depth,
+        Duration::from_secs(10),
+        |routing_key, properties, body| {
+            out.push(Message {
+                message_id: properties.message_id().cloned(),
+                delivery_mode: properties.delivery_mode(),
+                content_type: properties.content_type().cloned(),
+                routing_key: routing_key.to_owned(),
+                record: received(routing_key, &properties, body, out.len() as i64),
+            });
+        },
+    )
+    .await;
     out
 }
 
