@@ -244,7 +244,8 @@ pub(super) async fn status_on(conn: &mut PgConnection, count: Count) -> Result<S
     .fetch_one(&mut *conn)
     .await?;
     let relay_instances = crate::store::relay::members(&mut *conn).await?;
-    let inbox_processors = crate::store::shards::members(&mut *conn, "inbox_event").await?;
+    let inbox_processors =
+        crate::store::shards::members(&mut *conn, crate::store::shards::Kind::Inbox).await?;
     let consumer_leases = sqlx::query(
         "SELECT group_id, topic, holder IS NOT NULL AND expires_at > now() AS owned, \
                 CASE WHEN holder IS NOT NULL \

@@ -11,10 +11,7 @@ use sqlx::pool::PoolConnection;
 use sqlx::{PgConnection, PgPool, Postgres};
 
 use crate::error::{Error, Result};
-use crate::store::shards::{self, Space, REBALANCE_EVERY};
-
-/// The table whose processors these are, by the name `search_path` resolves.
-const TABLE: &str = "inbox_event";
+use crate::store::shards::{self, Kind, Space, REBALANCE_EVERY};
 
 /// The `application_name` of a processor's session while it holds shards, so that an
 /// operator can tell its sessions (and end one: its shards go to the others).
@@ -88,8 +85,7 @@ impl Shards {
         {
             let (held, space, slot) = self.held.as_mut().expect("joined");
             let conn = conn(held);
-            let (_, members) =
-                shards::rebalance(conn, *space, TABLE, &mut self.owned, *slot).await?;
+            let (_, members) = shards::rebalance(conn, *space, &mut self.owned, *slot).await?;
             self.members = members;
             self.rebalanced = Some(Instant::now());
         }
@@ -108,15 +104,7 @@ impl Shards {
             format!("SET application_name = '{APPLICATION_NAME}'").as_str(),
         )
         .await?;
-        let oid: Option<i64> = sqlx::query_scalar("SELECT to_regclass('inbox_event')::oid::int8")
-            .fetch_one(&mut *c)
-            .await?;
-        let space = Space::of(oid.ok_or_else(|| {
-            Error::Config(
-                "no inbox_event table on the search_path: run the migrations (`outbox migrate`)"
-                    .into(),
-            )
-        })?);
+        let space = Space::resolve(c, Kind::Inbox).await?;
         let slot = shards::join(c, space).await?.ok_or_else(|| {
             Error::Config("no free inbox processor slot (more than 4096 processors?)".into())
         })?;

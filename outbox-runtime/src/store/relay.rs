@@ -9,12 +9,9 @@ use chrono::{DateTime, Utc};
 use sqlx::{Executor, PgConnection, Row};
 
 use super::record::{claimed_columns, Claimed};
-use super::shards::{self, Space};
+use super::shards::{self, Kind, Space};
 pub(crate) use super::shards::{shard_mask, SHARDS};
 use crate::error::{Error, Result};
-
-/// The table the relay works on, by the name `search_path` resolves.
-const TABLE: &str = "outbox_event";
 
 /// The `outbox_event` table that `search_path` resolves to, as the relay needs it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -49,7 +46,7 @@ impl Table {
             )));
         }
         Ok(Table {
-            space: Space::of(table),
+            space: Space::relay(table),
             id_sequence,
         })
     }
@@ -62,7 +59,7 @@ pub(crate) async fn join(conn: &mut PgConnection, table: Table) -> Result<Option
 
 /// Live relay instances of the outbox on the `search_path`: the member locks held.
 pub(crate) async fn members(conn: &mut PgConnection) -> Result<i64> {
-    shards::members(conn, TABLE).await
+    shards::members(conn, Kind::Relay).await
 }
 
 /// One live relay instance as the database sees it: its session and the advisory locks it holds.
@@ -89,11 +86,11 @@ pub(crate) async fn member_list(conn: &mut PgConnection) -> Result<Vec<Member>> 
                 a.backend_start, a.application_name, host(a.client_addr) AS client_addr \
          FROM pg_locks l LEFT JOIN pg_stat_activity a ON a.pid = l.pid \
          WHERE {} ORDER BY slot",
-        shards::member_locks_sql(TABLE)
+        shards::member_locks_sql(Kind::Relay)
     ))
-    .bind(i64::from(shards::MEMBER_KEY))
+    .bind(i64::from(Kind::Relay.member_key()))
     .bind(shards::MEMBER_SLOTS)
-    .bind(i64::from(shards::SHARD_KEY))
+    .bind(i64::from(Kind::Relay.shard_key()))
     .bind(SHARDS)
     .fetch_all(&mut *conn)
     .await?;
@@ -129,9 +126,9 @@ pub(crate) async fn clear_stale_waiting(conn: &mut PgConnection, slot: i32) -> R
     sqlx::query(&format!(
         "DELETE FROM outbox_relay_waiting w WHERE w.slot = $3 OR NOT EXISTS ( \
              SELECT 1 FROM pg_locks l WHERE {} AND l.objid::int8 = $1 + w.slot)",
-        shards::member_locks_sql(TABLE)
+        shards::member_locks_sql(Kind::Relay)
     ))
-    .bind(i64::from(shards::MEMBER_KEY))
+    .bind(i64::from(Kind::Relay.member_key()))
     .bind(shards::MEMBER_SLOTS)
     .bind(slot)
     .execute(&mut *conn)
@@ -148,7 +145,7 @@ pub(crate) async fn rebalance(
     owned: &mut BTreeSet<i32>,
     slot: i32,
 ) -> Result<bool> {
-    shards::rebalance(conn, table.space, TABLE, owned, slot)
+    shards::rebalance(conn, table.space, owned, slot)
         .await
         .map(|(gained, _)| gained)
 }

@@ -5,55 +5,121 @@
 //! ends (a crash, a network cut, `pg_terminate_backend`) gives its shards up at once, with
 //! any transaction it had open, and the others take them at their next rebalance.
 //!
-//! Both kinds of member take their locks under their table's oid (the first key of the
-//! two-key advisory locks), so installations in two schemas of one database, and the relay and
-//! the processors of one, never count or block each other.
+//! The two kinds of member take their locks under different first keys and second keys
+//! ([`Kind`]), so installations in two schemas of one database, and the relay and the
+//! processors of one, never count or block each other. A relay's first key is its table's oid
+//! (converting `outbox_event` to partitions is refused while relays run); the processors' is
+//! the oid of their table's schema, which converting `inbox_event` to partitions (a new table,
+//! a new oid, while consumers run) leaves as it is: processors started before a conversion and
+//! after it share one set of shards.
 
 use std::collections::BTreeSet;
 use std::time::Duration;
 
 use sqlx::PgConnection;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Keys are spread over this many shards (`hashtext(...) & 63`).
 pub(crate) const SHARDS: i32 = 64;
 
-/// Second keys of the two-key advisory locks: a member slot is `MEMBER_KEY + slot`, a shard
-/// `SHARD_KEY + shard`.
-pub(crate) const MEMBER_KEY: i32 = 0x4d00_0000; // "M"
-pub(crate) const SHARD_KEY: i32 = 0x5300_0000; // "S"
+/// Member slots of a kind: a member's slot is one of `0..MEMBER_SLOTS`.
 pub(crate) const MEMBER_SLOTS: i32 = 4096;
 
 /// How often a busy member looks at its share of the shards (an idle one looks each time it
 /// wakes).
 pub(crate) const REBALANCE_EVERY: Duration = Duration::from_millis(100);
 
-/// Whose locks: a table's, under its oid.
+/// Whose shards: the relay instances of the `outbox_event` on the `search_path`, or the
+/// processors of its `inbox_event`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Space {
-    /// The table's oid, as the first key of the locks (an `oid` is unsigned: its bits, read as
-    /// an `int4`).
-    lock_space: i32,
+pub(crate) enum Kind {
+    Relay,
+    Inbox,
 }
 
-impl Space {
-    /// The space of the table whose oid is `oid`.
-    pub(crate) fn of(oid: i64) -> Space {
-        Space {
-            lock_space: oid as u32 as i32,
+impl Kind {
+    /// Second key of a member slot's lock: this plus the slot.
+    pub(crate) fn member_key(self) -> i32 {
+        match self {
+            Kind::Relay => 0x4d00_0000, // "M"
+            Kind::Inbox => 0x6d00_0000, // "m"
+        }
+    }
+
+    /// Second key of a shard's lock: this plus the shard.
+    pub(crate) fn shard_key(self) -> i32 {
+        match self {
+            Kind::Relay => 0x5300_0000, // "S"
+            Kind::Inbox => 0x7300_0000, // "s"
+        }
+    }
+
+    /// The table, by the name `search_path` resolves.
+    fn table(self) -> &'static str {
+        match self {
+            Kind::Relay => "outbox_event",
+            Kind::Inbox => "inbox_event",
+        }
+    }
+
+    /// The first key of the locks (an `oid`), as SQL: NULL without the table.
+    fn first_key_sql(self) -> &'static str {
+        match self {
+            Kind::Relay => "to_regclass('outbox_event')::oid",
+            Kind::Inbox => {
+                "(SELECT relnamespace FROM pg_class WHERE oid = to_regclass('inbox_event'))"
+            }
         }
     }
 }
 
-/// `pg_locks` rows of `table`'s member locks (`l` is `pg_locks`; `$1` is [`MEMBER_KEY`], `$2`
-/// [`MEMBER_SLOTS`]).
-pub(crate) fn member_locks_sql(table: &str) -> String {
+/// Whose locks, under which first key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Space {
+    kind: Kind,
+    /// The first key of the locks (an `oid` is unsigned: its bits, read as an `int4`).
+    lock_space: i32,
+}
+
+impl Space {
+    /// The relay's space of the outbox table whose oid is `oid`.
+    pub(crate) fn relay(oid: i64) -> Space {
+        Space {
+            kind: Kind::Relay,
+            lock_space: oid as u32 as i32,
+        }
+    }
+
+    /// The space of `kind` in the database `conn` is on, for the table its `search_path`
+    /// resolves. A clear error without the table.
+    pub(crate) async fn resolve(conn: &mut PgConnection, kind: Kind) -> Result<Space> {
+        let oid: Option<i64> =
+            sqlx::query_scalar(&format!("SELECT ({})::int8", kind.first_key_sql()))
+                .fetch_one(&mut *conn)
+                .await?;
+        let oid = oid.ok_or_else(|| {
+            Error::Config(format!(
+                "no {} table on the search_path: run the migrations (`outbox migrate`)",
+                kind.table()
+            ))
+        })?;
+        Ok(Space {
+            kind,
+            lock_space: oid as u32 as i32,
+        })
+    }
+}
+
+/// `pg_locks` rows of the member locks of `kind` (`l` is `pg_locks`; `$1` is the kind's
+/// [`Kind::member_key`], `$2` [`MEMBER_SLOTS`]).
+pub(crate) fn member_locks_sql(kind: Kind) -> String {
     format!(
         "l.locktype = 'advisory' AND l.granted AND l.objsubid = 2 \
-         AND l.classid = to_regclass('{table}')::oid \
+         AND l.classid = {} \
          AND l.objid::int8 BETWEEN $1 AND $1 + $2 - 1 \
-         AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())"
+         AND l.database = (SELECT oid FROM pg_database WHERE datname = current_database())",
+        kind.first_key_sql()
     )
 }
 
@@ -65,20 +131,20 @@ pub(crate) async fn join(conn: &mut PgConnection, space: Space) -> Result<Option
          WHERE pg_try_advisory_lock($1, $2 + s) LIMIT 1",
     )
     .bind(space.lock_space)
-    .bind(MEMBER_KEY)
+    .bind(space.kind.member_key())
     .bind(MEMBER_SLOTS)
     .fetch_optional(&mut *conn)
     .await?;
     Ok(slot)
 }
 
-/// Live members of `table` (the one on the `search_path`): the member locks held.
-pub(crate) async fn members(conn: &mut PgConnection, table: &str) -> Result<i64> {
+/// Live members of `kind` (of its table on the `search_path`): the member locks held.
+pub(crate) async fn members(conn: &mut PgConnection, kind: Kind) -> Result<i64> {
     let n: i64 = sqlx::query_scalar(&format!(
         "SELECT count(*) FROM pg_locks l WHERE {}",
-        member_locks_sql(table)
+        member_locks_sql(kind)
     ))
-    .bind(i64::from(MEMBER_KEY))
+    .bind(i64::from(kind.member_key()))
     .bind(MEMBER_SLOTS)
     .fetch_one(&mut *conn)
     .await?;
@@ -91,11 +157,10 @@ pub(crate) async fn members(conn: &mut PgConnection, table: &str) -> Result<i64>
 pub(crate) async fn rebalance(
     conn: &mut PgConnection,
     space: Space,
-    table: &str,
     owned: &mut BTreeSet<i32>,
     slot: i32,
 ) -> Result<(bool, i64)> {
-    let members = members(conn, table).await?.max(1);
+    let members = members(conn, space.kind).await?.max(1);
     let target = ((SHARDS as i64 + members - 1) / members) as usize;
     let unlock = "SELECT pg_advisory_unlock($1, $2 + s) FROM unnest($3::int4[]) AS s";
     if owned.len() > target {
@@ -107,7 +172,7 @@ pub(crate) async fn rebalance(
             .collect();
         sqlx::query(unlock)
             .bind(space.lock_space)
-            .bind(SHARD_KEY)
+            .bind(space.kind.shard_key())
             .bind(&extra)
             .execute(&mut *conn)
             .await?;
@@ -129,7 +194,7 @@ pub(crate) async fn rebalance(
         "SELECT s FROM unnest($3::int4[]) AS s WHERE pg_try_advisory_lock($1, $2 + s)",
     )
     .bind(space.lock_space)
-    .bind(SHARD_KEY)
+    .bind(space.kind.shard_key())
     .bind(&candidates)
     .fetch_all(&mut *conn)
     .await?;
@@ -139,7 +204,7 @@ pub(crate) async fn rebalance(
     if !give_back.is_empty() {
         sqlx::query(unlock)
             .bind(space.lock_space)
-            .bind(SHARD_KEY)
+            .bind(space.kind.shard_key())
             .bind(give_back)
             .execute(&mut *conn)
             .await?;
