@@ -408,3 +408,81 @@ async fn handlers_run_with_the_sessions_own_planner_settings() {
         .unwrap();
     assert_eq!(seen, ["on on on"]);
 }
+
+/// Handles a payment, slowly if it is the hot account's (a negative `n`, as
+/// [`a_hot_key_holds_back_its_own_shards_alone`] stores them).
+#[outbox_runtime::inbox_handler]
+async fn slow_when_hot(
+    event: Payment,
+    _tx: &mut sqlx::PgConnection,
+) -> Result<(), outbox_runtime::inbox::HandlerError> {
+    if event.n < 0 {
+        tokio::time::sleep(Duration::from_millis(2)).await;
+    }
+    Ok(())
+}
+
+/// A burst of one key (3,000 rows of `acct-hot`, slow to handle) received before the other
+/// keys' rows holds back the rows of its own processor's shards alone: with two processors,
+/// the other one handles its keys' rows at once, not once the burst is nearly done. (Each
+/// claim looked only from the first row anyone could claim, a few batches on: the hot key's.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_hot_key_holds_back_its_own_shards_alone() {
+    let db = TestDb::new().await;
+    sqlx::query(
+        "INSERT INTO inbox_event (event_id, topic, event_type, partition_key, payload, \
+             source_partition, source_offset) \
+         SELECT gen_random_uuid(), 'payment.events', 'PaymentSucceeded', 'acct-hot', \
+                jsonb_build_object('n', -g), 0, g \
+         FROM generate_series(1, 3000) AS g",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    received(&db.pool, 100).await;
+    let consumer = inbox::Consumer::builder(db.pool.clone())
+        .brokers("127.0.0.1:9")
+        .group_id("processing")
+        .handler(slow_when_hot)
+        .mode(inbox::Mode::Inbox)
+        .processors(0)
+        .batch_size(100)
+        .poll_interval(Duration::from_millis(20))
+        .build()
+        .unwrap();
+    let cancel = tokio_util::sync::CancellationToken::new();
+    let processors: Vec<_> = (0..2)
+        .map(|_| {
+            let (consumer, cancel) = (consumer.clone(), cancel.clone());
+            tokio::spawn(async move { consumer.run_processor(cancel).await })
+        })
+        .collect();
+    let processed = |hot: bool| {
+        let pool = db.pool.clone();
+        async move {
+            let sql = format!(
+                "SELECT count(*) FROM inbox_event WHERE processed AND (partition_key = 'acct-hot') = {hot}"
+            );
+            sqlx::query_scalar::<_, i64>(&sql)
+                .fetch_one(&pool)
+                .await
+                .unwrap()
+        }
+    };
+    // About half of the other keys are the other processor's (32 shards of 64 each).
+    outbox_tests::payments::wait_for(
+        "a quarter of the other keys' rows processed",
+        Duration::from_secs(60),
+        || async { processed(false).await >= 25 },
+    )
+    .await;
+    let hot_done = processed(true).await;
+    assert!(
+        hot_done <= 1_000,
+        "the other keys' rows waited for the burst: {hot_done} of its 3,000 rows were processed first"
+    );
+    cancel.cancel();
+    for p in processors {
+        p.await.unwrap().unwrap();
+    }
+}
