@@ -60,6 +60,7 @@ pub const MIGRATIONS: &[Migration] = &[
     migration!(20261204000020, "operator_retries"),
     migration!(20261205000021, "inbox_order"),
     migration!(20261206000022, "inbox_shards"),
+    migration!(20261206000023, "inbox_shard_pending"),
 ];
 
 /// Key of the transaction-scoped advisory lock that serializes concurrent `migrate` calls.

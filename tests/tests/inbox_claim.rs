@@ -476,9 +476,14 @@ async fn a_hot_key_holds_back_its_own_shards_alone() {
         || async { processed(false).await >= 25 },
     )
     .await;
+    // Before, they were reached only within a window of five batches (500 rows) of the
+    // burst's end: 2,500 of its rows processed at least. Now, once the first processor gave
+    // the second its shards (after its first batch, 0.2 s), and however slow the machine:
+    // each hot row takes 2 ms.
     let hot_done = processed(true).await;
+    eprintln!("{hot_done} of the burst's rows processed first");
     assert!(
-        hot_done <= 1_000,
+        hot_done < 2_000,
         "the other keys' rows waited for the burst: {hot_done} of its 3,000 rows were processed first"
     );
     cancel.cancel();

@@ -409,6 +409,7 @@ async fn a_plain_inbox_converts_while_a_consumer_runs_losing_nothing() {
             "ix_inbox_event_dead",
             "ix_inbox_event_key_retrying",
             "ix_inbox_event_pending",
+            "ix_inbox_event_shard_pending",
             "ix_inbox_event_unprocessed"
         ]
     );
@@ -462,7 +463,10 @@ async fn processors_started_before_and_after_a_conversion_share_the_keys_shards(
     let conversion = admin::convert_to_partitions(&db.pool, CleanupTable::Inbox)
         .await
         .unwrap();
-    assert!(matches!(conversion, Conversion::Converted { .. }), "{conversion:?}");
+    assert!(
+        matches!(conversion, Conversion::Converted { .. }),
+        "{conversion:?}"
+    );
     let after = Running::consumer(&consumer(&kafka));
     // All four count, and once the shares settle every shard has one holder among them.
     wait_for(

@@ -92,6 +92,11 @@ impl Shape {
                         "(seq) WHERE NOT processed AND dead_at IS NULL",
                     ),
                     (
+                        "ix_inbox_event_shard_pending",
+                        "((coalesce(hashtext(topic || E'\\x1f' || partition_key) & 63, 64)), seq) \
+                         WHERE NOT processed AND dead_at IS NULL",
+                    ),
+                    (
                         "ix_inbox_event_key_retrying",
                         "(topic, partition_key, seq) \
                          WHERE next_attempt_at IS NOT NULL AND NOT processed AND dead_at IS NULL",

@@ -12,7 +12,8 @@
 //! processed. A row waiting for its retry holds back the later rows of its key alone; a dead
 //! row holds back nothing. Rows without a key are in no order. The claim starts at the
 //! processors' floor (`inbox/floor.rs`), not at the bottom of its index, where processed rows
-//! leave entries until a vacuum.
+//! leave entries until a vacuum, and reads a window from the first row of the processor's own
+//! shards: a burst of one key holds back the rows of its processor's shards, and no others.
 
 use uuid::Uuid;
 
@@ -104,11 +105,13 @@ macro_rules! claimable {
 }
 
 /// The claim: rows to claim, of this processor's shards (`$3`), oldest first, up to `$1`;
-/// locked, skipping rows locked elsewhere. `$among` narrows the rows.
+/// locked, skipping rows locked elsewhere. `$among` narrows the rows; `$with` adds to the
+/// `WITH` list (after a comma) what it needs.
 macro_rules! claim_sql {
-    ($among:expr) => {
+    ($with:expr, $among:expr) => {
         concat!(
             held!(),
+            $with,
             "SELECT e.event_id, e.topic, e.event_type, e.payload::text AS payload, e.attempts, \
                e.partition_key, e.source_partition, e.source_offset, \
                NULLIF(e.headers, '{}')::text AS headers, e.schema_version, e.received_at \
@@ -118,6 +121,39 @@ macro_rules! claim_sql {
             mine!("e", "$3"),
             $among,
             " ORDER BY e.seq LIMIT $1 FOR UPDATE OF e SKIP LOCKED"
+        )
+    };
+}
+
+/// Row `$t`'s shard as `ix_inbox_event_shard_pending` holds it (`..._023_inbox_shard_pending.sql`,
+/// the same expression, for the planner to match): its key's, as [`mine!`] computes it, and 64
+/// for no key.
+macro_rules! shard {
+    ($t:literal) => {
+        concat!(
+            "coalesce(hashtext(",
+            $t,
+            ".topic || E'\\x1f' || ",
+            $t,
+            ".partition_key) & 63, 64)"
+        )
+    };
+}
+
+/// The first row to claim by this processor (its `seq`, in a CTE `start`): of its shards `$3`
+/// or of no key, each shard's first found in its index, so that what other shards hold ahead
+/// of it (a burst of one key, another processor's) is never walked.
+macro_rules! start_mine {
+    () => {
+        concat!(
+            ", start AS MATERIALIZED (SELECT (SELECT min(f.seq) \
+               FROM generate_series(0, 64) AS s(n), \
+               LATERAL (SELECT w.seq FROM inbox_event w WHERE ",
+            shard!("w"),
+            " = s.n AND ",
+            claimable!("w"),
+            " ORDER BY w.seq LIMIT 1) f \
+               WHERE s.n = 64 OR ($3::int8 >> s.n) & 1 = 1) AS seq) "
         )
     };
 }
@@ -133,20 +169,32 @@ macro_rules! first_claimable {
     };
 }
 
-/// A processor's claim, among the rows from the first to claim by anyone to `$2` later in
-/// `seq` (so one whose shards have nothing near the front stops there rather than read the
-/// whole backlog; rows held back before it are stepped over once, not counted).
-const CLAIM_SQL: &str = claim_sql!(concat!(
-    " AND e.seq BETWEEN ",
-    first_claimable!(),
-    " AND ",
-    first_claimable!(),
-    " + $2"
-));
+/// The claim of a processor that holds every shard, among the rows from the first to claim
+/// by anyone to `$2` later in `seq` (rows held back before it are stepped over once, not
+/// counted).
+const CLAIM_ALL_SQL: &str = claim_sql!(
+    "",
+    concat!(
+        " AND e.seq BETWEEN ",
+        first_claimable!(),
+        " AND ",
+        first_claimable!(),
+        " + $2"
+    )
+);
+
+/// The claim of a processor that holds some of the shards, among the rows from its own first
+/// ([`start_mine!`]) to `$2` later in `seq`: so one whose shards have nothing near the front
+/// stops there rather than read the whole backlog, and one whose shards have rows behind
+/// another's burst reaches them at once.
+const CLAIM_SQL: &str = claim_sql!(
+    start_mine!(),
+    " AND e.seq BETWEEN (SELECT seq FROM start) AND (SELECT seq FROM start) + $2"
+);
 
 /// The claim among `$2` (ids) alone. A query of its own: an optional filter would spoil the
-/// plan of the one above.
-const CLAIM_IDS_SQL: &str = claim_sql!(" AND e.event_id = ANY($2)");
+/// plan of the ones above.
+const CLAIM_IDS_SQL: &str = claim_sql!("", " AND e.event_id = ANY($2)");
 
 /// A claim's statement of `limit` rows from `floor` of the `shards` (a mask), and `among`: of
 /// the first `Window` rows to claim, or of the `Ids`.
@@ -224,6 +272,8 @@ pub(crate) async fn claim(
     restore: &str,
 ) -> Result<Vec<Claimed>> {
     let (sql, among) = match only {
+        // Holding every shard, its own first row is anyone's: one lookup, not 65.
+        None if scope.shards == -1 => (CLAIM_ALL_SQL, Among::Window(window(limit, scope.members))),
         None => (CLAIM_SQL, Among::Window(window(limit, scope.members))),
         Some(ids) => (CLAIM_IDS_SQL, Among::Ids(ids)),
     };
@@ -269,7 +319,7 @@ pub(crate) async fn explain(
     floor: i64,
 ) -> Result<serde_json::Value> {
     let mut tx = pool.begin_with(BEGIN_SQL).await?;
-    let explain = format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {CLAIM_SQL}");
+    let explain = format!("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) {CLAIM_ALL_SQL}");
     let claim: serde_json::Value = sqlx::Row::try_get(
         &claim_query(&explain, limit, -1, floor, Among::Window(window(limit, 1)))
             .fetch_one(&mut *tx)
