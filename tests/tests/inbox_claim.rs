@@ -412,7 +412,16 @@ async fn claim_kept(db: &TestDb, before: Before) -> i64 {
         .fetch_one(&mut *conn)
         .await
         .unwrap();
+    // With the planner settings of a claim's transaction: a plan made again (after an
+    // invalidation) is made with them, as a processor's would be.
     let mut tx = sqlx::Connection::begin(&mut *conn).await.unwrap();
+    sqlx::raw_sql(
+        "SET LOCAL enable_seqscan = off; SET LOCAL enable_bitmapscan = off; \
+         SET LOCAL enable_sort = off",
+    )
+    .execute(&mut *tx)
+    .await
+    .unwrap();
     let plan: serde_json::Value = sqlx::query_scalar(&format!(
         "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) EXECUTE {name}(500, 2000, {mask}, {first})"
     ))
