@@ -94,7 +94,7 @@ impl Shape {
                     (
                         "ix_inbox_event_shard_pending",
                         "((coalesce(hashtext(topic || E'\\x1f' || partition_key) & 63, 64)), seq) \
-                         WHERE NOT processed AND dead_at IS NULL",
+                         WHERE processed IS NOT TRUE AND dead_at IS NULL",
                     ),
                     (
                         "ix_inbox_event_key_retrying",

@@ -23,10 +23,14 @@ use crate::error::Result;
 /// Whether row `$t` is due: not processed, not dead, no retry pending.
 macro_rules! due {
     ($t:literal) => {
+        concat!("NOT ", $t, ".processed AND ", not_dead_or_waiting!($t))
+    };
+}
+
+/// Row `$t` is not dead, and no retry of it is pending.
+macro_rules! not_dead_or_waiting {
+    ($t:literal) => {
         concat!(
-            "NOT ",
-            $t,
-            ".processed AND ",
             $t,
             ".dead_at IS NULL \
              AND (",
@@ -91,8 +95,15 @@ macro_rules! mine {
 /// back, as the receipt's).
 macro_rules! claimable {
     ($t:literal) => {
+        claimable_if!($t, due!($t))
+    };
+}
+
+/// [`claimable!`] with `$due` as the test that row `$t` is due.
+macro_rules! claimable_if {
+    ($t:literal, $due:expr) => {
         concat!(
-            due!($t),
+            $due,
             " AND ",
             not_held_back!($t),
             " AND ",
@@ -151,7 +162,11 @@ macro_rules! start_mine {
                LATERAL (SELECT w.seq FROM inbox_event w WHERE ",
             shard!("w"),
             " = s.n AND ",
-            claimable!("w"),
+            // `processed IS NOT TRUE`, as that index's condition says (the migration says why).
+            claimable_if!(
+                "w",
+                concat!("w.processed IS NOT TRUE AND ", not_dead_or_waiting!("w"))
+            ),
             " ORDER BY w.seq LIMIT 1) f \
                WHERE s.n = 64 OR ($3::int8 >> s.n) & 1 = 1) AS seq) "
         )
