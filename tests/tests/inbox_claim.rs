@@ -581,3 +581,31 @@ async fn a_hot_key_holds_back_its_own_shards_alone() {
         p.await.unwrap().unwrap();
     }
 }
+
+/// A one-off run (`process_inbox_pending`) handles the rows of every shard no processor holds,
+/// not only of its fair share: beside another processor that holds nothing yet (just started;
+/// or another one-off run, which has ended by the time the shares move), it took half of the
+/// shards and left the other half's rows to nobody (a benchmark's two concurrent runs handled
+/// 10,000 of 20,000 rows).
+#[tokio::test]
+async fn a_one_off_run_handles_the_rows_of_shards_no_one_holds() {
+    let db = TestDb::new().await;
+    received(&db.pool, 2_000).await;
+    // Another processor, as far as the shares go (a member lock), holding no shard.
+    let mut other = db.pool.acquire().await.unwrap();
+    sqlx::query(
+        "SELECT pg_advisory_lock((SELECT relnamespace FROM pg_class \
+                                  WHERE oid = 'inbox_event'::regclass)::int4, $1)",
+    )
+    .bind(0x6d00_0000 + 4095)
+    .execute(&mut *other)
+    .await
+    .unwrap();
+    let consumer = processing(&db.pool, noted);
+    let handled = consumer.process_inbox_pending().await.unwrap();
+    let left: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox_event WHERE NOT processed")
+        .fetch_one(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!((handled, left), (2_000, 0), "every row handled");
+}
