@@ -121,14 +121,16 @@ pub(crate) async fn run(shared: &Shared, cancel: CancellationToken) -> Result<()
 }
 
 /// Processes the inbox until no row is due to it (rows of shards other processors hold are
-/// theirs), once, and returns how many rows it handled (processed or failed).
+/// theirs), once, and returns how many rows it handled (processed or failed). Before it ends
+/// it takes the shards no one holds and goes on while they have rows: its fair share may have
+/// left some to a processor that held none yet, or has ended since (another one-off run).
 pub(crate) async fn process_pending(shared: &Shared) -> Result<u64> {
     let mut shards = Shards::pooled();
     let mut total = 0;
     loop {
         let n = process_batch(shared, &mut shards, total == 0).await?;
         total += n as u64;
-        if n == 0 {
+        if n == 0 && !shards.take_free().await? {
             shards.release().await?;
             return Ok(total);
         }

@@ -35,6 +35,8 @@ pub(crate) struct Shards {
     owned: BTreeSet<i32>,
     members: i64,
     rebalanced: Option<Instant>,
+    /// Whether it keeps what it holds ([`Shards::take_free`]).
+    keep: bool,
 }
 
 impl Shards {
@@ -56,6 +58,7 @@ impl Shards {
             owned: BTreeSet::new(),
             members: 1,
             rebalanced: None,
+            keep: false,
         }
     }
 
@@ -78,10 +81,11 @@ impl Shards {
             self.held = Some(held);
             self.rebalanced = None;
         }
-        if now
-            || self
-                .rebalanced
-                .is_none_or(|t| t.elapsed() >= REBALANCE_EVERY)
+        if !self.keep
+            && (now
+                || self
+                    .rebalanced
+                    .is_none_or(|t| t.elapsed() >= REBALANCE_EVERY))
         {
             let (held, space, slot) = self.held.as_mut().expect("joined");
             let conn = conn(held);
@@ -111,6 +115,16 @@ impl Shards {
         Ok((held, space, slot))
     }
 
+    /// Takes every shard no processor holds (after [`Shards::ready`]), and from then on
+    /// keeps what it holds (no more moving toward the fair share, which would give them up
+    /// again): what a one-off run does before it ends, so that no row is left to nobody.
+    /// Returns whether it took any.
+    pub(crate) async fn take_free(&mut self) -> Result<bool> {
+        let (held, space, _) = self.held.as_mut().expect("ready");
+        self.keep = true;
+        shards::take_free(conn(held), *space, &mut self.owned).await
+    }
+
     /// The connection the shards are held on, to run a batch on (after [`Shards::ready`]).
     pub(crate) fn conn(&mut self) -> &mut PgConnection {
         self.conn_and_restore().0
@@ -132,6 +146,7 @@ impl Shards {
         self.held = None;
         self.owned.clear();
         self.rebalanced = None;
+        self.keep = false;
     }
 
     /// Gives the shards up, and the connection back to the pool.

@@ -212,6 +212,25 @@ pub(crate) async fn rebalance(
     Ok((!keep.is_empty(), members))
 }
 
+/// Takes every shard no member holds, beside `owned`. Returns whether it took any.
+pub(crate) async fn take_free(
+    conn: &mut PgConnection,
+    space: Space,
+    owned: &mut BTreeSet<i32>,
+) -> Result<bool> {
+    let candidates: Vec<i32> = (0..SHARDS).filter(|s| !owned.contains(s)).collect();
+    let got: Vec<i32> = sqlx::query_scalar(
+        "SELECT s FROM unnest($3::int4[]) AS s WHERE pg_try_advisory_lock($1, $2 + s)",
+    )
+    .bind(space.lock_space)
+    .bind(space.kind.shard_key())
+    .bind(&candidates)
+    .fetch_all(&mut *conn)
+    .await?;
+    owned.extend(&got);
+    Ok(!got.is_empty())
+}
+
 /// The shards as a bit mask (bit `s` for shard `s`), which a claim tests in constant time.
 pub(crate) fn shard_mask(shards: &BTreeSet<i32>) -> i64 {
     shards.iter().fold(0u64, |m, s| m | 1 << s) as i64
