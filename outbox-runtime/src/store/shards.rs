@@ -162,7 +162,6 @@ pub(crate) async fn rebalance(
 ) -> Result<(bool, i64)> {
     let members = members(conn, space.kind).await?.max(1);
     let target = ((SHARDS as i64 + members - 1) / members) as usize;
-    let unlock = "SELECT pg_advisory_unlock($1, $2 + s) FROM unnest($3::int4[]) AS s";
     if owned.len() > target {
         let extra: Vec<i32> = owned
             .iter()
@@ -170,12 +169,7 @@ pub(crate) async fn rebalance(
             .take(owned.len() - target)
             .copied()
             .collect();
-        sqlx::query(unlock)
-            .bind(space.lock_space)
-            .bind(space.kind.shard_key())
-            .bind(&extra)
-            .execute(&mut *conn)
-            .await?;
+        unlock(conn, space, &extra).await?;
         for s in extra {
             owned.remove(&s);
         }
@@ -190,24 +184,12 @@ pub(crate) async fn rebalance(
         .map(|i| (start + i) % SHARDS)
         .filter(|s| !owned.contains(s))
         .collect();
-    let got: Vec<i32> = sqlx::query_scalar(
-        "SELECT s FROM unnest($3::int4[]) AS s WHERE pg_try_advisory_lock($1, $2 + s)",
-    )
-    .bind(space.lock_space)
-    .bind(space.kind.shard_key())
-    .bind(&candidates)
-    .fetch_all(&mut *conn)
-    .await?;
+    let got = try_lock(conn, space, &candidates).await?;
     let need = target - owned.len();
     let (keep, give_back) = got.split_at(got.len().min(need));
     owned.extend(keep);
     if !give_back.is_empty() {
-        sqlx::query(unlock)
-            .bind(space.lock_space)
-            .bind(space.kind.shard_key())
-            .bind(give_back)
-            .execute(&mut *conn)
-            .await?;
+        unlock(conn, space, give_back).await?;
     }
     Ok((!keep.is_empty(), members))
 }
@@ -219,16 +201,32 @@ pub(crate) async fn take_free(
     owned: &mut BTreeSet<i32>,
 ) -> Result<bool> {
     let candidates: Vec<i32> = (0..SHARDS).filter(|s| !owned.contains(s)).collect();
-    let got: Vec<i32> = sqlx::query_scalar(
+    let got = try_lock(conn, space, &candidates).await?;
+    owned.extend(&got);
+    Ok(!got.is_empty())
+}
+
+/// Locks those of `shards` no one holds; returns them.
+async fn try_lock(conn: &mut PgConnection, space: Space, shards: &[i32]) -> Result<Vec<i32>> {
+    Ok(sqlx::query_scalar(
         "SELECT s FROM unnest($3::int4[]) AS s WHERE pg_try_advisory_lock($1, $2 + s)",
     )
     .bind(space.lock_space)
     .bind(space.kind.shard_key())
-    .bind(&candidates)
+    .bind(shards)
     .fetch_all(&mut *conn)
-    .await?;
-    owned.extend(&got);
-    Ok(!got.is_empty())
+    .await?)
+}
+
+/// Releases `shards`.
+async fn unlock(conn: &mut PgConnection, space: Space, shards: &[i32]) -> Result<()> {
+    sqlx::query("SELECT pg_advisory_unlock($1, $2 + s) FROM unnest($3::int4[]) AS s")
+        .bind(space.lock_space)
+        .bind(space.kind.shard_key())
+        .bind(shards)
+        .execute(&mut *conn)
+        .await?;
+    Ok(())
 }
 
 /// The shards as a bit mask (bit `s` for shard `s`), which a claim tests in constant time.
