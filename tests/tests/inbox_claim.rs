@@ -334,6 +334,22 @@ async fn a_processor_sharing_the_shards_keeps_no_plan_of_its_claim_that_walks_a_
     );
 }
 
+/// Another processor, as far as the shares go: a connection (out of the pool, so that its
+/// lock goes with it) holding a member lock of the inbox's processors (the last slot), and no
+/// shard.
+async fn another_member(pool: &PgPool) -> sqlx::PgConnection {
+    let mut other = pool.acquire().await.unwrap().detach();
+    sqlx::query(
+        "SELECT pg_advisory_lock((SELECT relnamespace FROM pg_class \
+                                  WHERE oid = 'inbox_event'::regclass)::int4, $1)",
+    )
+    .bind(0x6d00_0000 + 4095)
+    .execute(&mut other)
+    .await
+    .unwrap();
+    other
+}
+
 /// What the inbox was like while a processor's session made the plan it keeps of its claim.
 #[derive(PartialEq)]
 enum Before {
@@ -361,18 +377,11 @@ async fn claim_kept(db: &TestDb, before: Before) -> i64 {
         .await
         .unwrap();
     }
-    // Another processor, as far as the shares go: a member lock of the inbox's processors.
-    let mut other = db.pool.acquire().await.unwrap();
-    if shared {
-        sqlx::query(
-            "SELECT pg_advisory_lock((SELECT relnamespace FROM pg_class \
-                                      WHERE oid = 'inbox_event'::regclass)::int4, $1)",
-        )
-        .bind(0x6d00_0000 + 4095)
-        .execute(&mut *other)
-        .await
-        .unwrap();
-    }
+    let _other = if shared {
+        Some(another_member(&db.pool).await)
+    } else {
+        None
+    };
     let consumer = processing(&pool, noted);
     // Claims with nothing due, more than the five PostgreSQL plans afresh before it keeps one.
     for _ in 0..8 {
@@ -591,16 +600,7 @@ async fn a_hot_key_holds_back_its_own_shards_alone() {
 async fn a_one_off_run_handles_the_rows_of_shards_no_one_holds() {
     let db = TestDb::new().await;
     received(&db.pool, 2_000).await;
-    // Another processor, as far as the shares go (a member lock), holding no shard.
-    let mut other = db.pool.acquire().await.unwrap();
-    sqlx::query(
-        "SELECT pg_advisory_lock((SELECT relnamespace FROM pg_class \
-                                  WHERE oid = 'inbox_event'::regclass)::int4, $1)",
-    )
-    .bind(0x6d00_0000 + 4095)
-    .execute(&mut *other)
-    .await
-    .unwrap();
+    let _other = another_member(&db.pool).await;
     let consumer = processing(&db.pool, noted);
     let handled = consumer.process_inbox_pending().await.unwrap();
     let left: i64 = sqlx::query_scalar("SELECT count(*) FROM inbox_event WHERE NOT processed")
