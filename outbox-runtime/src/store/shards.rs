@@ -85,8 +85,13 @@ pub(crate) struct Space {
 impl Space {
     /// The relay's space of the outbox table whose oid is `oid`.
     pub(crate) fn relay(oid: i64) -> Space {
+        Space::new(Kind::Relay, oid)
+    }
+
+    /// The space of `kind` under the first key `oid`.
+    fn new(kind: Kind, oid: i64) -> Space {
         Space {
-            kind: Kind::Relay,
+            kind,
             lock_space: oid as u32 as i32,
         }
     }
@@ -104,10 +109,7 @@ impl Space {
                 kind.table()
             ))
         })?;
-        Ok(Space {
-            kind,
-            lock_space: oid as u32 as i32,
-        })
+        Ok(Space::new(kind, oid))
     }
 }
 

@@ -287,9 +287,15 @@ pub(crate) async fn claim(
     restore: &str,
 ) -> Result<Vec<Claimed>> {
     let (sql, among) = match only {
-        // Holding every shard, its own first row is anyone's: one lookup, not 65.
-        None if scope.shards == -1 => (CLAIM_ALL_SQL, Among::Window(window(limit, scope.members))),
-        None => (CLAIM_SQL, Among::Window(window(limit, scope.members))),
+        None => {
+            // Holding every shard, its own first row is anyone's: one lookup, not 65.
+            let sql = if scope.shards == -1 {
+                CLAIM_ALL_SQL
+            } else {
+                CLAIM_SQL
+            };
+            (sql, Among::Window(window(limit, scope.members)))
+        }
         Some(ids) => (CLAIM_IDS_SQL, Among::Ids(ids)),
     };
     let rows = claim_query(sql, limit, scope.shards, scope.floor, among)
