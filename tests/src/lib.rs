@@ -15,6 +15,7 @@ pub mod browser;
 pub mod deposits;
 pub mod fixtures;
 pub mod kafka;
+pub mod log;
 pub mod nats;
 pub mod payments;
 pub mod proxy;

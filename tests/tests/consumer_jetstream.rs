@@ -15,6 +15,7 @@ use outbox_tests::deposits::{
 };
 use outbox_tests::fixtures::{self, PaymentSucceeded, PAYMENTS};
 use outbox_tests::kafka::Outgoing;
+use outbox_tests::log::Log;
 use outbox_tests::nats::{publish_with, NatsServer};
 use outbox_tests::payments::{not_json, orders_with_payments, paid_counts, records, wait_for};
 use outbox_tests::{count, Running, TestDb};
@@ -604,6 +605,88 @@ async fn a_batch_longer_than_ack_wait_keeps_its_lease_beside_a_standby() {
     for (account, seqs) in steps(&db.pool).await {
         assert_eq!(seqs, (0..5).collect::<Vec<i64>>(), "account {account}");
     }
+}
+
+/// This test binary's log at `WARN`, for a test that waits for a line of it (a test finds its
+/// own group's lines).
+fn warnings() -> &'static Log {
+    static LOG: std::sync::OnceLock<Log> = std::sync::OnceLock::new();
+    LOG.get_or_init(|| Log::install(tracing::Level::WARN))
+}
+
+/// [`record_step_held_at_first`] is in its first call.
+static HELD: tokio::sync::Notify = tokio::sync::Notify::const_new();
+/// Lets [`record_step_held_at_first`]'s first call go on.
+static LET_GO: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// [`record_step`], its first call (account 0's first event) held until the test lets it go.
+#[outbox_runtime::inbox_handler]
+async fn record_step_held_at_first(
+    event: Deposited,
+    tx: &mut sqlx::PgConnection,
+) -> Result<(), HandlerError> {
+    if event.seq == 0 {
+        HELD.notify_one();
+        LET_GO.notified().await;
+    }
+    insert_step(tx, &event).await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_consumer_whose_lease_was_taken_commits_nothing_more_until_it_owns_it_again() {
+    let log = warnings();
+    let db = TestDb::new().await;
+    create_steps(&db.pool).await;
+    let server = NatsServer::start().await;
+    server.create_stream("ACCOUNTS", TOPIC, |_| {}).await;
+    let consumer = builder(&db, &server, "fenced")
+        .await
+        .handler(record_step_held_at_first)
+        .build()
+        .unwrap();
+    let running = Running::consumer(&consumer);
+    let records = interleaved(1, 2);
+    server.publish(TOPIC, &records[..1]).await;
+    tokio::time::timeout(Duration::from_secs(30), HELD.notified())
+        .await
+        .expect("the first event handled");
+    // While its first batch runs (the fence passed), the lease goes to another instance, as
+    // when this one stalls past it (an update of no key column: the batch's `FOR KEY SHARE`
+    // does not hold it up, as it holds up a takeover).
+    let taken = sqlx::query(
+        "UPDATE outbox_consumer_lease \
+         SET holder = gen_random_uuid(), expires_at = clock_timestamp() + interval '1 hour' \
+         WHERE group_id = 'fenced'",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(taken.rows_affected(), 1);
+    server.publish(TOPIC, &records[1..]).await;
+    LET_GO.notify_one();
+    // The batch that checked the lease before it was taken commits; the next one is refused.
+    wait_for(
+        "the next batch refused",
+        Duration::from_secs(30),
+        || async {
+            log.text().lines().any(|line| {
+                line.contains("another instance owns the lease") && line.contains("\"fenced\"")
+            })
+        },
+    )
+    .await;
+    assert_eq!(steps(&db.pool).await["acct-0"], vec![0]);
+    // The other instance gives it up: this one takes it again, and goes on in order.
+    sqlx::query(
+        "UPDATE outbox_consumer_lease SET holder = NULL, expires_at = clock_timestamp() \
+         WHERE group_id = 'fenced'",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    wait_settled(&server, "ACCOUNTS", "fenced", TOPIC).await;
+    running.stop().await;
+    assert_eq!(steps(&db.pool).await["acct-0"], vec![0, 1]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

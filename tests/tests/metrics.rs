@@ -3,8 +3,6 @@
 //! the log's subscriber are process-wide).
 
 use std::collections::HashMap;
-use std::io::Write;
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
@@ -14,38 +12,13 @@ use outbox_runtime::relay::Relay;
 use outbox_runtime::Uow;
 use outbox_tests::fixtures::{self, PaymentSucceeded, PAYMENTS};
 use outbox_tests::kafka::{produce, Kafka, Outgoing};
+use outbox_tests::log::Log;
 use outbox_tests::{Running, TestDb};
 use uuid::Uuid;
 
-/// The log, as the subscriber writes it.
-#[derive(Clone, Default)]
-struct Log(Arc<Mutex<Vec<u8>>>);
-
-impl Write for Log {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Log {
-    fn text(&self) -> String {
-        String::from_utf8_lossy(&self.0.lock().unwrap()).into_owned()
-    }
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn relay_and_consumer_report_their_counters_and_gauges() {
-    let log = Log::default();
-    let writer = log.clone();
-    tracing_subscriber::fmt()
-        .with_writer(move || writer.clone())
-        .with_ansi(false)
-        .with_max_level(tracing::Level::INFO)
-        .init();
+    let log = Log::install(tracing::Level::INFO);
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     recorder
