@@ -30,7 +30,7 @@ use super::message::Incoming;
 use super::route::Routes;
 use crate::error::Error;
 use crate::sqlstate::DbError;
-use crate::store::{dedup, lease, source_lock};
+use crate::store::{dedup, source_lock};
 
 /// A message of a batch: checked, or the reason it is bad.
 pub(crate) type Checked<'m> = std::result::Result<Incoming<'m>, String>;
@@ -362,14 +362,6 @@ async fn begin(batch: Messages<'_, '_>) -> Result<sqlx::Transaction<'static, sql
         fence,
         ..
     } = batch;
-    let mut tx = source_lock::begin(pool).await?;
-    if let Some(fence) = fence {
-        let owned = lease::is_owned(&mut tx, fence.group, fence.topic, fence.holder).await?;
-        if !owned {
-            discard(tx).await;
-            return Err(Unhandled::LeaseLost);
-        }
-    }
     let sources: BTreeSet<String> = messages
         .iter()
         .filter_map(|m| m.as_ref().ok())
@@ -388,9 +380,12 @@ async fn begin(batch: Messages<'_, '_>) -> Result<sqlx::Transaction<'static, sql
                 })
         })
         .collect();
-    if !sources.is_empty() {
-        let sources: Vec<String> = sources.into_iter().collect();
-        dedup::lock_sources(&mut tx, &sources).await?;
+    let sources: Vec<String> = sources.into_iter().collect();
+    let mut tx = source_lock::begin(pool).await?;
+    let fence = fence.map(|f| (f.group, f.topic, f.holder));
+    if !dedup::lock_sources(&mut tx, &sources, fence).await? {
+        discard(tx).await;
+        return Err(Unhandled::LeaseLost);
     }
     Ok(tx)
 }

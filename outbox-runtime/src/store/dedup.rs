@@ -6,7 +6,7 @@
 use sqlx::PgConnection;
 use uuid::Uuid;
 
-use super::source_lock;
+use super::{lease, source_lock};
 use crate::error::Result;
 
 /// The condition that leaves the partitions made ahead out of a dedup check (pruned at the
@@ -28,9 +28,37 @@ macro_rules! recorded_by_now {
 const SOURCE_LOCK: i32 = 0x4445_4455;
 
 /// Takes a dedup batch's source locks ([`source_lock::lock`]), in `conn`'s transaction:
-/// `sources` name each handler key, topic and partition of the batch's messages.
-pub(crate) async fn lock_sources(conn: &mut PgConnection, sources: &[String]) -> sqlx::Result<()> {
-    source_lock::lock(conn, SOURCE_LOCK, sources).await
+/// `sources` name each handler key, topic and partition of the batch's messages. With a
+/// `fence` (group, topic, holder), checks in the same statement (one round trip) that the
+/// holder owns the lease and holds its row ([`lease::owned_sql`]); `false` if it does not (the
+/// caller rolls back: the locks go with the transaction).
+pub(crate) async fn lock_sources(
+    conn: &mut PgConnection,
+    sources: &[String],
+    fence: Option<(&str, &str, Uuid)>,
+) -> Result<bool> {
+    let Some((group, topic, holder)) = fence else {
+        if !sources.is_empty() {
+            source_lock::lock(conn, SOURCE_LOCK, sources).await?;
+        }
+        return Ok(true);
+    };
+    // The fence first: the subqueries run in the order of the select list.
+    let owned: bool = sqlx::query_scalar(concat!(
+        "SELECT EXISTS (",
+        lease::owned_sql!(),
+        "), (",
+        source_lock::locks_sql!("$4", "$5"),
+        ")"
+    ))
+    .bind(group)
+    .bind(topic)
+    .bind(holder)
+    .bind(SOURCE_LOCK)
+    .bind(sources)
+    .fetch_one(conn)
+    .await?;
+    Ok(owned)
 }
 
 /// Inserts the pairs (`event_ids[i]`, `handlers[i]`) that no partition of `processed_event`

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use sqlx::{PgConnection, PgPool};
+use sqlx::PgPool;
 use uuid::Uuid;
 
 use crate::error::Result;
@@ -115,26 +115,17 @@ pub(crate) async fn release(pool: &PgPool, group: &str, topic: &str, holder: Uui
     Ok(())
 }
 
-/// The fence, in `conn`'s transaction: whether `holder` owns the lease and it has not
-/// expired. Reads the lease's row `FOR KEY SHARE`, so that no instance takes the lease over
-/// (`FOR UPDATE`) before the transaction ends, while its holder still renews it (an update of
-/// no key column).
-pub(crate) async fn is_owned(
-    conn: &mut PgConnection,
-    group: &str,
-    topic: &str,
-    holder: Uuid,
-) -> Result<bool> {
-    let owned = sqlx::query(
+/// The fence: a row if `$3` owns the lease of group `$1` on topic `$2` and it has not expired.
+/// Reads the lease's row `FOR KEY SHARE`, so that no instance takes the lease over (`FOR
+/// UPDATE`) before the transaction ends, while its holder still renews it (an update of no key
+/// column). A macro, so that a batch's first statement can hold it (see
+/// [`dedup::lock_sources`](super::dedup::lock_sources)).
+macro_rules! owned_sql {
+    () => {
         "SELECT 1 FROM outbox_consumer_lease \
          WHERE group_id = $1 AND topic = $2 AND holder = $3 \
            AND expires_at > clock_timestamp() \
-         FOR KEY SHARE",
-    )
-    .bind(group)
-    .bind(topic)
-    .bind(holder)
-    .fetch_optional(conn)
-    .await?;
-    Ok(owned.is_some())
+         FOR KEY SHARE"
+    };
 }
+pub(crate) use owned_sql;

@@ -20,14 +20,27 @@ pub(crate) async fn lock(
     key: i32,
     sources: &[String],
 ) -> sqlx::Result<()> {
-    sqlx::query(
-        "SELECT count(pg_advisory_xact_lock($1, h)) \
-         FROM (SELECT DISTINCT hashtext(current_schema() || k) AS h \
-               FROM unnest($2::text[]) AS k ORDER BY 1) AS s",
-    )
-    .bind(key)
-    .bind(sources)
-    .execute(conn)
-    .await?;
+    sqlx::query(locks_sql!("$1", "$2"))
+        .bind(key)
+        .bind(sources)
+        .execute(conn)
+        .await?;
     Ok(())
 }
+
+/// [`lock`]'s statement, its key and sources the parameters named: how many locks it took. A
+/// macro, so that another statement can hold it.
+macro_rules! locks_sql {
+    ($key:literal, $sources:literal) => {
+        concat!(
+            "SELECT count(pg_advisory_xact_lock(",
+            $key,
+            ", h)) \
+             FROM (SELECT DISTINCT hashtext(current_schema() || k) AS h \
+                   FROM unnest(",
+            $sources,
+            "::text[]) AS k ORDER BY 1) AS s"
+        )
+    };
+}
+pub(crate) use locks_sql;
