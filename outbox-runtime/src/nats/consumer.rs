@@ -288,42 +288,37 @@ impl Reader {
     }
 
     /// Reads batches until the messages stop, `cancel` fires or the lease lapses (a batch in
-    /// hand is then given up: nothing of it settled, it comes again).
+    /// hand is then given up: nothing of it settled, it comes again). While a batch is
+    /// handled, the next one is read (up to a batch): the server keeps delivering meanwhile
+    /// (the stream asks it for more only while it is read), and the next batch starts at once.
+    /// A batch's messages all came before the next one's: the stream's order is kept.
     async fn read(&self, messages: &mut pull::Stream) -> Ended {
         let batch_size = self.shared.settings.batch_size;
         let mut handled = false;
+        // What was read while the batch before was handled: the next batch's start.
+        let mut ahead: Vec<Received> = Vec::with_capacity(batch_size);
+        // The messages stopped (the server went away) while a batch was handled.
+        let mut stopped = false;
         loop {
-            let first = tokio::select! {
-                () = self.cancel.cancelled() => return Ended::Cancelled,
-                () = self.lapsed() => return Ended::Lapsed,
-                next = messages.next() => next,
-            };
-            let first = match first {
-                None => return Ended::Stopped { handled },
-                Some(Ok(message)) => message,
-                Some(Err(e)) => {
-                    use pull::MessagesErrorKind as Kind;
-                    let e_text = crate::error_chain(&e).to_string();
-                    match e.kind() {
-                        // The server went away, or the consumer with it: open it again.
-                        Kind::MissingHeartbeat | Kind::ConsumerDeleted | Kind::NoResponders => {
-                            tracing::info!(topic = %self.topic, error = %e_text, "the JetStream consumer stopped; opening it again");
-                            return Ended::Stopped { handled };
-                        }
-                        _ => {
-                            tracing::debug!(topic = %self.topic, error = %e_text, "a pull failed");
-                            continue;
-                        }
-                    }
+            while ahead.is_empty() {
+                if stopped {
+                    return Ended::Stopped { handled };
                 }
-            };
-            let mut batch = vec![Received::new(first)];
-            while batch.len() < batch_size {
+                let next = tokio::select! {
+                    () = self.cancel.cancelled() => return Ended::Cancelled,
+                    () = self.lapsed() => return Ended::Lapsed,
+                    next = messages.next() => next,
+                };
+                stopped = self.pulled(next, &mut ahead);
+            }
+            // Whatever else has arrived, up to a batch.
+            while !stopped && ahead.len() < batch_size {
                 match tokio::time::timeout(Duration::ZERO, messages.next()).await {
-                    Ok(Some(Ok(message))) => batch.push(Received::new(message)),
-                    _ => break,
+                    Ok(next) => stopped = self.pulled(next, &mut ahead),
+                    Err(_) => break,
                 }
             }
+            let batch = std::mem::replace(&mut ahead, Vec::with_capacity(batch_size));
             let handling = async {
                 match self.shared.settings.mode {
                     Mode::Dedup => {
@@ -334,9 +329,17 @@ impl Reader {
                     }
                 }
             };
-            let done = tokio::select! {
-                done = handling => done,
-                () = self.lapsed() => return Ended::Lapsed,
+            let lapsed = self.lapsed();
+            tokio::pin!(handling, lapsed);
+            let done = loop {
+                tokio::select! {
+                    biased;
+                    done = &mut handling => break done,
+                    () = &mut lapsed => return Ended::Lapsed,
+                    next = messages.next(), if !stopped && ahead.len() < batch_size => {
+                        stopped = self.pulled(next, &mut ahead);
+                    }
+                }
             };
             if !done {
                 return if self.cancel.is_cancelled() {
@@ -346,6 +349,37 @@ impl Reader {
                 };
             }
             handled = true;
+        }
+    }
+
+    /// Adds what the stream gave to `ahead`; `true` if it says the messages stopped (the
+    /// server went away, or the consumer with it: it is to be opened again). A failed pull is
+    /// logged and passed over.
+    fn pulled(
+        &self,
+        next: Option<std::result::Result<jetstream::Message, pull::MessagesError>>,
+        ahead: &mut Vec<Received>,
+    ) -> bool {
+        use pull::MessagesErrorKind as Kind;
+        match next {
+            None => true,
+            Some(Ok(message)) => {
+                ahead.push(Received::new(message));
+                false
+            }
+            Some(Err(e)) => {
+                let e_text = crate::error_chain(&e).to_string();
+                match e.kind() {
+                    Kind::MissingHeartbeat | Kind::ConsumerDeleted | Kind::NoResponders => {
+                        tracing::info!(topic = %self.topic, error = %e_text, "the JetStream consumer stopped; opening it again");
+                        true
+                    }
+                    _ => {
+                        tracing::debug!(topic = %self.topic, error = %e_text, "a pull failed");
+                        false
+                    }
+                }
+            }
         }
     }
 
