@@ -5,14 +5,17 @@
 //! 1. async-nats alone pulling and acknowledging the N messages of a durable consumer:
 //!    JetStream's ceiling on this machine (the raw Kafka consumer's figure is in the `consumer`
 //!    benchmark);
-//! 2. dedup mode, a trivial handler, from Kafka (the baseline) and from JetStream;
+//! 2. dedup mode, a trivial handler, from Kafka (the baseline) and from JetStream: the table
+//!    counted every 2 ms while the consumer runs, and again with the handler counting its
+//!    calls in the process (no query beside the consumer, as beside async-nats alone);
 //! 3. inbox receipt from each;
 //! 4. the bad case: dedup mode with 1% of the messages failing once (10 ms backoff), retried
 //!    through the retry topic on Kafka and redelivered by the server (`nak` with a delay) on
 //!    JetStream: the rate until 99% are handled.
 //!
 //! `cargo bench -p outbox-tests --bench consumer_jetstream` (env: `N`, default 20000;
-//! `ROUNDS`, default 3). It starts its own nats-server (a file store in a temporary directory).
+//! `ROUNDS`, default 3; `ONLY`, figures to run of `raw`, `k-dedup`, `j-dedup`, `k-counted`,
+//! `j-counted`, `k-inbox`, `j-inbox`, `k-retry`, `j-retry`, comma-separated). It starts its own nats-server (a file store in a temporary directory).
 
 use std::time::{Duration, Instant};
 
@@ -21,7 +24,9 @@ use futures_util::StreamExt as _;
 use outbox_runtime::inbox::{Consumer, ConsumerBuilder, HandlerError, Mode};
 use outbox_runtime::inbox_handler;
 use outbox_runtime::relay::JetStream;
-use outbox_tests::bench::{env, median, rate, rate_until, trivial, PaymentSucceeded};
+use outbox_tests::bench::{
+    counted, env, median, rate, rate_counted, rate_until, trivial, PaymentSucceeded, COUNTED,
+};
 use outbox_tests::kafka::{produce, Kafka, Outgoing};
 use outbox_tests::nats::NatsServer;
 use outbox_tests::{Running, TestDb};
@@ -86,25 +91,47 @@ async fn builder(db: &TestDb, from: &From<'_>, group: &str) -> ConsumerBuilder {
     }
 }
 
-/// Dedup or inbox receipt with the trivial handler: messages per second.
-async fn consume(db: &TestDb, from: &From<'_>, group: &str, mode: Mode, n: usize) -> f64 {
+/// How a figure knows the consumer's progress.
+#[derive(Clone, Copy, PartialEq)]
+enum Progress {
+    /// A `count(*)` of the table every 2 ms (a backend busy beside the consumer).
+    Polled,
+    /// Dedup mode only: the handler counts its calls in the process, and the table is counted
+    /// once they are all made (nothing beside the consumer while it runs, as for async-nats
+    /// alone).
+    Counted,
+}
+
+/// Dedup or inbox receipt with a handler that does nothing: messages per second.
+async fn consume(
+    db: &TestDb,
+    from: &From<'_>,
+    group: &str,
+    mode: Mode,
+    progress: Progress,
+    n: usize,
+) -> f64 {
     sqlx::query("TRUNCATE processed_event, inbox_event")
         .execute(&db.pool)
         .await
         .unwrap();
-    let consumer = builder(db, from, group)
-        .await
-        .handler(trivial)
-        .mode(mode)
-        .processors(0)
-        .build()
-        .unwrap();
+    COUNTED.store(0, std::sync::atomic::Ordering::Relaxed);
+    let builder = builder(db, from, group).await;
+    let builder = match progress {
+        Progress::Polled => builder.handler(trivial),
+        Progress::Counted => builder.handler(counted),
+    };
+    let consumer = builder.mode(mode).processors(0).build().unwrap();
     let running = Running::consumer(&consumer);
     let table = match mode {
         Mode::Dedup => "processed_event",
         Mode::Inbox => "inbox_event",
     };
-    let rate = rate_until(&db.pool, &format!("SELECT count(*) FROM {table}"), n as i64).await;
+    let sql = format!("SELECT count(*) FROM {table}");
+    let rate = match progress {
+        Progress::Polled => rate_until(&db.pool, &sql, n as i64).await,
+        Progress::Counted => rate_counted(&db.pool, &sql, n as i64).await,
+    };
     running.stop().await;
     rate
 }
@@ -127,6 +154,19 @@ async fn one_percent_retried(db: &TestDb, from: &From<'_>, group: &str, n: usize
     running.stop().await;
     flow
 }
+
+/// The figures of a round, in the order printed.
+const FIGURES: [&str; 9] = [
+    "raw",
+    "k-dedup",
+    "j-dedup",
+    "k-counted",
+    "j-counted",
+    "k-inbox",
+    "j-inbox",
+    "k-retry",
+    "j-retry",
+];
 
 #[tokio::main]
 async fn main() {
@@ -163,46 +203,66 @@ async fn main() {
          (nats-server, file store): {n} messages, trivial handler, {rounds} rounds, autovacuum {}",
         outbox_tests::bench::autovacuum(&db.pool).await
     );
-    let mut results: [Vec<f64>; 7] = Default::default();
+    // `ONLY=raw,j-counted` runs those figures alone (the others print as NaN).
+    let only: Option<Vec<String>> = std::env::var("ONLY")
+        .ok()
+        .map(|v| v.split(',').map(str::to_owned).collect());
+    let mut results: [Vec<f64>; FIGURES.len()] = Default::default();
+    // Per round, JetStream's dedup consumer (counted in the handler) / async-nats alone.
+    let mut to_raw = Vec::new();
     for round in 0..rounds {
-        let figures = [
-            raw_jetstream(&server, &format!("raw-{round}"), n).await,
-            consume(&db, &on_kafka, &format!("k-dedup-{round}"), Mode::Dedup, n).await,
-            consume(
-                &db,
-                &on_jetstream,
-                &format!("j-dedup-{round}"),
-                Mode::Dedup,
-                n,
-            )
-            .await,
-            consume(&db, &on_kafka, &format!("k-inbox-{round}"), Mode::Inbox, n).await,
-            consume(
-                &db,
-                &on_jetstream,
-                &format!("j-inbox-{round}"),
-                Mode::Inbox,
-                n,
-            )
-            .await,
-            one_percent_retried(&db, &on_kafka, &format!("k-retry-{round}"), n).await,
-            one_percent_retried(&db, &on_jetstream, &format!("j-retry-{round}"), n).await,
-        ];
+        let mut figures = [f64::NAN; FIGURES.len()];
+        for (figure, name) in figures.iter_mut().zip(FIGURES) {
+            if only.as_ref().is_some_and(|o| !o.iter().any(|n| n == name)) {
+                continue;
+            }
+            let group = format!("{name}-{round}");
+            let (k, j) = (&on_kafka, &on_jetstream);
+            let (dedup, inbox) = (Mode::Dedup, Mode::Inbox);
+            let (polled, in_handler) = (Progress::Polled, Progress::Counted);
+            *figure = match name {
+                "raw" => raw_jetstream(&server, &group, n).await,
+                "k-dedup" => consume(&db, k, &group, dedup, polled, n).await,
+                "j-dedup" => consume(&db, j, &group, dedup, polled, n).await,
+                "k-counted" => consume(&db, k, &group, dedup, in_handler, n).await,
+                "j-counted" => consume(&db, j, &group, dedup, in_handler, n).await,
+                "k-inbox" => consume(&db, k, &group, inbox, polled, n).await,
+                "j-inbox" => consume(&db, j, &group, inbox, polled, n).await,
+                "k-retry" => one_percent_retried(&db, k, &group, n).await,
+                _ => one_percent_retried(&db, j, &group, n).await,
+            };
+        }
         println!(
-            "round {round}: raw {:.0}/s; dedup kafka {:.0}/s, jetstream {:.0}/s; inbox receipt \
-             kafka {:.0}/s, jetstream {:.0}/s; 1% retried kafka {:.0}/s, jetstream {:.0}/s",
-            figures[0], figures[1], figures[2], figures[3], figures[4], figures[5], figures[6]
+            "round {round}: raw {:.0}/s; dedup kafka {:.0}/s, jetstream {:.0}/s; counted in \
+             the handler: kafka {:.0}/s, jetstream {:.0}/s; inbox receipt kafka {:.0}/s, \
+             jetstream {:.0}/s; 1% retried kafka {:.0}/s, jetstream {:.0}/s",
+            figures[0],
+            figures[1],
+            figures[2],
+            figures[3],
+            figures[4],
+            figures[5],
+            figures[6],
+            figures[7],
+            figures[8]
         );
+        to_raw.push(figures[4] / figures[0]);
         for (all, figure) in results.iter_mut().zip(figures) {
             all.push(figure);
         }
     }
-    let [raw, k_dedup, j_dedup, k_inbox, j_inbox, k_retry, j_retry] = results.map(median);
+    let [raw, k_dedup, j_dedup, k_count, j_count, k_inbox, j_inbox, k_retry, j_retry] =
+        results.map(median);
     println!("medians of {rounds} rounds (msg/s):");
     println!("  async-nats alone, pull + ack      {raw:>9.0}");
     println!(
         "  dedup        kafka {k_dedup:>9.0}   jetstream {j_dedup:>9.0}   ratio {:.2}",
         j_dedup / k_dedup
+    );
+    println!(
+        "  dedup, counted in the handler: kafka {k_count:>9.0}   jetstream {j_count:>9.0}   \
+         ratio {:.2}",
+        j_count / k_count
     );
     println!(
         "  inbox receipt kafka {k_inbox:>8.0}   jetstream {j_inbox:>9.0}   ratio {:.2}",
@@ -212,5 +272,12 @@ async fn main() {
         "  1% retried   kafka {k_retry:>9.0}   jetstream {j_retry:>9.0}   ratio {:.2}",
         j_retry / k_retry
     );
-    println!("  jetstream dedup / async-nats alone: {:.2}", j_dedup / raw);
+    println!(
+        "  jetstream dedup / async-nats alone: {:.2} (table polled), {:.2} (counted in the \
+         handler); per round, counted: {:.2} (median), rounds {:.2?}",
+        j_dedup / raw,
+        j_count / raw,
+        median(to_raw.clone()),
+        to_raw
+    );
 }

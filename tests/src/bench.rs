@@ -27,6 +27,21 @@ pub async fn trivial(
     Ok(())
 }
 
+/// Calls of [`counted`] so far (process-wide).
+pub static COUNTED: std::sync::atomic::AtomicI64 = std::sync::atomic::AtomicI64::new(0);
+
+/// Does nothing but count its calls in [`COUNTED`]: a consumer's progress read without
+/// asking the database (see [`rate_counted`]).
+#[outbox_runtime::inbox_handler]
+pub async fn counted(
+    event: PaymentSucceeded,
+    tx: &mut sqlx::PgConnection,
+) -> Result<(), outbox_runtime::inbox::HandlerError> {
+    let _ = (event, tx);
+    COUNTED.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    Ok(())
+}
+
 /// The median of the samples (upper median for an even count).
 pub fn median(mut samples: Vec<f64>) -> f64 {
     samples.sort_by(|a, b| a.total_cmp(b));
@@ -67,6 +82,31 @@ pub async fn rate_until(pool: &sqlx::PgPool, sql: &str, n: i64) -> f64 {
         }
         tokio::time::sleep(Duration::from_millis(2)).await;
     }
+}
+
+/// As [`rate_until`], for a consumer whose handler is [`counted`] (each message run once):
+/// follows [`COUNTED`] (store 0 in it before the consumer starts) in the process, so that no
+/// query competes with the consumer for the machine while it runs (a `count(*)` every 2 ms
+/// over a growing table keeps a backend busy), then waits until `sql` counts `n` (the last
+/// batch committed) and returns the rate from the first count above zero it saw.
+pub async fn rate_counted(pool: &sqlx::PgPool, sql: &str, n: i64) -> f64 {
+    use std::sync::atomic::Ordering::Relaxed;
+    let mut first: Option<(std::time::Instant, i64)> = None;
+    loop {
+        let seen = COUNTED.load(Relaxed);
+        if first.is_none() && seen > 0 {
+            first = Some((std::time::Instant::now(), seen));
+        }
+        if seen >= n {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    while crate::count(pool, sql).await < n {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
+    let (at, from) = first.expect("seen above zero");
+    rate((n - from).max(1) as u64, at.elapsed())
 }
 
 /// The server's `autovacuum` setting (a benchmark of sustained load says which it ran with).
