@@ -70,18 +70,8 @@ pub fn rate(n: u64, elapsed: Duration) -> f64 {
 /// Waits until `sql` counts `n` on `pool` and returns the rate from the first count above zero
 /// it saw: joining a consumer group (a broker's timing, noisy) is not the framework's cost.
 pub async fn rate_until(pool: &sqlx::PgPool, sql: &str, n: i64) -> f64 {
-    let mut first: Option<(std::time::Instant, i64)> = None;
-    loop {
-        let seen = crate::count(pool, sql).await;
-        if first.is_none() && seen > 0 {
-            first = Some((std::time::Instant::now(), seen));
-        }
-        if seen >= n {
-            let (at, from) = first.expect("seen above zero");
-            return rate((n - from).max(1) as u64, at.elapsed());
-        }
-        tokio::time::sleep(Duration::from_millis(2)).await;
-    }
+    let (at, from) = first_seen_until(|| crate::count(pool, sql), n, 2).await;
+    rate((n - from).max(1) as u64, at.elapsed())
 }
 
 /// As [`rate_until`], for a consumer whose handler is [`counted`] (each message run once):
@@ -90,23 +80,30 @@ pub async fn rate_until(pool: &sqlx::PgPool, sql: &str, n: i64) -> f64 {
 /// over a growing table keeps a backend busy), then waits until `sql` counts `n` (the last
 /// batch committed) and returns the rate from the first count above zero it saw.
 pub async fn rate_counted(pool: &sqlx::PgPool, sql: &str, n: i64) -> f64 {
-    use std::sync::atomic::Ordering::Relaxed;
+    let calls = || async { COUNTED.load(std::sync::atomic::Ordering::Relaxed) };
+    let (at, from) = first_seen_until(calls, n, 1).await;
+    first_seen_until(|| crate::count(pool, sql), n, 1).await;
+    rate((n - from).max(1) as u64, at.elapsed())
+}
+
+/// Reads `seen` every `every_ms` until it reaches `n`; when it was first above zero, and what
+/// it was then.
+async fn first_seen_until<F, Fut>(mut seen: F, n: i64, every_ms: u64) -> (std::time::Instant, i64)
+where
+    F: FnMut() -> Fut,
+    Fut: std::future::Future<Output = i64>,
+{
     let mut first: Option<(std::time::Instant, i64)> = None;
     loop {
-        let seen = COUNTED.load(Relaxed);
-        if first.is_none() && seen > 0 {
-            first = Some((std::time::Instant::now(), seen));
+        let now = seen().await;
+        if first.is_none() && now > 0 {
+            first = Some((std::time::Instant::now(), now));
         }
-        if seen >= n {
-            break;
+        if now >= n {
+            return first.expect("seen above zero");
         }
-        tokio::time::sleep(Duration::from_millis(1)).await;
+        tokio::time::sleep(Duration::from_millis(every_ms)).await;
     }
-    while crate::count(pool, sql).await < n {
-        tokio::time::sleep(Duration::from_millis(1)).await;
-    }
-    let (at, from) = first.expect("seen above zero");
-    rate((n - from).max(1) as u64, at.elapsed())
 }
 
 /// The server's `autovacuum` setting (a benchmark of sustained load says which it ran with).
