@@ -13,7 +13,9 @@
 use std::time::{Duration, Instant};
 
 use outbox_runtime::inbox::{Consumer, Mode};
-use outbox_tests::bench::{env, median, rate, trivial, PaymentSucceeded};
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use outbox_tests::bench::{env, median, rate, PaymentSucceeded};
 use outbox_tests::TestDb;
 use sqlx::PgPool;
 use tokio::task::JoinHandle;
@@ -21,6 +23,20 @@ use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 const TOPIC: &str = "bench.payments";
+
+/// The handler's calls since the round's rows were written.
+static HANDLED: AtomicUsize = AtomicUsize::new(0);
+
+/// Does nothing but count its calls (the framework's cost alone).
+#[outbox_runtime::inbox_handler]
+async fn counted(
+    event: PaymentSucceeded,
+    tx: &mut sqlx::PgConnection,
+) -> Result<(), outbox_runtime::inbox::HandlerError> {
+    let _ = (event, tx);
+    HANDLED.fetch_add(1, Ordering::Relaxed);
+    Ok(())
+}
 
 /// `n` unprocessed rows, keyed by `keys` keys in turn (0: a key per row).
 async fn fill(pool: &PgPool, n: usize, keys: usize) {
@@ -104,8 +120,12 @@ fn start(consumer: &Consumer, processors: usize) -> (CancellationToken, Vec<Join
 
 /// Events/s of the running processors from the rows' commit to the last one processed.
 async fn drain(pool: &PgPool, n: usize, keys: usize) -> f64 {
+    HANDLED.store(0, Ordering::Relaxed);
     fill(pool, n, keys).await;
     let start = Instant::now();
+    while HANDLED.load(Ordering::Relaxed) < n {
+        tokio::time::sleep(Duration::from_millis(1)).await;
+    }
     while unprocessed(pool).await > 0 {
         tokio::time::sleep(Duration::from_millis(1)).await;
     }
@@ -131,7 +151,7 @@ async fn main() {
     let consumer = Consumer::builder(db.pool.clone())
         .brokers("127.0.0.1:9")
         .group_id("bench")
-        .handler(trivial)
+        .handler(counted)
         .mode(Mode::Inbox)
         .processors(0)
         .poll_interval(Duration::from_millis(1))
