@@ -772,3 +772,55 @@ async fn a_purged_stream_replayed_is_handled_once() {
         assert_eq!(seqs, (0..10).collect::<Vec<i64>>(), "account {account}");
     }
 }
+
+/// Marks the order paid, a few milliseconds after it is called (a handler with work to do).
+#[outbox_runtime::inbox_handler]
+async fn mark_order_paid_slowly(
+    event: PaymentSucceeded,
+    tx: &mut sqlx::PgConnection,
+) -> Result<(), HandlerError> {
+    tokio::time::sleep(Duration::from_millis(3)).await;
+    sqlx::query("UPDATE orders SET paid = paid + 1 WHERE id = $1")
+        .bind(event.order_id)
+        .execute(tx)
+        .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_consumer_finishes_the_batch_in_hand_and_no_more_of_its_backlog() {
+    // While a batch is handled the next one is read; a consumer told to stop must still stop
+    // after the batch in hand, not go on while there is a backlog to read ahead.
+    let (db, server) = setup().await;
+    let payments = orders_with_payments(&db.pool, 3_000).await;
+    server.publish(PAYMENTS, &records(&payments)).await;
+    let consumer = builder(&db, &server, "orders")
+        .await
+        .handler(mark_order_paid_slowly)
+        .batch_size(50)
+        .build()
+        .unwrap();
+    let running = Running::consumer(&consumer);
+    let paid = || count(&db.pool, "SELECT count(*) FROM orders WHERE paid > 0");
+    wait_for("a few batches handled", Duration::from_secs(60), || async {
+        paid().await >= 100
+    })
+    .await;
+    running.stop().await;
+    let at_stop = paid().await;
+    // The batch in hand when it was told to stop, and the one that may have begun meanwhile.
+    assert!(
+        at_stop < 300,
+        "{at_stop} of 3,000 events handled after the stop was asked for at 100 or more"
+    );
+    // What it had read ahead was not settled: a consumer of the group gets it, once each.
+    let consumer = builder(&db, &server, "orders")
+        .await
+        .handler(fixtures::mark_order_paid)
+        .build()
+        .unwrap();
+    let running = Running::consumer(&consumer);
+    wait_settled(&server, STREAM, "orders", PAYMENTS).await;
+    running.stop().await;
+    assert_eq!(paid_counts(&db.pool).await, vec![1; 3_000]);
+}
