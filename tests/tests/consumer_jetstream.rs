@@ -824,3 +824,69 @@ async fn a_stopped_consumer_finishes_the_batch_in_hand_and_no_more_of_its_backlo
     running.stop().await;
     assert_eq!(paid_counts(&db.pool).await, vec![1; 3_000]);
 }
+
+/// Set while [`mark_order_paid_after_a_pause`] pauses.
+static PAUSING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Marks the order paid; over a payment of 4,242 first pauses 5 s (two and a half times the
+/// tests' `ack_wait` of 2 s).
+#[outbox_runtime::inbox_handler]
+async fn mark_order_paid_after_a_pause(
+    event: PaymentSucceeded,
+    tx: &mut sqlx::PgConnection,
+) -> Result<(), HandlerError> {
+    use std::sync::atomic::Ordering;
+    if event.amount == 4_242 {
+        PAUSING.store(true, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        PAUSING.store(false, Ordering::SeqCst);
+    }
+    sqlx::query("UPDATE orders SET paid = paid + 1 WHERE id = $1")
+        .bind(event.order_id)
+        .execute(tx)
+        .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_is_read_ahead_during_a_long_batch_is_not_delivered_again() {
+    // Messages read while a batch is handled wait for it; the server must be told they are
+    // being worked on, as the batch's own are, or it delivers them again after `ack_wait`:
+    // copies that come back behind later messages of their key.
+    let (db, server) = setup().await;
+    let payments =
+        outbox_tests::payments::orders_with_special_payments(&db.pool, 11, |i| i == 0, 4_242).await;
+    let records = records(&payments);
+    let consumer = builder(&db, &server, "orders")
+        .await
+        .handler(mark_order_paid_after_a_pause)
+        .batch_size(10)
+        .build()
+        .unwrap();
+    let running = Running::consumer(&consumer);
+    // The slow one alone is the first batch; the ten others come while it is handled.
+    server.publish(PAYMENTS, &records[..1]).await;
+    wait_for("the long batch begun", Duration::from_secs(30), || async {
+        PAUSING.load(std::sync::atomic::Ordering::SeqCst)
+    })
+    .await;
+    server.publish(PAYMENTS, &records[1..]).await;
+    // While the pause lasts (past `ack_wait` for the ten), the server must not have delivered
+    // any of them again (it counts the messages delivered again and not yet settled).
+    let js = server.jetstream().await;
+    let durable = format!("orders_{}", PAYMENTS.replace('.', "_"));
+    let mut redelivered = 0;
+    while PAUSING.load(std::sync::atomic::Ordering::SeqCst) {
+        let stream = js.get_stream(STREAM).await.unwrap();
+        let info = stream.consumer_info(&durable).await.unwrap();
+        redelivered = redelivered.max(info.num_redelivered);
+        tokio::time::sleep(Duration::from_millis(50)).await; // the pause's pace, not a wait
+    }
+    wait_settled(&server, STREAM, "orders", PAYMENTS).await;
+    running.stop().await;
+    assert_eq!(paid_counts(&db.pool).await, vec![1; 11]);
+    assert_eq!(
+        redelivered, 0,
+        "messages delivered again while they waited for the batch before them"
+    );
+}
