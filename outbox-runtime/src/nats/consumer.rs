@@ -287,8 +287,8 @@ impl Reader {
         })
     }
 
-    /// Reads batches until the messages stop, `cancel` fires or the lease lapses (a batch in
-    /// hand is then given up: nothing of it settled, it comes again). While a batch is
+    /// Reads batches until the messages stop, `cancel` fires (after the batch in hand) or the
+    /// lease lapses (a batch in hand is then given up: nothing of it settled, it comes again). While a batch is
     /// handled, the next one is read (up to a batch): the server keeps delivering meanwhile
     /// (the stream asks it for more only while it is read), and the next batch starts at once.
     /// A batch's messages all came before the next one's: the stream's order is kept.
@@ -300,6 +300,11 @@ impl Reader {
         // The messages stopped (the server went away) while a batch was handled.
         let mut stopped = false;
         loop {
+            // Told to stop: the batch in hand was the last. What was read ahead is not settled
+            // (it comes again, to this group's next reader).
+            if self.cancel.is_cancelled() {
+                return Ended::Cancelled;
+            }
             while ahead.is_empty() {
                 if stopped {
                     return Ended::Stopped { handled };
@@ -331,11 +336,23 @@ impl Reader {
             };
             let lapsed = self.lapsed();
             tokio::pin!(handling, lapsed);
+            // What is read meanwhile waits for the batch: the server is told it is worked on,
+            // as the batch's own messages are, or it delivers it again after `ack_wait` (a
+            // copy that would come behind later messages of its key).
+            let every = self.jetstream.ack_wait / 3;
+            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
             let done = loop {
                 tokio::select! {
                     biased;
                     done = &mut handling => break done,
                     () = &mut lapsed => return Ended::Lapsed,
+                    _ = tick.tick(), if !ahead.is_empty()
+                        && self.lease.as_ref().is_none_or(Lease::is_valid) =>
+                    {
+                        for msg in &ahead {
+                            msg.settle(AckKind::Progress).await;
+                        }
+                    }
                     next = messages.next(), if !stopped && ahead.len() < batch_size => {
                         stopped = self.pulled(next, &mut ahead);
                     }
