@@ -855,7 +855,7 @@ async fn what_is_read_ahead_during_a_long_batch_is_not_delivered_again() {
     // copies that come back behind later messages of their key.
     let (db, server) = setup().await;
     let payments =
-        outbox_tests::payments::orders_with_special_payments(&db.pool, 11, |i| i == 0, 4_242).await;
+        outbox_tests::payments::orders_with_special_payments(&db.pool, 36, |i| i == 0, 4_242).await;
     let records = records(&payments);
     let consumer = builder(&db, &server, "orders")
         .await
@@ -864,14 +864,15 @@ async fn what_is_read_ahead_during_a_long_batch_is_not_delivered_again() {
         .build()
         .unwrap();
     let running = Running::consumer(&consumer);
-    // The slow one alone is the first batch; the ten others come while it is handled.
+    // The slow one alone is the first batch; the 35 others (three and a half batches, within
+    // the four the server may have out at once) come while it is handled.
     server.publish(PAYMENTS, &records[..1]).await;
     wait_for("the long batch begun", Duration::from_secs(30), || async {
         PAUSING.load(std::sync::atomic::Ordering::SeqCst)
     })
     .await;
     server.publish(PAYMENTS, &records[1..]).await;
-    // While the pause lasts (past `ack_wait` for the ten), the server must not have delivered
+    // While the pause lasts (past `ack_wait` for the 35), the server must not have delivered
     // any of them again (it counts the messages delivered again and not yet settled).
     let js = server.jetstream().await;
     let durable = format!("orders_{}", PAYMENTS.replace('.', "_"));
@@ -884,7 +885,7 @@ async fn what_is_read_ahead_during_a_long_batch_is_not_delivered_again() {
     }
     wait_settled(&server, STREAM, "orders", PAYMENTS).await;
     running.stop().await;
-    assert_eq!(paid_counts(&db.pool).await, vec![1; 11]);
+    assert_eq!(paid_counts(&db.pool).await, vec![1; 36]);
     assert_eq!(
         redelivered, 0,
         "messages delivered again while they waited for the batch before them"
