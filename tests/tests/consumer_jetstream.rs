@@ -451,13 +451,17 @@ async fn record_step_saying_when_slow(
     event: Deposited,
     tx: &mut sqlx::PgConnection,
 ) -> Result<(), HandlerError> {
-    use std::sync::atomic::Ordering;
     if event.account == "acct-0" && event.seq.is_multiple_of(10) {
-        IN_SLOW_CALL.store(true, Ordering::SeqCst);
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        IN_SLOW_CALL.store(false, Ordering::SeqCst);
+        pause_flagged(&IN_SLOW_CALL, Duration::from_millis(300)).await;
     }
     insert_step(tx, &event).await
+}
+
+/// Sleeps `pause` with `flag` set meanwhile (a test waits for it).
+async fn pause_flagged(flag: &std::sync::atomic::AtomicBool, pause: Duration) {
+    flag.store(true, std::sync::atomic::Ordering::SeqCst);
+    tokio::time::sleep(pause).await;
+    flag.store(false, std::sync::atomic::Ordering::SeqCst);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -773,12 +777,20 @@ async fn a_purged_stream_replayed_is_handled_once() {
     }
 }
 
-/// Marks the order paid, a few milliseconds after it is called (a handler with work to do).
+/// Set while [`mark_order_paid_slowly`] pauses.
+static PAUSING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+
+/// Marks the order paid, a few milliseconds after it is called (a handler with work to do);
+/// over a payment of 4,242 it first pauses 5 s (two and a half times the tests' `ack_wait` of
+/// 2 s).
 #[outbox_runtime::inbox_handler]
 async fn mark_order_paid_slowly(
     event: PaymentSucceeded,
     tx: &mut sqlx::PgConnection,
 ) -> Result<(), HandlerError> {
+    if event.amount == 4_242 {
+        pause_flagged(&PAUSING, Duration::from_secs(5)).await;
+    }
     tokio::time::sleep(Duration::from_millis(3)).await;
     sqlx::query("UPDATE orders SET paid = paid + 1 WHERE id = $1")
         .bind(event.order_id)
@@ -825,29 +837,6 @@ async fn a_stopped_consumer_finishes_the_batch_in_hand_and_no_more_of_its_backlo
     assert_eq!(paid_counts(&db.pool).await, vec![1; 3_000]);
 }
 
-/// Set while [`mark_order_paid_after_a_pause`] pauses.
-static PAUSING: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// Marks the order paid; over a payment of 4,242 first pauses 5 s (two and a half times the
-/// tests' `ack_wait` of 2 s).
-#[outbox_runtime::inbox_handler]
-async fn mark_order_paid_after_a_pause(
-    event: PaymentSucceeded,
-    tx: &mut sqlx::PgConnection,
-) -> Result<(), HandlerError> {
-    use std::sync::atomic::Ordering;
-    if event.amount == 4_242 {
-        PAUSING.store(true, Ordering::SeqCst);
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        PAUSING.store(false, Ordering::SeqCst);
-    }
-    sqlx::query("UPDATE orders SET paid = paid + 1 WHERE id = $1")
-        .bind(event.order_id)
-        .execute(tx)
-        .await?;
-    Ok(())
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_is_read_ahead_during_a_long_batch_is_not_delivered_again() {
     // Messages read while a batch is handled wait for it; the server must be told they are
@@ -859,7 +848,7 @@ async fn what_is_read_ahead_during_a_long_batch_is_not_delivered_again() {
     let records = records(&payments);
     let consumer = builder(&db, &server, "orders")
         .await
-        .handler(mark_order_paid_after_a_pause)
+        .handler(mark_order_paid_slowly)
         .batch_size(10)
         .build()
         .unwrap();
