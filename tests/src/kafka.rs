@@ -97,20 +97,18 @@ impl Kafka {
         }
     }
 
-    /// Deletes `topic` (as a broker that lost it, or an operator's mistake); the broker may
-    /// still be deleting it when this returns ([`create_topic`](Self::create_topic) asks again
-    /// until it can create it).
-    pub async fn delete_topic(&self, topic: &str) {
-        let admin: AdminClient<DefaultClientContext> = ClientConfig::new()
-            .set("bootstrap.servers", self.bootstrap())
-            .create()
-            .expect("admin client");
-        let results = admin
-            .delete_topics(&[topic], &AdminOptions::new())
-            .await
-            .expect("delete topic");
-        for r in results {
-            r.expect("topic deleted");
+    /// The broker loses everything it stored (topics, records, the groups' offsets), as one
+    /// whose disk was lost: the tansu process killed, its storage removed, started again
+    /// empty on the same port. (Not a topic deleted and created again: tansu 0.6 under load
+    /// could take over a minute to create a topic it had just deleted.)
+    pub async fn lose_everything(&mut self) {
+        match self {
+            Kafka::Mock(_) => panic!("only tansu loses its storage"),
+            Kafka::Tansu(t) => {
+                t.kill();
+                t.remove_storage();
+                t.spawn().await;
+            }
         }
     }
 
@@ -243,6 +241,20 @@ impl Tansu {
             tokio::time::sleep(Duration::from_millis(25)).await;
         }
         panic!("tansu did not listen on port {} within 5 s", self.port);
+    }
+
+    /// Removes the stopped broker's storage (the SQLite database and its journal files).
+    fn remove_storage(&self) {
+        for entry in std::fs::read_dir(&self.dir).expect("tansu data dir") {
+            let path = entry.expect("tansu data dir entry").path();
+            let stored = path
+                .file_name()
+                .and_then(|name| name.to_str())
+                .is_some_and(|name| name.starts_with("tansu.db"));
+            if stored {
+                std::fs::remove_file(&path).expect("remove tansu's storage");
+            }
+        }
     }
 
     pub fn kill(&mut self) {

@@ -487,7 +487,7 @@ async fn a_lost_topic_replayed_is_handled_once_on_tansu() {
         TOPIC,
     };
 
-    let kafka = Kafka::tansu().await;
+    let mut kafka = Kafka::tansu().await;
     let db = TestDb::new().await;
     create_steps(&db.pool).await;
     kafka.create_topic(TOPIC, 3).await;
@@ -508,12 +508,15 @@ async fn a_lost_topic_replayed_is_handled_once_on_tansu() {
     })
     .await;
 
-    // The broker loses the topic. (The clients are stopped meanwhile: librdkafka 2.12.1's
-    // metadata cache crashes on what tansu answers about a topic deleted under a live client.)
+    // The broker loses everything: the topics, their records, the group's offsets. (The
+    // clients are stopped meanwhile: librdkafka 2.12.1's metadata cache crashes on what tansu
+    // answers about a topic gone under a live client.) The operator creates the topics again.
     consuming.stop().await;
     relaying.stop().await;
-    kafka.delete_topic(TOPIC).await;
+    kafka.lose_everything().await;
     kafka.create_topic(TOPIC, 3).await;
+    kafka.create_topic(&format!("{TOPIC}.retry"), 3).await;
+    kafka.create_topic(&format!("{TOPIC}.dlq"), 1).await;
     let replay = Replay::new(db.pool.clone(), &kafka.bootstrap()).unwrap();
     let replayed = replay
         .run(&ReplayFilter::topic(TOPIC), None, |_| {})
