@@ -10,11 +10,10 @@
 //! default 3; `PROCESSORS`, default `1,2,4`; `KEYS`, default `0,1000,100,10`, 0 meaning a key
 //! per row). Run it at two commits in turn to compare them: it uses only what both have.
 
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use outbox_runtime::inbox::{Consumer, Mode};
-use std::sync::atomic::{AtomicUsize, Ordering};
-
 use outbox_tests::bench::{env, median, rate, PaymentSucceeded};
 use outbox_tests::TestDb;
 use sqlx::PgPool;

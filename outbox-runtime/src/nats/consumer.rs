@@ -288,10 +288,11 @@ impl Reader {
     }
 
     /// Reads batches until the messages stop, `cancel` fires (after the batch in hand) or the
-    /// lease lapses (a batch in hand is then given up: nothing of it settled, it comes again). While a batch is
-    /// handled, the next one is read (up to a batch): the server keeps delivering meanwhile
-    /// (the stream asks it for more only while it is read), and the next batch starts at once.
-    /// A batch's messages all came before the next one's: the stream's order is kept.
+    /// lease lapses (a batch in hand is then given up: nothing of it settled, it comes again).
+    /// While a batch is handled, the next one is read (up to a batch): the server keeps
+    /// delivering meanwhile (the stream asks it for more only while it is read), and the next
+    /// batch starts at once. A batch's messages all came before the next one's: the stream's
+    /// order is kept.
     async fn read(&self, messages: &mut pull::Stream) -> Ended {
         let batch_size = self.shared.settings.batch_size;
         let mut handled = false;
@@ -339,19 +340,14 @@ impl Reader {
             // What is read meanwhile waits for the batch: the server is told it is worked on,
             // as the batch's own messages are, or it delivers it again after `ack_wait` (a
             // copy that would come behind later messages of its key).
-            let every = self.jetstream.ack_wait / 3;
-            let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+            let mut tick = self.progress_ticks();
             let done = loop {
                 tokio::select! {
                     biased;
                     done = &mut handling => break done,
                     () = &mut lapsed => return Ended::Lapsed,
-                    _ = tick.tick(), if !ahead.is_empty()
-                        && self.lease.as_ref().is_none_or(Lease::is_valid) =>
-                    {
-                        for msg in &ahead {
-                            msg.settle(AckKind::Progress).await;
-                        }
+                    _ = tick.tick(), if !ahead.is_empty() && self.may_report() => {
+                        Self::report_progress(&ahead).await;
                     }
                     next = messages.next(), if !stopped && ahead.len() < batch_size => {
                         stopped = self.pulled(next, &mut ahead);
@@ -408,17 +404,31 @@ impl Reader {
         future: F,
     ) -> F::Output {
         tokio::pin!(future);
-        let every = self.jetstream.ack_wait / 3;
-        let mut tick = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        let mut tick = self.progress_ticks();
         loop {
             tokio::select! {
                 out = &mut future => return out,
-                _ = tick.tick(), if self.lease.as_ref().is_none_or(Lease::is_valid) => {
-                    for msg in messages {
-                        msg.settle(AckKind::Progress).await;
-                    }
-                }
+                _ = tick.tick(), if self.may_report() => Self::report_progress(messages).await,
             }
+        }
+    }
+
+    /// When to tell the server that the messages held are still worked on: every third of
+    /// `ack_wait`, the first a third from now.
+    fn progress_ticks(&self) -> tokio::time::Interval {
+        let every = self.jetstream.ack_wait / 3;
+        tokio::time::interval_at(tokio::time::Instant::now() + every, every)
+    }
+
+    /// Whether this reader may keep messages from coming again: not once its lease lapsed.
+    fn may_report(&self) -> bool {
+        self.lease.as_ref().is_none_or(Lease::is_valid)
+    }
+
+    /// Tells the server that `messages` are still worked on (it waits `ack_wait` again).
+    async fn report_progress(messages: &[Received]) {
+        for msg in messages {
+            msg.settle(AckKind::Progress).await;
         }
     }
 
