@@ -21,6 +21,7 @@ pub mod payments;
 pub mod proxy;
 pub mod rabbitmq;
 pub mod running;
+pub mod stopping;
 
 pub use running::Running;
 

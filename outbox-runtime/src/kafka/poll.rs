@@ -22,10 +22,13 @@ pub(crate) async fn next_batch<'c>(
     loop {
         paused.resume_due(consumer);
         let wake = paused.next_due();
+        // In this order: told to stop, it takes no other batch however long the backlog, and
+        // a retry partition due resumes however busy the others are.
         let first = tokio::select! {
+            biased;
             () = cancel.cancelled() => return None,
-            msg = consumer.recv() => msg,
             () = tokio::time::sleep(wake.unwrap_or_default()), if wake.is_some() => continue,
+            msg = consumer.recv() => msg,
         };
         let mut batch = Vec::with_capacity(batch_size);
         match first {

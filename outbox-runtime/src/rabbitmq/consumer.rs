@@ -355,15 +355,18 @@ impl Reader {
         let mut handled = false;
         let mut check = tokio::time::interval(CHECK_EVERY);
         loop {
+            // In this order: told to stop, it takes no other batch however long the backlog,
+            // and the channel is checked however busy it is.
             let first = tokio::select! {
+                biased;
                 () = self.cancel.cancelled() => return Ended::Cancelled,
-                next = deliveries.recv() => next,
                 _ = check.tick() => {
                     if self.open().await {
                         continue;
                     }
                     None
                 }
+                next = deliveries.recv() => next,
             };
             let Some(first) = first else {
                 return Ended::Lost {

@@ -1,0 +1,94 @@
+//! A consumer told to stop with a backlog waiting: it finishes the batch in hand and takes no
+//! other. One stop may take no more by luck (a choice between "stop" and "the next batch" made
+//! without priority is right half the time), so the drill stops a consumer of the group
+//! several times over one backlog. RabbitMQ's consumer runs it; on Kafka's mock cluster a
+//! group's next member waits out the session timeout (44 s) once the last one has left, which
+//! Apache Kafka does not, so eight stops there would take six minutes.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use outbox_runtime::inbox::{Consumer, HandlerError};
+use outbox_runtime::inbox_handler;
+use sqlx::PgPool;
+
+use crate::fixtures::PaymentSucceeded;
+use crate::payments::wait_for;
+use crate::{count, Running};
+
+/// The state of [`mark_order_paid_counted`]: how many times it was called, over every
+/// consumer of the drill.
+#[derive(Clone, Default)]
+pub struct Counted(Arc<AtomicUsize>);
+
+impl Counted {
+    fn get(&self) -> usize {
+        self.0.load(Ordering::SeqCst)
+    }
+}
+
+/// Marks the order paid after a couple of milliseconds of work (so that a batch lasts long
+/// enough to be stopped in), counting the calls.
+#[inbox_handler]
+pub async fn mark_order_paid_counted(
+    event: PaymentSucceeded,
+    tx: &mut sqlx::PgConnection,
+    counted: &Counted,
+) -> Result<(), HandlerError> {
+    tokio::time::sleep(Duration::from_millis(2)).await;
+    sqlx::query("UPDATE orders SET paid = paid + 1 WHERE id = $1")
+        .bind(event.order_id)
+        .execute(tx)
+        .await?;
+    counted.0.fetch_add(1, Ordering::SeqCst);
+    Ok(())
+}
+
+/// Stops a consumer built by `start` (with [`mark_order_paid_counted`] and batches of
+/// `batch_size`) `rounds` times over a backlog of `orders` payments, each time once it has
+/// handled some: from the stop asked for to its end, it may finish the batch in hand, no more.
+/// Then a last consumer of the group drains the backlog: each payment took effect once.
+pub async fn stops_after_the_batch_in_hand(
+    pool: &PgPool,
+    orders: i64,
+    batch_size: usize,
+    rounds: usize,
+    start: impl Fn(Counted) -> Consumer,
+) {
+    let counted = Counted::default();
+    for round in 0..rounds {
+        let running = Running::consumer(&start(counted.clone()));
+        let begun = counted.get();
+        wait_for(
+            "a batch or two handled",
+            Duration::from_secs(60),
+            || async { counted.get() >= begun + batch_size + 10 },
+        )
+        .await;
+        running.cancel();
+        let asked = counted.get();
+        running.stop().await;
+        let after = counted.get() - asked;
+        assert!(
+            after <= batch_size,
+            "round {round}: {after} handled after the stop was asked for, with batches of \
+             {batch_size}: the consumer took another batch of its backlog"
+        );
+    }
+    assert!(
+        counted.get() < usize::try_from(orders).unwrap(),
+        "the backlog ran out during the drill: make it longer"
+    );
+    let running = Running::consumer(&start(counted.clone()));
+    wait_for("the backlog drained", Duration::from_secs(120), || async {
+        count(pool, "SELECT count(*) FROM orders WHERE paid > 0").await == orders
+    })
+    .await;
+    running.stop().await;
+    assert_eq!(
+        count(pool, "SELECT count(*) FROM orders WHERE paid <> 1").await,
+        0,
+        "a payment took effect more than once"
+    );
+}
