@@ -139,3 +139,50 @@ async fn dev_broker_answers_a_waiting_fetch_when_a_record_arrives() {
         Some(0)
     );
 }
+
+/// When a group's last member leaves, the mock keeps the group rebalancing for the member's
+/// session timeout (librdkafka's default: 45 s) before it lets the next one in; Apache Kafka
+/// lets it in at once. The dev broker caps the session timeout the mock is told, so a consumer
+/// restarted in development reads again within seconds, whatever its own session timeout.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dev_broker_lets_a_restarted_consumer_of_a_group_in_within_seconds() {
+    use rdkafka::consumer::{Consumer as _, StreamConsumer};
+
+    let (mut child, port, _line, _out) = start(1, "restart.events").await;
+    let bootstrap = format!("127.0.0.1:{port}");
+    let record = |n: u32| outbox_tests::kafka::Outgoing {
+        key: format!("key-{n}"),
+        payload: n.to_string().into_bytes(),
+        headers: Vec::new(),
+    };
+    let records: Vec<_> = (1..=2).map(record).collect();
+    outbox_tests::kafka::produce(&bootstrap, "restart.events", &records).await;
+    let member = || {
+        let consumer: StreamConsumer = rdkafka::ClientConfig::new()
+            .set("bootstrap.servers", &bootstrap)
+            .set("group.id", "restarting")
+            .set("auto.offset.reset", "earliest")
+            .create()
+            .unwrap();
+        consumer.subscribe(&["restart.events"]).unwrap();
+        consumer
+    };
+    let first = member();
+    tokio::time::timeout(Duration::from_secs(30), first.recv())
+        .await
+        .expect("the first member reads within 30 s")
+        .unwrap();
+    drop(first); // closes: leaves the group
+    let second = member();
+    tokio::time::timeout(Duration::from_secs(30), second.recv())
+        .await
+        .expect("the restarted member reads within 30 s, not after the first one's session timeout")
+        .unwrap();
+
+    drop(second);
+    signal(&child, "-INT");
+    assert_eq!(
+        wait_exit(&mut child, Duration::from_secs(10)).await,
+        Some(0)
+    );
+}
