@@ -2,10 +2,11 @@
 //!
 //! The mock cluster listens on a port the kernel picks; this command listens on the asked port,
 //! forwards each connection to the mock broker, and makes the broker advertise the asked port,
-//! so that clients only ever see `127.0.0.1:<port>`. It caps each fetch's wait on the way
-//! (`fetch_wait.rs`): the mock answers an empty fetch only when the wait has passed.
+//! so that clients only ever see `127.0.0.1:<port>`. On the way it caps each fetch's wait and
+//! each group member's session timeout (`forward.rs`), where the mock would otherwise keep a
+//! consumer waiting where Apache Kafka does not.
 
-mod fetch_wait;
+mod forward;
 
 use outbox_runtime::testing::MockKafka;
 use tokio::io::AsyncWriteExt as _;
@@ -63,7 +64,7 @@ pub async fn run(port: u16, partitions: i32, topics: &[String]) -> Result<(), St
                             tokio::io::copy(&mut broker_reads, &mut client_writes).await?;
                             client_writes.shutdown().await
                         };
-                        let requests = fetch_wait::forward_requests(client_reads, broker_writes);
+                        let requests = forward::forward_requests(client_reads, broker_writes);
                         let _ = tokio::try_join!(requests, answers);
                     }
                     Err(e) => tracing::warn!(error = %e, "dev broker: mock broker unreachable"),

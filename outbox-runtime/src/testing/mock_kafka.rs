@@ -51,6 +51,12 @@ impl Record {
 /// mock gets a record up to 500 ms after it was produced. A consumer given
 /// [`consumer_config`](Self::consumer_config) waits at most [`FETCH_WAIT`](Self::FETCH_WAIT).
 ///
+/// When a group's last member leaves, the mock lets the next one in only after the leaving
+/// member's session timeout (librdkafka's default: 45 s); Apache Kafka lets it in at once. A
+/// consumer given [`consumer_config`](Self::consumer_config) has a session timeout of
+/// [`SESSION_TIMEOUT`](Self::SESSION_TIMEOUT), so that a consumer of a group started again
+/// reads within seconds.
+///
 /// It does not check idempotent producers' sequence numbers (see
 /// [`RelayBuilder::one_record_in_flight_per_key`](crate::relay::RelayBuilder::one_record_in_flight_per_key)).
 pub struct MockKafka {
@@ -73,6 +79,13 @@ impl MockKafka {
     /// handled within milliseconds of its publishing, as on Apache Kafka. An idle consumer
     /// fetches 200 times a second from each broker it reads, in memory.
     pub const FETCH_WAIT: Duration = Duration::from_millis(5);
+
+    /// The session timeout of a consumer of the mock cluster ([`consumer_config`](Self::consumer_config),
+    /// and the longest that `outbox dev-broker` lets a member ask for): 10 s, so that a
+    /// group's next member, after the last one left, is let in 9 s later rather than 44 s. A
+    /// member that has not heartbeated for that long is dropped from its group; librdkafka
+    /// heartbeats every 3 s, from a thread of its own.
+    pub const SESSION_TIMEOUT: Duration = Duration::from_secs(10);
 
     /// Starts a mock cluster of one broker.
     pub fn start() -> Result<Self> {
@@ -131,10 +144,16 @@ impl MockKafka {
     /// `consumer_config(...)` of a consumer's builder, or any Kafka client.
     pub fn consumer_config(&self) -> ClientConfig {
         let mut config = ClientConfig::new();
-        config.set("bootstrap.servers", &self.bootstrap).set(
-            "fetch.wait.max.ms",
-            Self::FETCH_WAIT.as_millis().to_string(),
-        );
+        config
+            .set("bootstrap.servers", &self.bootstrap)
+            .set(
+                "fetch.wait.max.ms",
+                Self::FETCH_WAIT.as_millis().to_string(),
+            )
+            .set(
+                "session.timeout.ms",
+                Self::SESSION_TIMEOUT.as_millis().to_string(),
+            );
         config
     }
 
