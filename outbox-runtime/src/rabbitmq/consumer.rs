@@ -354,6 +354,8 @@ impl Reader {
         let mut careful = true;
         let mut handled = false;
         let mut check = tokio::time::interval(CHECK_EVERY);
+        // After a long batch, one check, not one for each second it took.
+        check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         loop {
             // In this order: told to stop, it takes no other batch however long the backlog,
             // and the channel is checked however busy it is.
