@@ -1,9 +1,7 @@
 //! A consumer told to stop with a backlog waiting: it finishes the batch in hand and takes no
 //! other. One stop may take no more by luck (a choice between "stop" and "the next batch" made
 //! without priority is right half the time), so the drill stops a consumer of the group
-//! several times over one backlog. RabbitMQ's consumer runs it; on Kafka's mock cluster a
-//! group's next member waits out the session timeout (44 s) once the last one has left, which
-//! Apache Kafka does not, so eight stops there would take six minutes.
+//! several times over one backlog.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

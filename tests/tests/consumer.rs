@@ -10,6 +10,7 @@ use outbox_tests::payments::{
     builder, dead_letters, orders_with_payments, paid_counts, publish, read_at, records, retried,
     setup, setup_on, wait_for, PARTITIONS,
 };
+use outbox_tests::stopping::{mark_order_paid_counted, stops_after_the_batch_in_hand};
 use outbox_tests::{count, ChildGuard, Running, TestDb};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -376,6 +377,27 @@ async fn shutdown_commits_the_offsets_of_committed_work() {
         committed_total(&kafka.bootstrap(), "orders", PAYMENTS, PARTITIONS),
         50
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stopped_consumer_finishes_the_batch_in_hand_and_no_more_of_its_backlog() {
+    let (db, kafka) = setup().await;
+    let payments = orders_with_payments(&db.pool, 2_000).await;
+    publish(&kafka, &payments).await;
+    // The mock lets a group's next member in only after the last one's session timeout
+    // (librdkafka's default 45 s): a short one keeps the eight restarts short.
+    let mut short_session = rdkafka::ClientConfig::new();
+    short_session.set("session.timeout.ms", "6000");
+    stops_after_the_batch_in_hand(&db.pool, 2_000, 50, 8, |counted| {
+        builder(&db, &kafka, "orders")
+            .consumer_config(short_session.clone())
+            .state(counted)
+            .handler(mark_order_paid_counted)
+            .batch_size(50)
+            .build()
+            .unwrap()
+    })
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

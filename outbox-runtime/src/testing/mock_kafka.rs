@@ -52,10 +52,10 @@ impl Record {
 /// [`consumer_config`](Self::consumer_config) waits at most [`FETCH_WAIT`](Self::FETCH_WAIT).
 ///
 /// When a group's last member leaves, the mock lets the next one in only after the leaving
-/// member's session timeout (librdkafka's default: 45 s); Apache Kafka lets it in at once. A
-/// consumer given [`consumer_config`](Self::consumer_config) has a session timeout of
-/// [`SESSION_TIMEOUT`](Self::SESSION_TIMEOUT), so that a consumer of a group started again
-/// reads within seconds.
+/// member's session timeout (librdkafka's default: 45 s); Apache Kafka, after its initial
+/// rebalance delay (3 s). A consumer given [`consumer_config`](Self::consumer_config) has a
+/// session timeout of [`SESSION_TIMEOUT`](Self::SESSION_TIMEOUT), so that a consumer of a
+/// group started again reads within seconds.
 ///
 /// It does not check idempotent producers' sequence numbers (see
 /// [`RelayBuilder::one_record_in_flight_per_key`](crate::relay::RelayBuilder::one_record_in_flight_per_key)).
