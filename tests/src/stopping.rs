@@ -7,7 +7,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_runtime::inbox::{Consumer, HandlerError};
+use outbox_runtime::inbox::{ConsumerBuilder, HandlerError};
 use outbox_runtime::inbox_handler;
 use sqlx::PgPool;
 
@@ -43,25 +43,37 @@ pub async fn mark_order_paid_counted(
     Ok(())
 }
 
-/// Stops a consumer built by `start` (with [`mark_order_paid_counted`] and batches of
-/// `batch_size`) `rounds` times over a backlog of `orders` payments, each time once it has
-/// handled some: from the stop asked for to its end, it may finish the batch in hand, no more.
-/// Then a last consumer of the group drains the backlog: each payment took effect once.
+/// Batches of this many payments.
+const BATCH: usize = 50;
+/// Stops, each from a new consumer of the group.
+const ROUNDS: usize = 8;
+
+/// Stops a consumer of the group `builder` makes (given [`mark_order_paid_counted`] and
+/// batches of [`BATCH`]) [`ROUNDS`] times over a backlog of `orders` payments, each time once
+/// it has handled some: from the stop asked for to its end, it may finish the batch in hand,
+/// no more. Then a last consumer of the group drains the backlog: each payment took effect
+/// once.
 pub async fn stops_after_the_batch_in_hand(
     pool: &PgPool,
     orders: i64,
-    batch_size: usize,
-    rounds: usize,
-    start: impl Fn(Counted) -> Consumer,
+    builder: impl Fn() -> ConsumerBuilder,
 ) {
     let counted = Counted::default();
-    for round in 0..rounds {
+    let start = |counted: Counted| {
+        builder()
+            .state(counted)
+            .handler(mark_order_paid_counted)
+            .batch_size(BATCH)
+            .build()
+            .unwrap()
+    };
+    for round in 0..ROUNDS {
         let running = Running::consumer(&start(counted.clone()));
         let begun = counted.get();
         wait_for(
             "a batch or two handled",
             Duration::from_secs(60),
-            || async { counted.get() >= begun + batch_size + 10 },
+            || async { counted.get() >= begun + BATCH + 10 },
         )
         .await;
         running.cancel();
@@ -69,9 +81,9 @@ pub async fn stops_after_the_batch_in_hand(
         running.stop().await;
         let after = counted.get() - asked;
         assert!(
-            after <= batch_size,
+            after <= BATCH,
             "round {round}: {after} handled after the stop was asked for, with batches of \
-             {batch_size}: the consumer took another batch of its backlog"
+             {BATCH}: the consumer took another batch of its backlog"
         );
     }
     assert!(

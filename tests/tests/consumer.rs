@@ -10,7 +10,7 @@ use outbox_tests::payments::{
     builder, dead_letters, orders_with_payments, paid_counts, publish, read_at, records, retried,
     setup, setup_on, wait_for, PARTITIONS,
 };
-use outbox_tests::stopping::{mark_order_paid_counted, stops_after_the_batch_in_hand};
+use outbox_tests::stopping::stops_after_the_batch_in_hand;
 use outbox_tests::{count, ChildGuard, Running, TestDb};
 use sqlx::PgPool;
 use uuid::Uuid;
@@ -388,14 +388,8 @@ async fn a_stopped_consumer_finishes_the_batch_in_hand_and_no_more_of_its_backlo
     // (librdkafka's default 45 s): a short one keeps the eight restarts short.
     let mut short_session = rdkafka::ClientConfig::new();
     short_session.set("session.timeout.ms", "6000");
-    stops_after_the_batch_in_hand(&db.pool, 2_000, 50, 8, |counted| {
-        builder(&db, &kafka, "orders")
-            .consumer_config(short_session.clone())
-            .state(counted)
-            .handler(mark_order_paid_counted)
-            .batch_size(50)
-            .build()
-            .unwrap()
+    stops_after_the_batch_in_hand(&db.pool, 2_000, || {
+        builder(&db, &kafka, "orders").consumer_config(short_session.clone())
     })
     .await;
 }

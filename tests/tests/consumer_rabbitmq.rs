@@ -16,7 +16,7 @@ use outbox_tests::fixtures::{self, PaymentSucceeded, PAYMENTS};
 use outbox_tests::kafka::{Outgoing, Received};
 use outbox_tests::payments::{not_json, orders_with_payments, paid_counts, records, wait_for};
 use outbox_tests::rabbitmq::{self as mq, Vhost};
-use outbox_tests::stopping::{mark_order_paid_counted, stops_after_the_batch_in_hand};
+use outbox_tests::stopping::stops_after_the_batch_in_hand;
 use outbox_tests::{count, Running, TestDb};
 
 /// Shards of every topic here.
@@ -631,15 +631,10 @@ async fn a_stopped_consumer_finishes_the_batch_in_hand_and_no_more_of_its_backlo
     one_shard.ensure_topology(PAYMENTS, "orders").await.unwrap();
     let payments = orders_with_payments(&db.pool, 2_000).await;
     mq::publish_sharded(&url, PAYMENTS, 1, &records(&payments)).await;
-    stops_after_the_batch_in_hand(&db.pool, 2_000, 50, 8, |counted| {
+    stops_after_the_batch_in_hand(&db.pool, 2_000, || {
         Consumer::builder(db.pool.clone())
             .rabbitmq(one_shard.clone())
             .group_id("orders")
-            .state(counted)
-            .handler(mark_order_paid_counted)
-            .batch_size(50)
-            .build()
-            .unwrap()
     })
     .await;
 }
