@@ -77,6 +77,23 @@ pub enum Error {
         event_types: Cow<'static, str>,
     },
 
+    /// MariaDB or MySQL: the connection was not in a transaction when the outbox rows were to
+    /// be written or committed. None was begun, or the server rolled the unit of work's
+    /// transaction back (a deadlock; a lock wait timeout with `innodb_rollback_on_timeout`)
+    /// and the error was not propagated: statements run since then committed alone, outside
+    /// it. No outbox row was written; the unit of work did not commit.
+    #[error(
+        "not committed{}: the connection is not in a transaction: none was begun, or the \
+         server rolled it back (a deadlock) and the error was not propagated, so statements \
+         since then ran outside it; no outbox row was written",
+        emitted(.event_types)
+    )]
+    NotInTransaction {
+        /// The distinct types of the events that were to be written, separated by `` `, ` ``
+        /// (empty if there were none).
+        event_types: Cow<'static, str>,
+    },
+
     /// The connection failed after `COMMIT` was sent: the unit of work may or may not have
     /// committed. Check (by a key the unit of work wrote) before doing it again.
     #[error(

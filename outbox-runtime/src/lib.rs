@@ -26,6 +26,9 @@ pub mod inbox;
 #[cfg(feature = "kafka")]
 mod kafka;
 pub mod migrate;
+#[cfg(feature = "mysql")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mysql")))]
+pub mod mysql;
 #[cfg(feature = "nats")]
 #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
 pub mod nats;
@@ -58,7 +61,7 @@ pub use migrate::{migrate, migrate_on};
 #[cfg(feature = "prometheus")]
 #[cfg_attr(docsrs, doc(cfg(feature = "prometheus")))]
 pub use prometheus::{serve_prometheus, serve_prometheus_for_relay};
-pub use uow::{emit, emit_all, emit_with, EmitFuture, Uow};
+pub use uow::{emit, emit_all, emit_with, EmitDatabase, EmitFuture, Uow};
 
 /// `#[derive(OutboxEvent)]`: see the [`OutboxEvent`](trait@OutboxEvent) trait for its attributes.
 #[cfg(feature = "derive")]

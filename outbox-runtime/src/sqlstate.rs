@@ -36,12 +36,33 @@ impl DbError {
     /// Classifies `error`.
     pub(crate) fn of(error: &sqlx::Error) -> DbError {
         match error {
+            #[cfg(feature = "mysql")]
+            sqlx::Error::Database(e) if Self::mysql(e.as_ref()).is_some() => {
+                Self::mysql(e.as_ref()).unwrap_or(DbError::Other)
+            }
             sqlx::Error::Database(e) => e.code().map_or(DbError::Other, |c| Self::code(&c)),
             sqlx::Error::Io(_)
             | sqlx::Error::PoolTimedOut
             | sqlx::Error::PoolClosed
             | sqlx::Error::WorkerCrashed => DbError::Unavailable,
             _ => DbError::Other,
+        }
+    }
+
+    /// MariaDB's and MySQL's error numbers whose SQLSTATE (often the catch-all HY000) does not
+    /// say enough: a lock wait timeout (1205: only the statement is undone, unless
+    /// `innodb_rollback_on_timeout`), a deadlock (1213), a statement timed out (3024 MySQL,
+    /// 1969 MariaDB), a value a check or the JSON type refuses (4025 MariaDB, 3140 MySQL).
+    #[cfg(feature = "mysql")]
+    fn mysql(error: &dyn sqlx::error::DatabaseError) -> Option<DbError> {
+        let number = error
+            .try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>()?
+            .number();
+        match number {
+            1205 | 3024 | 1969 => Some(DbError::TimedOut),
+            1213 => Some(DbError::Conflict),
+            4025 | 3140 => Some(DbError::Data),
+            _ => None,
         }
     }
 

@@ -65,7 +65,7 @@ where
 /// What the emit functions return: the insert, still to be awaited.
 pub type EmitFuture<'a, T> = Pin<Box<dyn Future<Output = Result<T>> + Send + 'a>>;
 
-pub(super) fn into_records<I>(events: I) -> Result<Vec<OutboxRecord>>
+pub(crate) fn into_records<I>(events: I) -> Result<Vec<OutboxRecord>>
 where
     I: IntoIterator,
     I::Item: IntoRecord,
@@ -74,7 +74,7 @@ where
 }
 
 /// The event type(s) of a batch, for error messages.
-pub(super) fn event_types(records: &[OutboxRecord]) -> Cow<'static, str> {
+pub(crate) fn event_types(records: &[OutboxRecord]) -> Cow<'static, str> {
     if records.is_empty() {
         return Cow::Borrowed("");
     }

@@ -1,15 +1,17 @@
-//! The unit of work: domain writes and outbox rows in one PostgreSQL transaction.
+//! The unit of work: domain writes and outbox rows in one database transaction (PostgreSQL, or
+//! MariaDB/MySQL with the `mysql` feature: [`EmitDatabase`]).
 //!
 //! Nothing here can reach a Kafka producer (rule R-DIST-OBX-X1): emitting only inserts rows;
 //! publishing is the relay's job.
 
 mod commit;
+mod database;
 mod insert;
 
 use std::borrow::Cow;
 use std::ops::{Deref, DerefMut};
 
-use sqlx::{Database, PgConnection, PgPool, Postgres, Transaction, TransactionManager};
+use sqlx::{Database, Pool, Postgres, Transaction};
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
@@ -17,9 +19,13 @@ use crate::event::{IntoRecord, OutboxEvent, OutboxRecord};
 
 #[cfg(feature = "_broker")]
 pub(crate) use commit::commit_checked;
-use commit::{commit_after, commit_error};
+#[cfg(feature = "mysql")]
+pub(crate) use database::is_outermost;
+pub use database::EmitDatabase;
+#[cfg(feature = "mysql")]
+pub(crate) use insert::event_types;
+pub(crate) use insert::into_records;
 pub use insert::{emit, emit_all, emit_with, EmitFuture};
-use insert::{event_types, insert, into_records, literal_emit};
 
 /// Buffered events are written early (one statement, one round trip) past this many...
 const FLUSH_AT_EVENTS: usize = 10_000;
@@ -82,10 +88,19 @@ const FLUSH_AT_BYTES: usize = 8 << 20;
 /// application-managed transaction) takes them in several steps, and two of those with common
 /// keys in opposite orders can deadlock: PostgreSQL then aborts one of them with
 /// `deadlock_detected`, an error for which [`Error::is_transient`] is true. Retry it.
+///
+/// # MariaDB and MySQL
+///
+/// With the `mysql` feature, `Uow::begin(&mysql_pool)` is a `Uow<'_, MySql>` and reads the same.
+/// There an emit writes its rows at once (two statements: the key locks, then the rows), and
+/// `commit` checks that the server still has the transaction open: InnoDB rolls a deadlocked
+/// transaction back whole and lets the session go on outside it, so a unit of work whose error
+/// was caught and ignored fails with [`Error::NotInTransaction`] instead of reporting the
+/// statements that ran alone after it as committed. See [`crate::mysql`].
 #[must_use = "a unit of work rolls back when dropped; call `commit`"]
-pub struct Uow<'c> {
+pub struct Uow<'c, DB: Database = Postgres> {
     /// `None` once `commit`, `rollback` or `into_inner` took it.
-    tx: Option<Transaction<'c, Postgres>>,
+    tx: Option<Transaction<'c, DB>>,
     /// Emitted rows not written yet, in emission order.
     pending: Vec<OutboxRecord>,
     pending_bytes: usize,
@@ -93,27 +108,27 @@ pub struct Uow<'c> {
     failed: Option<String>,
 }
 
-impl Uow<'static> {
+impl<DB: EmitDatabase> Uow<'static, DB> {
     /// Begins a transaction on a connection from the pool.
-    pub async fn begin(pool: &PgPool) -> Result<Self> {
+    pub async fn begin(pool: &Pool<DB>) -> Result<Self> {
         Ok(Self::from_transaction(pool.begin().await?))
     }
 
     /// Begins a transaction with a `BEGIN` statement of the application's choice, e.g.
     /// `"BEGIN ISOLATION LEVEL SERIALIZABLE"`.
     pub async fn begin_with(
-        pool: &PgPool,
+        pool: &Pool<DB>,
         statement: impl Into<Cow<'static, str>>,
     ) -> Result<Self> {
         Ok(Self::from_transaction(pool.begin_with(statement).await?))
     }
 }
 
-impl<'c> Uow<'c> {
+impl<'c, DB: EmitDatabase> Uow<'c, DB> {
     /// Wraps a transaction (or savepoint) the application already began. The commit of an
     /// outermost transaction writes the pending rows and commits in one round trip; a savepoint
     /// writes them with one statement and is released into its transaction.
-    pub fn from_transaction(tx: Transaction<'c, Postgres>) -> Self {
+    pub fn from_transaction(tx: Transaction<'c, DB>) -> Self {
         Uow {
             tx: Some(tx),
             pending: Vec::new(),
@@ -124,13 +139,13 @@ impl<'c> Uow<'c> {
     }
 
     /// The transaction's connection, for the domain statements: `query.execute(uow.tx())`.
-    pub fn tx(&mut self) -> &mut PgConnection {
+    pub fn tx(&mut self) -> &mut DB::Connection {
         self.as_transaction_mut()
     }
 
     /// The transaction, for code that takes `&mut Transaction<'_, Postgres>`. Events emitted
     /// and not flushed yet are not in it: see [`flush`](Self::flush).
-    pub fn as_transaction_mut(&mut self) -> &mut Transaction<'c, Postgres> {
+    pub fn as_transaction_mut(&mut self) -> &mut Transaction<'c, DB> {
         // Only `commit`, `rollback` and `into_inner` take the transaction, and they consume the
         // unit of work: no method can see it gone.
         self.tx.as_mut().expect("the unit of work has ended")
@@ -138,7 +153,7 @@ impl<'c> Uow<'c> {
 
     /// Writes the pending rows and returns the transaction, for an application that commits it
     /// itself. Fails (and rolls back) if an emit failed earlier.
-    pub async fn into_inner(mut self) -> Result<Transaction<'c, Postgres>> {
+    pub async fn into_inner(mut self) -> Result<Transaction<'c, DB>> {
         self.flush().await?;
         Ok(self.tx.take().expect("the unit of work has ended"))
     }
@@ -196,7 +211,7 @@ impl<'c> Uow<'c> {
             return Ok(());
         }
         let tx = self.tx.as_mut().expect("the unit of work has ended");
-        let result = insert(tx, &self.pending).await;
+        let result = DB::write(tx, &self.pending).await;
         self.pending.clear();
         self.pending_bytes = 0;
         self.record_failure(result).map(drop)
@@ -204,6 +219,10 @@ impl<'c> Uow<'c> {
 
     async fn keep(&mut self, records: Result<Vec<OutboxRecord>>) -> Result<Vec<Uuid>> {
         self.check_not_failed()?;
+        let records = records.and_then(|records| {
+            records.iter().try_for_each(DB::check)?;
+            Ok(records)
+        });
         let records = self.record_failure(records)?;
         let ids: Vec<Uuid> = records.iter().map(OutboxRecord::event_id).collect();
         self.pending_bytes += records.iter().map(|r| r.payload.len()).sum::<usize>();
@@ -250,27 +269,8 @@ impl<'c> Uow<'c> {
             self.rollback_now().await?;
             return Err(Error::EmitFailedEarlier { first_error });
         }
-        let event_types = event_types(&self.pending);
-        let tx = self.as_transaction_mut();
-        if <Postgres as Database>::TransactionManager::get_transaction_depth(tx) != 1 {
-            // A savepoint: release it into the transaction that holds it.
-            self.flush().await?;
-            let tx = self.tx.take().expect("the unit of work has ended");
-            return tx.commit().await.map_err(|e| commit_error(e, event_types));
-        }
-        // One simple query: the rows, COMMIT, and BEGIN of an empty transaction that the
-        // dropped `Transaction` then rolls back (pipelined with the connection's next use), so
-        // that sqlx's transaction depth and the server agree again without a round trip.
-        // Without rows, `SELECT` stands in for them: in an aborted transaction it fails, where
-        // a bare COMMIT would "succeed" with a rollback. On an error the server skips the rest
-        // of the query, and the dropped transaction rolls back.
-        let sql = if self.pending.is_empty() {
-            String::from("SELECT")
-        } else {
-            literal_emit(&self.pending)?
-        };
         let tx = self.tx.take().expect("the unit of work has ended");
-        commit_after(tx, sql, event_types).await
+        DB::commit(tx, std::mem::take(&mut self.pending)).await
     }
 
     /// Rolls back everything done in this unit of work.
@@ -286,21 +286,21 @@ impl<'c> Uow<'c> {
     }
 }
 
-impl Deref for Uow<'_> {
-    type Target = PgConnection;
+impl<DB: EmitDatabase> Deref for Uow<'_, DB> {
+    type Target = DB::Connection;
 
-    fn deref(&self) -> &PgConnection {
+    fn deref(&self) -> &DB::Connection {
         self.tx.as_ref().expect("the unit of work has ended")
     }
 }
 
-impl DerefMut for Uow<'_> {
-    fn deref_mut(&mut self) -> &mut PgConnection {
+impl<DB: EmitDatabase> DerefMut for Uow<'_, DB> {
+    fn deref_mut(&mut self) -> &mut DB::Connection {
         self.tx()
     }
 }
 
-impl std::fmt::Debug for Uow<'_> {
+impl<DB: Database> std::fmt::Debug for Uow<'_, DB> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Uow")
             .field("emitted", &self.emitted)

@@ -1,0 +1,84 @@
+//! MariaDB 10.6+ and MySQL 8.0.1+ as the service's database (feature `mysql`).
+//!
+//! So far the unit of work and the migrations: a command handler on MariaDB or MySQL emits its
+//! events in its own transaction, exactly as on PostgreSQL. The relay and the consumers on these
+//! databases come next (issue 38; `docs/design/mariadb.md` is the plan).
+//!
+//! ```no_run
+//! # use outbox_runtime::{OutboxEvent, Uow};
+//! # #[derive(serde::Serialize, OutboxEvent)]
+//! # #[outbox(topic = "order.events", aggregate_type = "Order")]
+//! # struct OrderCreated { #[outbox(aggregate_id)] order_id: uuid::Uuid }
+//! # async fn f(pool: sqlx::MySqlPool, order_id: uuid::Uuid) -> Result<(), Box<dyn std::error::Error>> {
+//! outbox_runtime::mysql::migrate(&pool).await?;
+//! let mut uow = Uow::begin(&pool).await?;
+//! sqlx::query("INSERT INTO orders (id) VALUES (?)").bind(order_id).execute(uow.tx()).await?;
+//! uow.emit(&OrderCreated { order_id }).await?;
+//! uow.commit().await?;
+//! # Ok(()) }
+//! ```
+//!
+//! # What differs from PostgreSQL
+//!
+//! - **No aborted state.** InnoDB rolls a deadlocked transaction back whole, and the session
+//!   goes on in autocommit: an application that catches the error and continues writes alone.
+//!   Every write of outbox rows and every commit of a unit of work first checks that the session
+//!   is still in a transaction, in the same round trip; if not, it fails with
+//!   [`Error::NotInTransaction`](crate::Error::NotInTransaction) and writes nothing.
+//! - **Per-key order through row locks.** There is no transaction-scoped named lock: an emit
+//!   locks its keys' rows of `outbox_key_lock` (65,536 buckets, created by the migration) before
+//!   inserting, so a key's `AUTO_INCREMENT` ids are in commit order.
+//! - **Round trips.** A unit of work's commit writes its rows and commits in one round trip, as
+//!   on PostgreSQL; [`flush`](crate::Uow::flush) and the functions below write in one (very large
+//!   writes take one per 4 MiB). An emit outside a transaction is refused: begin one.
+//! - **Migrations** are not transactional (DDL commits on its own): each statement can run
+//!   again after a migration cut short, and `GET_LOCK` serializes concurrent runners.
+
+mod emit;
+mod migrate;
+
+use uuid::Uuid;
+
+pub use migrate::{migrate, migrate_on, MIGRATIONS};
+
+use crate::event::{IntoRecord, OutboxEvent, OutboxRecord};
+use crate::uow::{into_records, EmitDatabase, EmitFuture};
+
+/// Inserts one event into the outbox on a MariaDB or MySQL connection the application manages,
+/// e.g. `outbox_runtime::mysql::emit(&mut tx, &event)` with `tx: sqlx::Transaction<'_, MySql>`.
+///
+/// The row commits with that transaction. Outside a transaction it is refused
+/// ([`Error::NotInTransaction`](crate::Error::NotInTransaction)): see the module's docs.
+pub fn emit<'c, E: OutboxEvent + ?Sized>(
+    conn: &'c mut sqlx::MySqlConnection,
+    event: &E,
+) -> EmitFuture<'c, Uuid> {
+    let record = OutboxRecord::from_event(event);
+    Box::pin(async move { Ok(sqlx::MySql::write(conn, &[record?]).await?[0]) })
+}
+
+/// [`emit`] with the application's headers; see [`Uow::emit_with`](crate::Uow::emit_with).
+pub fn emit_with<'c, E, I, K, V>(
+    conn: &'c mut sqlx::MySqlConnection,
+    event: &E,
+    headers: I,
+) -> EmitFuture<'c, Uuid>
+where
+    E: OutboxEvent + ?Sized,
+    I: IntoIterator<Item = (K, V)>,
+    K: Into<String>,
+    V: Into<String>,
+{
+    let record = OutboxRecord::from_event(event).and_then(|r| r.with_headers(headers));
+    Box::pin(async move { Ok(sqlx::MySql::write(conn, &[record?]).await?[0]) })
+}
+
+/// Inserts many events, in order, on a connection the application manages; see [`emit`].
+pub fn emit_all<I>(conn: &mut sqlx::MySqlConnection, events: I) -> EmitFuture<'_, Vec<Uuid>>
+where
+    I: IntoIterator,
+    I::Item: IntoRecord,
+{
+    let records = into_records(events);
+    Box::pin(async move { sqlx::MySql::write(conn, &records?).await })
+}
