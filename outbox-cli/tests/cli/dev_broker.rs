@@ -89,6 +89,15 @@ async fn dev_broker_serves_kafka_on_a_fixed_port() {
     );
 }
 
+/// Record `n` of the dev broker's tests: key `key-<n>`, payload `n`.
+fn record(n: u32) -> outbox_tests::kafka::Outgoing {
+    outbox_tests::kafka::Outgoing {
+        key: format!("key-{n}"),
+        payload: n.to_string().into_bytes(),
+        headers: Vec::new(),
+    }
+}
+
 /// The mock answers a fetch that found nothing only when the client's fetch wait has passed;
 /// the dev broker caps that wait, so a consumer gets a record produced while its fetch waits
 /// as from Kafka: at once, whatever its own fetch wait (here two minutes, which the test's
@@ -100,11 +109,6 @@ async fn dev_broker_answers_a_waiting_fetch_when_a_record_arrives() {
 
     let (mut child, port, _line, _out) = start(1, "wait.events").await;
     let bootstrap = format!("127.0.0.1:{port}");
-    let record = |n: u32| outbox_tests::kafka::Outgoing {
-        key: format!("key-{n}"),
-        payload: n.to_string().into_bytes(),
-        headers: Vec::new(),
-    };
     outbox_tests::kafka::produce(&bootstrap, "wait.events", &[record(1)]).await;
 
     let consumer: StreamConsumer = rdkafka::ClientConfig::new()
@@ -141,8 +145,8 @@ async fn dev_broker_answers_a_waiting_fetch_when_a_record_arrives() {
 }
 
 /// When a group's last member leaves, the mock keeps the group rebalancing for the member's
-/// session timeout (librdkafka's default: 45 s) before it lets the next one in; Apache Kafka
-/// lets it in at once. The dev broker caps the session timeout the mock is told, so a consumer
+/// session timeout (librdkafka's default: 45 s, less a second) before it lets the next one in;
+/// Apache Kafka lets it in after its initial rebalance delay (3 s). The dev broker caps the session timeout the mock is told, so a consumer
 /// restarted in development reads again within seconds, whatever its own session timeout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn dev_broker_lets_a_restarted_consumer_of_a_group_in_within_seconds() {
@@ -150,11 +154,6 @@ async fn dev_broker_lets_a_restarted_consumer_of_a_group_in_within_seconds() {
 
     let (mut child, port, _line, _out) = start(1, "restart.events").await;
     let bootstrap = format!("127.0.0.1:{port}");
-    let record = |n: u32| outbox_tests::kafka::Outgoing {
-        key: format!("key-{n}"),
-        payload: n.to_string().into_bytes(),
-        headers: Vec::new(),
-    };
     outbox_tests::kafka::produce(&bootstrap, "restart.events", &[record(1)]).await;
     let member = || {
         let consumer: StreamConsumer = rdkafka::ClientConfig::new()
