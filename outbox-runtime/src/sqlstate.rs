@@ -52,7 +52,8 @@ impl DbError {
     /// MariaDB's and MySQL's error numbers whose SQLSTATE (often the catch-all HY000) does not
     /// say enough: a lock wait timeout (1205: only the statement is undone, unless
     /// `innodb_rollback_on_timeout`), a deadlock (1213), a statement timed out (3024 MySQL,
-    /// 1969 MariaDB), a value a check or the JSON type refuses (4025 MariaDB, 3140 MySQL).
+    /// 1969 MariaDB), a value a check or the JSON type refuses (4025 MariaDB, 3140 MySQL), a
+    /// statement over `max_allowed_packet` (1153).
     #[cfg(feature = "mysql")]
     fn mysql(error: &dyn sqlx::error::DatabaseError) -> Option<DbError> {
         let number = error
@@ -61,7 +62,8 @@ impl DbError {
         match number {
             1205 | 3024 | 1969 => Some(DbError::TimedOut),
             1213 => Some(DbError::Conflict),
-            4025 | 3140 => Some(DbError::Data),
+            // A statement bigger than `max_allowed_packet`: the same data fails again.
+            4025 | 3140 | 1153 => Some(DbError::Data),
             _ => None,
         }
     }

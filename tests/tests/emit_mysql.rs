@@ -107,6 +107,7 @@ async fn a_committed_unit_of_work_writes_its_domain_and_outbox_rows_together() {
     insert_order(uow.tx(), "order-1").await.unwrap();
     uow.emit(&first).await.unwrap();
     uow.emit_with(&second, [("tenant", "acme")]).await.unwrap();
+    uow.flush().await.unwrap();
     assert_eq!(
         outbox_rows(&db.pool).await,
         0,
@@ -174,13 +175,14 @@ async fn deadlock(db: &MySqlTestDb, victim: &mut MySqlConnection) -> sqlx::Error
     .await
     .unwrap();
     let mut other = db.connection().await;
-    sqlx::raw_sql(
-        "BEGIN; INSERT INTO filler SELECT seq FROM seq_1_to_500; \
-         SELECT id FROM pair WHERE id = 1 FOR UPDATE",
-    )
-    .execute(&mut other)
-    .await
-    .unwrap();
+    let fill = format!(
+        "BEGIN; INSERT INTO filler VALUES {}; SELECT id FROM pair WHERE id = 1 FOR UPDATE",
+        (1..=500)
+            .map(|i| format!("({i})"))
+            .collect::<Vec<_>>()
+            .join(", ")
+    );
+    sqlx::raw_sql(&fill).execute(&mut other).await.unwrap();
     sqlx::query("SELECT id FROM pair WHERE id = 2 FOR UPDATE")
         .execute(&mut *victim)
         .await
@@ -278,51 +280,56 @@ async fn an_emit_outside_a_transaction_is_refused() {
 }
 
 /// Per key, `id` order is commit order: a key's second writer waits for the first to commit
-/// before it takes its id; a writer of another key does not wait.
+/// before it takes its id (a row of another key committed meanwhile gets an id below it); a
+/// writer of another key does not wait.
 #[tokio::test]
-async fn a_keys_next_writer_waits_for_the_one_before_to_commit() {
+async fn a_keys_next_writer_takes_its_id_after_the_one_before_commits() {
     let db = setup().await;
     let mut first = Uow::begin(&db.pool).await.unwrap();
     first.emit(&placed("k")).await.unwrap();
     first.flush().await.unwrap();
 
+    let pool = db.pool.clone();
+    let second = tokio::spawn(async move {
+        let mut second = Uow::begin(&pool).await.unwrap();
+        second.emit(&placed("k")).await.unwrap();
+        second.commit().await.unwrap();
+    });
+    // The second writer's round trip stands at its key lock (its INSERT comes after it).
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(20);
+    while count(
+        &db.pool,
+        "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+         WHERE DB = DATABASE() AND INFO LIKE 'SELECT bucket FROM outbox_key_lock%'",
+    )
+    .await
+        == 0
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the second writer should wait at its key lock"
+        );
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+
     let mut other_key = Uow::begin(&db.pool).await.unwrap();
     other_key.emit(&placed("j")).await.unwrap();
-    tokio::time::timeout(Duration::from_secs(10), other_key.flush())
+    tokio::time::timeout(Duration::from_secs(10), other_key.commit())
         .await
         .expect("another key's writer does not wait")
         .unwrap();
-    other_key.commit().await.unwrap();
-
-    // The key's second writer cannot write while the first is open: with a lock wait timeout
-    // of 1 s its write times out (without the key lock it would take the next id at once).
-    let mut second = Uow::begin(&db.pool).await.unwrap();
-    sqlx::query("SET SESSION innodb_lock_wait_timeout = 1")
-        .execute(second.tx())
-        .await
-        .unwrap();
-    second.emit(&placed("k")).await.unwrap();
-    let error = second
-        .flush()
-        .await
-        .expect_err("waits for the first writer");
-    assert!(error.is_transient(), "a lock wait timeout: {error:?}");
-    drop(second);
-    assert_eq!(
-        outbox_rows(&db.pool).await,
-        1,
-        "only the other key's row is committed"
+    assert!(
+        !second.is_finished(),
+        "the second writer waits for the first"
     );
     first.commit().await.unwrap();
+    second.await.unwrap();
 
-    let mut second = Uow::begin(&db.pool).await.unwrap();
-    second.emit(&placed("k")).await.unwrap();
-    second.commit().await.unwrap();
     let keys: Vec<String> = sqlx::query_scalar(KEYS_IN_ID_ORDER)
         .fetch_all(&db.pool)
         .await
         .unwrap();
-    assert_eq!(keys, ["k", "j", "k"]);
+    assert_eq!(keys, ["k", "j", "k"], "the second k took its id after j's");
 }
 
 #[tokio::test]
@@ -397,11 +404,13 @@ async fn a_write_that_fails_part_way_leaves_none_of_its_rows() {
 #[tokio::test]
 async fn a_large_unit_of_work_commits_in_several_round_trips_in_order() {
     let db = setup().await;
+    // 3 MB of payload: under the automatic flush (8 MiB), over a round trip (4 MiB, hex
+    // doubling it): the commit itself takes two.
     let events: Vec<OrderPlaced> = (0..3_000)
         .map(|i| OrderPlaced {
             order: format!("order-{}", i % 50),
             id: Uuid::now_v7(),
-            note: "p".repeat(4_000),
+            note: "p".repeat(1_000),
         })
         .collect();
     let mut uow = Uow::begin(&db.pool).await.unwrap();
@@ -413,4 +422,79 @@ async fn a_large_unit_of_work_commits_in_several_round_trips_in_order() {
         .unwrap();
     let expected: Vec<Vec<u8>> = events.iter().map(|e| e.id.as_bytes().to_vec()).collect();
     assert_eq!(ids, expected);
+}
+
+/// DDL commits on its own on MariaDB: a migration cut short after its first statement leaves
+/// that statement's table. Running `migrate` again completes it, and an applied migration
+/// edited afterwards is refused.
+#[tokio::test]
+async fn a_migration_cut_short_completes_when_run_again_and_an_edited_one_is_refused() {
+    let db = MySqlTestDb::empty().await;
+    let first = outbox_runtime::mysql::MIGRATIONS[0];
+    let (create_outbox, _) = first.sql.split_once(";\n").unwrap();
+    sqlx::raw_sql(create_outbox)
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    outbox_runtime::mysql::migrate(&db.pool)
+        .await
+        .expect("completes");
+    assert_eq!(
+        count(&db.pool, "SELECT COUNT(*) FROM outbox_key_lock").await,
+        65_536
+    );
+    let mut tx = db.pool.begin().await.unwrap();
+    outbox_runtime::mysql::emit(&mut tx, &placed("a"))
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+
+    sqlx::query("UPDATE outbox_schema_migrations SET checksum = checksum + 1")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let error = outbox_runtime::mysql::migrate(&db.pool)
+        .await
+        .expect_err("an edited migration");
+    assert!(matches!(error, Error::MigrationChanged { .. }), "{error:?}");
+}
+
+/// With `autocommit=0` a statement after the server rolled a transaction back begins the next
+/// one silently, so the probe could not tell: such a session is refused, with what to change.
+#[tokio::test]
+async fn a_session_with_autocommit_off_is_refused_with_what_to_change() {
+    let db = setup().await;
+    let mut tx = db.pool.begin().await.unwrap();
+    sqlx::query("SET autocommit = 0")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    let error = outbox_runtime::mysql::emit(&mut tx, &placed("a"))
+        .await
+        .expect_err("refused");
+    assert!(error.to_string().contains("autocommit=1"), "{error}");
+    sqlx::query("SET autocommit = 1")
+        .execute(&mut *tx)
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert_eq!(outbox_rows(&db.pool).await, 0);
+}
+
+/// A row bigger than a round trip can carry is refused when it is emitted, not by the server
+/// dropping the connection (and retried for ever).
+#[tokio::test]
+async fn an_event_over_the_row_limit_is_refused_at_emit() {
+    let db = setup().await;
+    let mut uow = Uow::begin(&db.pool).await.unwrap();
+    let huge = OrderPlaced {
+        order: "huge".to_owned(),
+        id: Uuid::now_v7(),
+        note: "h".repeat(8 << 20),
+    };
+    let error = uow.emit(&huge).await.expect_err("refused");
+    assert!(matches!(error, Error::InvalidEvent { .. }), "{error:?}");
+    assert!(error.to_string().contains("at most"), "{error}");
+    drop(uow);
+    assert_eq!(outbox_rows(&db.pool).await, 0);
 }

@@ -10,6 +10,9 @@
 //!   the session goes on in autocommit, so without the probe rows written after a caught
 //!   deadlock would commit alone, and `COMMIT` would "succeed". MariaDB's `@@in_transaction`
 //!   says the same, but MySQL has no such variable: the probe works on both, with no privilege.
+//!   With `autocommit=0` the statement after such a rollback silently begins a new transaction,
+//!   and no probe could tell: a third statement refuses such a session (a subquery of two rows
+//!   when `@@autocommit = 0`, error 1242).
 //! - **a savepoint**, `SAVEPOINT _outbox_write`, released after the last insert: a write that
 //!   fails part way (a later round trip, a later statement) is rolled back to it, so an
 //!   application that goes on after the error commits none of its rows, as on PostgreSQL where
@@ -31,14 +34,18 @@ use uuid::Uuid;
 
 use crate::error::{Error, Result};
 use crate::event::OutboxRecord;
+use crate::sqlstate::DbError;
 use crate::uow::{event_types, is_outermost, EmitDatabase, EmitFuture};
 
-/// The probe (its second statement fails, 1305, unless the session is inside a transaction),
-/// then the write's savepoint.
+/// The probe (its second statement fails, 1305, unless the session is inside a transaction;
+/// its third, 1242, when the session's `autocommit` is off), then the write's savepoint.
 const PROBE: &str = "SAVEPOINT _outbox_write; RELEASE SAVEPOINT _outbox_write; \
+                     SELECT (SELECT 1 UNION ALL SELECT 1 FROM DUAL WHERE @@autocommit = 0); \
                      SAVEPOINT _outbox_write; ";
 /// Statements in [`PROBE`].
-const PROBE_STATEMENTS: usize = 3;
+const PROBE_STATEMENTS: usize = 4;
+/// A subquery that returned more than one row: the probe's refusal of `autocommit=0`.
+const MORE_THAN_ONE_ROW: u16 = 1242;
 /// A write that failed part way undoes what it did.
 const UNDO: &str = "ROLLBACK TO SAVEPOINT _outbox_write";
 /// A write that succeeded lets its savepoint go.
@@ -48,6 +55,10 @@ const NO_SAVEPOINT: u16 = 1305;
 /// A round trip's text stays under this (the servers' `max_allowed_packet` is 16 MiB on
 /// MariaDB and 64 MiB on MySQL by default); a bigger write takes several.
 const ROUND_TRIP_BYTES: usize = 4 << 20;
+/// A row's text at most (its payload, headers, ids), refused at emit beyond: hex-encoded, a
+/// round trip of it alone stays under MariaDB's default `max_allowed_packet` (16 MiB), which a
+/// bigger one would exceed (the server then drops the connection).
+const MAX_ROW_TEXT_BYTES: usize = 7 << 20;
 /// `VARCHAR(255)` columns: `aggregate_type`, `event_type`, `topic` (characters).
 const VARCHAR_CHARS: usize = 255;
 /// `TEXT` columns: `aggregate_id`, `partition_key` (bytes).
@@ -117,34 +128,33 @@ fn scripts(records: &[OutboxRecord], end: End) -> Result<Vec<Script>> {
         first.statements += 1;
     }
     let mut scripts = vec![first];
-    let mut rows = records.iter().peekable();
-    while rows.peek().is_some() {
+    // Rows go into INSERTs; a row that would take the round trip past its size starts the
+    // next one (a row alone may be bigger: at most `MAX_ROW_TEXT_BYTES`, hex-encoded).
+    let mut open_insert = false;
+    for r in records {
         let script = scripts.last_mut().expect("at least the first");
-        if script.sql.len() >= ROUND_TRIP_BYTES {
+        if open_insert && script.sql.len() + literal_size(r) > ROUND_TRIP_BYTES {
+            script.sql.push_str("; ");
             scripts.push(Script {
                 sql: String::new(),
                 statements: 0,
             });
-            continue;
+            open_insert = false;
         }
-        // One INSERT, up to the round trip's size (at least one row).
-        script.sql.push_str(INSERT);
-        let mut first_row = true;
-        while let Some(r) = rows.peek() {
-            if !first_row && script.sql.len() + literal_size(r) > ROUND_TRIP_BYTES {
-                break;
-            }
-            if !first_row {
-                script.sql.push_str(", ");
-            }
-            push_row(&mut script.sql, r);
-            first_row = false;
-            rows.next();
+        let script = scripts.last_mut().expect("at least the first");
+        if open_insert {
+            script.sql.push_str(", ");
+        } else {
+            script.sql.push_str(INSERT);
+            script.statements += 1;
+            open_insert = true;
         }
-        script.sql.push_str("; ");
-        script.statements += 1;
+        push_row(&mut script.sql, r);
     }
     let last = scripts.last_mut().expect("at least the first");
+    if open_insert {
+        last.sql.push_str("; ");
+    }
     last.sql.push_str(match end {
         End::Write => RELEASE,
         End::Commit => "COMMIT",
@@ -176,6 +186,18 @@ fn check_limits(r: &OutboxRecord) -> Result<()> {
             return Err(too_long(what, format!("{TEXT_BYTES} bytes")));
         }
     }
+    if text_bytes(r) > MAX_ROW_TEXT_BYTES {
+        return Err(Error::InvalidEvent {
+            event_type: r.event_type.clone(),
+            reason: format!(
+                "its payload and headers take {} bytes; the MySQL outbox writes at most \
+                 {MAX_ROW_TEXT_BYTES} bytes per event (within MariaDB's default \
+                 max_allowed_packet)",
+                text_bytes(r)
+            )
+            .into(),
+        });
+    }
     Ok(())
 }
 
@@ -188,15 +210,25 @@ fn push_list<T: std::fmt::Display>(sql: &mut String, items: impl Iterator<Item =
     }
 }
 
-/// About how long a row's literal is.
-fn literal_size(r: &OutboxRecord) -> usize {
-    let text = r.aggregate_type().len()
+/// The bytes of a row's text.
+fn text_bytes(r: &OutboxRecord) -> usize {
+    let headers = if r.has_stored_headers() {
+        r.headers_json().len()
+    } else {
+        0
+    };
+    r.aggregate_type().len()
         + r.aggregate_id().len()
         + r.event_type().len()
         + r.payload().len()
+        + headers
         + r.topic().len()
-        + r.partition_key().len();
-    2 * text + 200
+        + r.partition_key().len()
+}
+
+/// About how long a row's literal is (hex doubles its text).
+fn literal_size(r: &OutboxRecord) -> usize {
+    2 * text_bytes(r) + 200
 }
 
 fn push_row(sql: &mut String, r: &OutboxRecord) {
@@ -265,11 +297,22 @@ async fn run(conn: &mut MySqlConnection, sql: &str) -> std::result::Result<(), F
     }
 }
 
-/// Whether the probe failed: the session was not in a transaction.
-fn probe_failed(failed: &Failed) -> bool {
-    failed.completed < 2
-        && matches!(&failed.error, sqlx::Error::Database(e)
-            if e.try_downcast_ref::<MySqlDatabaseError>().is_some_and(|e| e.number() == NO_SAVEPOINT))
+/// What the probe found wrong, if it failed: the session not in a transaction, or in one that
+/// `autocommit=0` would silently begin again after the server rolled it back.
+fn probe_failed(failed: &Failed, event_types: Cow<'static, str>) -> Option<Error> {
+    let sqlx::Error::Database(e) = &failed.error else {
+        return None;
+    };
+    let number = e.try_downcast_ref::<MySqlDatabaseError>()?.number();
+    match (failed.completed, number) {
+        (1, NO_SAVEPOINT) => Some(Error::NotInTransaction { event_types }),
+        (2, MORE_THAN_ONE_ROW) => Some(Error::Config(format!(
+            "cannot write `{event_types}` to the outbox: the MySQL session has autocommit=0, \
+             where a transaction the server rolled back (a deadlock) cannot be told from the \
+             next one; use autocommit=1 (the default) and begin transactions explicitly"
+        ))),
+        _ => None,
+    }
 }
 
 /// Writes `records` (and commits, with `End::Commit`), checked; see the module's docs.
@@ -281,10 +324,10 @@ async fn write(conn: &mut MySqlConnection, records: &[OutboxRecord], end: End) -
         let Err(failed) = run(conn, &script.sql).await else {
             continue;
         };
-        if i == 0 && probe_failed(&failed) {
-            return Err(Error::NotInTransaction {
-                event_types: event_types(),
-            });
+        if i == 0 {
+            if let Some(error) = probe_failed(&failed, event_types()) {
+                return Err(error);
+            }
         }
         if end == End::Write && (i > 0 || failed.completed >= PROBE_STATEMENTS) {
             // Undo what the write did; after a deadlock the server rolled back everything, and
@@ -298,6 +341,14 @@ async fn write(conn: &mut MySqlConnection, records: &[OutboxRecord], end: End) -
                 event_type: event_types(),
                 source: failed.error,
             },
+            // The last round trip went out whole and the server runs it all unless a statement
+            // fails: a session lost on the way may have committed, whichever answer was lost.
+            End::Commit if i == last && !matches!(failed.error, sqlx::Error::Database(_)) => {
+                Error::CommitOutcomeUnknown {
+                    event_types: event_types(),
+                    source: failed.error,
+                }
+            }
             End::Commit if i == last && failed.completed + 1 == script.statements => {
                 commit_failed(failed.error, event_types())
             }
@@ -310,18 +361,19 @@ async fn write(conn: &mut MySqlConnection, records: &[OutboxRecord], end: End) -
     Ok(())
 }
 
-/// `COMMIT` itself failed: refused by the server (nothing written), or the session lost on the
-/// way (it may have committed).
+/// `COMMIT` itself failed: refused by the server (nothing written), or the session ended on
+/// the way (the server shutting down, the connection killed: it may have committed).
 fn commit_failed(source: sqlx::Error, event_types: Cow<'static, str>) -> Error {
-    match source {
-        sqlx::Error::Database(_) => Error::Commit {
+    if DbError::of(&source) == DbError::Unavailable {
+        Error::CommitOutcomeUnknown {
             event_types,
             source,
-        },
-        source => Error::CommitOutcomeUnknown {
+        }
+    } else {
+        Error::Commit {
             event_types,
             source,
-        },
+        }
     }
 }
 
@@ -348,20 +400,29 @@ impl EmitDatabase for MySql {
             if is_outermost(&mut tx) {
                 // The rows and COMMIT in one round trip (or the last of several). The dropped
                 // `Transaction` then sends a `ROLLBACK`, which outside a transaction does nothing.
-                return write(&mut tx, &pending, End::Commit).await;
+                let result = write(&mut tx, &pending, End::Commit).await;
+                if result.as_ref().is_err_and(|e| !e.is_outcome_unknown()) {
+                    // Release its locks now, not when the connection is next used.
+                    if let Err(e) = tx.rollback().await {
+                        tracing::debug!(error = %crate::error_chain(&e), "cannot roll back a failed transaction");
+                    }
+                }
+                return result;
             }
-            // A savepoint: the rows (or the probe alone), then released into its transaction.
+            // A savepoint: the rows (or the probe alone), then released into its transaction,
+            // which has not committed whatever happens here.
+            let event_types = event_types(&pending);
+            let not_committed = |source| Error::Commit {
+                event_types: event_types.clone(),
+                source,
+            };
             write(&mut tx, &pending, End::Write)
                 .await
                 .map_err(|e| match e {
-                    Error::Emit { event_type, source } => Error::Commit {
-                        event_types: event_type,
-                        source,
-                    },
+                    Error::Emit { source, .. } => not_committed(source),
                     e => e,
                 })?;
-            let event_types = event_types(&pending);
-            tx.commit().await.map_err(|e| commit_failed(e, event_types))
+            tx.commit().await.map_err(not_committed)
         })
     }
 }

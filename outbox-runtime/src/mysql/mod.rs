@@ -1,7 +1,8 @@
 //! MariaDB 10.6+ and MySQL 8.0.1+ as the service's database (feature `mysql`).
 //!
-//! So far the unit of work and the migrations: a command handler on MariaDB or MySQL emits its
-//! events in its own transaction, exactly as on PostgreSQL. The relay and the consumers on these
+//! So far the unit of work and the migrations (also `outbox migrate` with a `mysql://` URL): a
+//! command handler on MariaDB or MySQL emits its events in its own transaction, exactly as on
+//! PostgreSQL. The relay and the consumers on these
 //! databases come next (issue 38; `docs/design/mariadb.md` is the plan).
 //!
 //! ```no_run
@@ -24,10 +25,14 @@
 //!   goes on in autocommit: an application that catches the error and continues writes alone.
 //!   Every write of outbox rows and every commit of a unit of work first checks that the session
 //!   is still in a transaction, in the same round trip; if not, it fails with
-//!   [`Error::NotInTransaction`](crate::Error::NotInTransaction) and writes nothing.
+//!   [`Error::NotInTransaction`](crate::Error::NotInTransaction) and writes nothing. A session
+//!   with `autocommit=0` is refused: there the statement after such a rollback begins the next
+//!   transaction silently, and no check could tell.
 //! - **Per-key order through row locks.** There is no transaction-scoped named lock: an emit
 //!   locks its keys' rows of `outbox_key_lock` (65,536 buckets, created by the migration) before
 //!   inserting, so a key's `AUTO_INCREMENT` ids are in commit order.
+//! - **Size.** An event's text (payload, headers, ids) is at most 7 MiB, refused at `emit`
+//!   beyond: written as hex, it stays within MariaDB's default `max_allowed_packet` (16 MiB).
 //! - **Round trips.** A unit of work's commit writes its rows and commits in one round trip, as
 //!   on PostgreSQL; [`flush`](crate::Uow::flush) and the functions below write in one (very large
 //!   writes take one per 4 MiB). An emit outside a transaction is refused: begin one.
@@ -39,7 +44,7 @@ mod migrate;
 
 use uuid::Uuid;
 
-pub use migrate::{migrate, migrate_on, MIGRATIONS};
+pub use migrate::{migrate, migrate_on, pending, MIGRATIONS};
 
 use crate::event::{IntoRecord, OutboxEvent, OutboxRecord};
 use crate::uow::{into_records, EmitDatabase, EmitFuture};

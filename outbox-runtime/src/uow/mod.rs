@@ -91,9 +91,9 @@ const FLUSH_AT_BYTES: usize = 8 << 20;
 ///
 /// # MariaDB and MySQL
 ///
-/// With the `mysql` feature, `Uow::begin(&mysql_pool)` is a `Uow<'_, MySql>` and reads the same.
-/// There an emit writes its rows at once (two statements: the key locks, then the rows), and
-/// `commit` checks that the server still has the transaction open: InnoDB rolls a deadlocked
+/// With the `mysql` feature, `Uow::begin(&mysql_pool)` is a `Uow<'_, MySql>` and reads the same:
+/// the rows are written at `commit` (or `flush`), with the key locks, in the same round trip as
+/// `COMMIT`, and every write and commit checks that the server still has the transaction open: InnoDB rolls a deadlocked
 /// transaction back whole and lets the session go on outside it, so a unit of work whose error
 /// was caught and ignored fails with [`Error::NotInTransaction`] instead of reporting the
 /// statements that ran alone after it as committed. See [`crate::mysql`].
