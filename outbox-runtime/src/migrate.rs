@@ -110,8 +110,14 @@ pub async fn pending(pool: &PgPool) -> Result<Vec<Migration>> {
     } else {
         Vec::new()
     };
+    unapplied(MIGRATIONS, &applied)
+}
+
+/// The migrations of `all` not among `applied` (their versions and checksums, from a ledger);
+/// fails if an applied one was edited.
+pub(crate) fn unapplied(all: &[Migration], applied: &[(i64, i64)]) -> Result<Vec<Migration>> {
     let mut pending = Vec::new();
-    for m in MIGRATIONS {
+    for m in all {
         match applied.iter().find(|(version, _)| *version == m.version) {
             Some(&(_, checksum)) if checksum != m.checksum() => {
                 return Err(Error::MigrationChanged {

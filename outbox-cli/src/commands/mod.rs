@@ -64,7 +64,19 @@ fn describe(options: &PgConnectOptions) -> String {
     )
 }
 
+/// Whether `url` names a MariaDB or MySQL server.
+fn is_mysql(url: &str) -> bool {
+    url.starts_with("mysql://") || url.starts_with("mariadb://")
+}
+
 async fn connect(db: &Db, max_connections: u32) -> Result<PgPool> {
+    if is_mysql(&db.database_url) {
+        return Err(
+            "MariaDB/MySQL: only `outbox migrate` takes a mysql:// URL so far; the \
+                    relay, consumers and the other commands on it are not built yet"
+                .into(),
+        );
+    }
     // No slow-statement warnings: a count on a large table is not a problem worth a log line.
     let options = PgConnectOptions::from_str(&db.database_url)
         .map_err(|e| format!("invalid database URL: {e}"))?

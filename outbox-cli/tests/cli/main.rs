@@ -8,6 +8,7 @@ mod cleanup;
 mod console;
 mod dev_broker;
 mod errors;
+mod mysql;
 mod partitions;
 mod poison;
 mod rabbitmq;

@@ -39,8 +39,29 @@ CREATE TABLE IF NOT EXISTS outbox_schema_migrations (
 /// nothing to do). Fails, before changing anything, on a server older than MariaDB 10.6 or
 /// MySQL 8.0.1, on a connection with no database, and if an applied migration was edited.
 pub async fn migrate(pool: &MySqlPool) -> Result<()> {
-    let mut conn = pool.acquire().await?;
+    // Out of the pool: if this future is dropped half way, the connection closes, and its
+    // GET_LOCK goes with it instead of staying held in the pool.
+    let mut conn = pool.acquire().await?.detach();
     migrate_on(&mut conn).await
+}
+
+/// The migrations not applied to the pool's database yet (all of them on a fresh one). Fails
+/// like [`migrate`] if an applied migration was edited.
+pub async fn pending(pool: &MySqlPool) -> Result<Vec<Migration>> {
+    let ledger: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM information_schema.TABLES \
+         WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'outbox_schema_migrations'",
+    )
+    .fetch_one(pool)
+    .await?;
+    let applied: Vec<(i64, i64)> = if ledger > 0 {
+        sqlx::query_as("SELECT version, checksum FROM outbox_schema_migrations")
+            .fetch_all(pool)
+            .await?
+    } else {
+        Vec::new()
+    };
+    crate::migrate::unapplied(MIGRATIONS, &applied)
 }
 
 /// [`migrate`] on a connection (not inside a transaction).
@@ -82,20 +103,8 @@ async fn apply(conn: &mut MySqlConnection) -> Result<()> {
         sqlx::query_as("SELECT version, checksum FROM outbox_schema_migrations")
             .fetch_all(&mut *conn)
             .await?;
-    for m in MIGRATIONS {
+    for m in crate::migrate::unapplied(MIGRATIONS, &applied)? {
         let checksum = m.checksum();
-        match applied.iter().find(|(version, _)| *version == m.version) {
-            Some(&(_, applied)) if applied == checksum => continue,
-            Some(&(_, applied)) => {
-                return Err(Error::MigrationChanged {
-                    version: m.version,
-                    description: m.description,
-                    applied,
-                    embedded: checksum,
-                })
-            }
-            None => {}
-        }
         let fail = |source| Error::Migration {
             version: m.version,
             description: m.description,
