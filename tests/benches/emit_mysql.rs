@@ -137,7 +137,7 @@ async fn main() {
     .execute(&db.pool)
     .await
     .unwrap();
-    let (version, flush): (String, i64) =
+    let (version, flush): (String, u64) =
         sqlx::query_as("SELECT VERSION(), @@innodb_flush_log_at_trx_commit")
             .fetch_one(&db.pool)
             .await

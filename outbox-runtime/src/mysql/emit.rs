@@ -11,16 +11,20 @@
 //!   deadlock would commit alone, and `COMMIT` would "succeed". MariaDB's `@@in_transaction`
 //!   says the same, but MySQL has no such variable: the probe works on both, with no privilege.
 //!   With `autocommit=0` the statement after such a rollback silently begins a new transaction,
-//!   and no probe could tell: a third statement refuses such a session (a subquery of two rows
-//!   when `@@autocommit = 0`, error 1242).
-//! - **a savepoint**, `SAVEPOINT _outbox_write`, released after the last insert: a write that
-//!   fails part way (a later round trip, a later statement) is rolled back to it, so an
-//!   application that goes on after the error commits none of its rows, as on PostgreSQL where
-//!   the write is one statement.
+//!   and no probe could tell: such a session is refused (a constant subquery of two rows when
+//!   `@@autocommit = 0`, error 1242, in the key locks' statement).
+//! - **a savepoint** (a write, not a commit), `SAVEPOINT _outbox_write`, released after the last
+//!   insert: a write that fails part way (a later round trip, a later statement) is rolled back
+//!   to it, so an application that goes on after the error commits none of its rows, as on
+//!   PostgreSQL where the write is one statement. A commit that fails rolls back whole.
 //! - **the key locks**, `SELECT ... FROM outbox_key_lock WHERE bucket IN (...) FOR UPDATE`: every
 //!   bucket of every row at once, before any insert, held to the commit. One statement locks in
 //!   index order, so two writers never deadlock on them, and a key's next transaction takes its
 //!   `AUTO_INCREMENT` ids only after this one commits: per key, `id` order is commit order.
+//!
+//! A unit of work's commit is so one round trip of five statements (probe, locks, insert,
+//! `COMMIT`) after its own; the hand-written floor (one prepared `INSERT`, then `COMMIT`) takes
+//! one round trip more and three statements fewer (BENCHMARKS.md).
 //!
 //! Values go as literals: numbers as digits, text as `_utf8mb4 X'..'` (exact whatever
 //! `sql_mode` says about backslashes), so no statement is prepared per row count.
@@ -37,13 +41,16 @@ use crate::event::OutboxRecord;
 use crate::sqlstate::DbError;
 use crate::uow::{event_types, is_outermost, EmitDatabase, EmitFuture};
 
-/// The probe (its second statement fails, 1305, unless the session is inside a transaction;
-/// its third, 1242, when the session's `autocommit` is off), then the write's savepoint.
-const PROBE: &str = "SAVEPOINT _outbox_write; RELEASE SAVEPOINT _outbox_write; \
-                     SELECT (SELECT 1 UNION ALL SELECT 1 FROM DUAL WHERE @@autocommit = 0); \
-                     SAVEPOINT _outbox_write; ";
+/// The probe: its second statement fails (1305) unless the session is inside a transaction.
+const PROBE: &str = "SAVEPOINT _outbox_write; RELEASE SAVEPOINT _outbox_write; ";
 /// Statements in [`PROBE`].
-const PROBE_STATEMENTS: usize = 4;
+const PROBE_STATEMENTS: usize = 2;
+/// One when `autocommit` is on; two rows, so an error (1242) where a scalar is expected, when
+/// it is off. Part of the key locks' statement (a constant, evaluated before any row is
+/// locked), or a statement of its own when there are no rows.
+const AUTOCOMMIT_ON: &str = "(SELECT 1 UNION ALL SELECT 1 FROM DUAL WHERE @@autocommit = 0)";
+/// The savepoint a write (not a commit: a failed commit rolls back whole) undoes itself to.
+const SAVEPOINT: &str = "SAVEPOINT _outbox_write; ";
 /// A subquery that returned more than one row: the probe's refusal of `autocommit=0`.
 const MORE_THAN_ONE_ROW: u16 = 1242;
 /// A write that failed part way undoes what it did.
@@ -113,7 +120,14 @@ fn scripts(records: &[OutboxRecord], end: End) -> Result<Vec<Script>> {
         sql: String::from(PROBE),
         statements: PROBE_STATEMENTS,
     };
-    if !records.is_empty() {
+    if end == End::Write {
+        first.sql.push_str(SAVEPOINT);
+        first.statements += 1;
+    }
+    if records.is_empty() {
+        let _ = write!(first.sql, "SELECT {AUTOCOMMIT_ON}; ");
+        first.statements += 1;
+    } else {
         let mut buckets: Vec<u16> = records
             .iter()
             .map(|r| key_bucket(r.partition_key()))
@@ -124,7 +138,7 @@ fn scripts(records: &[OutboxRecord], end: End) -> Result<Vec<Script>> {
             .sql
             .push_str("SELECT bucket FROM outbox_key_lock WHERE bucket IN (");
         push_list(&mut first.sql, buckets.iter());
-        first.sql.push_str(") FOR UPDATE; ");
+        let _ = write!(first.sql, ") AND {AUTOCOMMIT_ON} = 1 FOR UPDATE; ");
         first.statements += 1;
     }
     let mut scripts = vec![first];
@@ -306,7 +320,7 @@ fn probe_failed(failed: &Failed, event_types: Cow<'static, str>) -> Option<Error
     let number = e.try_downcast_ref::<MySqlDatabaseError>()?.number();
     match (failed.completed, number) {
         (1, NO_SAVEPOINT) => Some(Error::NotInTransaction { event_types }),
-        (2, MORE_THAN_ONE_ROW) => Some(Error::Config(format!(
+        (2 | 3, MORE_THAN_ONE_ROW) => Some(Error::Config(format!(
             "cannot write `{event_types}` to the outbox: the MySQL session has autocommit=0, \
              where a transaction the server rolled back (a deadlock) cannot be told from the \
              next one; use autocommit=1 (the default) and begin transactions explicitly"
@@ -329,7 +343,7 @@ async fn write(conn: &mut MySqlConnection, records: &[OutboxRecord], end: End) -
                 return Err(error);
             }
         }
-        if end == End::Write && (i > 0 || failed.completed >= PROBE_STATEMENTS) {
+        if end == End::Write && (i > 0 || failed.completed > PROBE_STATEMENTS) {
             // Undo what the write did; after a deadlock the server rolled back everything, and
             // this fails harmlessly.
             if let Err(e) = conn.execute(sqlx::raw_sql(UNDO)).await {
