@@ -12,11 +12,11 @@
 //! `cargo bench -p outbox-tests --bench emit` (env: `ROUNDS`, default 7; `TXS`, transactions
 //! per task per round, default 300).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use outbox_runtime::relay::Relay;
 use outbox_runtime::Uow;
-use outbox_tests::bench::{env, median, percentile};
+use outbox_tests::bench::{concurrent_calls, env, median, percentile};
 use outbox_tests::fixtures::OrderCreated;
 use outbox_tests::kafka::Kafka;
 use outbox_tests::{count, Running, TestDb};
@@ -242,26 +242,12 @@ async fn round(
     } else {
         pool
     };
-    let start = Instant::now();
-    let tasks: Vec<_> = (0..concurrency)
-        .map(|_| {
-            let pool = pool.clone();
-            tokio::spawn(async move {
-                let mut latencies = Vec::with_capacity(txs);
-                for _ in 0..txs {
-                    let t = Instant::now();
-                    command(&pool, variant).await;
-                    latencies.push(t.elapsed());
-                }
-                latencies
-            })
-        })
-        .collect();
-    let mut latencies = Vec::new();
-    for task in tasks {
-        latencies.extend(task.await.unwrap());
-    }
-    let rate = (concurrency * txs) as f64 / start.elapsed().as_secs_f64();
+    let emitters = pool.clone();
+    let (rate, latencies) = concurrent_calls(concurrency, txs, move || {
+        let pool = emitters.clone();
+        async move { command(&pool, variant).await }
+    })
+    .await;
     if let Some(listener) = listener {
         listener.abort();
         sqlx::query("DELETE FROM outbox_relay_waiting")

@@ -10,10 +10,10 @@
 //! `cargo bench -p outbox-tests --bench emit_mysql` (env: `ROUNDS`, default 7; `TXS`,
 //! transactions per task per round, default 300; `MYSQL_URL`).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use outbox_runtime::{OutboxRecord, Uow};
-use outbox_tests::bench::{env, median, percentile};
+use outbox_tests::bench::{concurrent_calls, env, median, percentile};
 use outbox_tests::fixtures::OrderCreated;
 use outbox_tests::mysql::MySqlTestDb;
 use sqlx::MySqlPool;
@@ -102,27 +102,12 @@ async fn round(
     concurrency: usize,
     txs: usize,
 ) -> (f64, Vec<Duration>) {
-    let start = Instant::now();
-    let tasks: Vec<_> = (0..concurrency)
-        .map(|_| {
-            let pool = pool.clone();
-            tokio::spawn(async move {
-                let mut latencies = Vec::with_capacity(txs);
-                for _ in 0..txs {
-                    let t = Instant::now();
-                    command(&pool, variant).await;
-                    latencies.push(t.elapsed());
-                }
-                latencies
-            })
-        })
-        .collect();
-    let mut latencies = Vec::new();
-    for task in tasks {
-        latencies.extend(task.await.unwrap());
-    }
-    let rate = (concurrency * txs) as f64 / start.elapsed().as_secs_f64();
-    (rate, latencies)
+    let pool = pool.clone();
+    concurrent_calls(concurrency, txs, move || {
+        let pool = pool.clone();
+        async move { command(&pool, variant).await }
+    })
+    .await
 }
 
 #[tokio::main]

@@ -54,6 +54,40 @@ pub fn percentile(samples: &mut [Duration], p: f64) -> Duration {
     samples[((samples.len() as f64 * p) as usize).min(samples.len() - 1)]
 }
 
+/// Runs `txs` calls of `command` in each of `concurrency` tasks at once: (calls per second,
+/// each call's latency). The emit benchmarks' round.
+pub async fn concurrent_calls<F, Fut>(
+    concurrency: usize,
+    txs: usize,
+    command: F,
+) -> (f64, Vec<Duration>)
+where
+    F: Fn() -> Fut + Clone + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let start = std::time::Instant::now();
+    let tasks: Vec<_> = (0..concurrency)
+        .map(|_| {
+            let command = command.clone();
+            tokio::spawn(async move {
+                let mut latencies = Vec::with_capacity(txs);
+                for _ in 0..txs {
+                    let t = std::time::Instant::now();
+                    command().await;
+                    latencies.push(t.elapsed());
+                }
+                latencies
+            })
+        })
+        .collect();
+    let mut latencies = Vec::new();
+    for task in tasks {
+        latencies.extend(task.await.expect("a benchmark task"));
+    }
+    let rate = (concurrency * txs) as f64 / start.elapsed().as_secs_f64();
+    (rate, latencies)
+}
+
 /// A setting from the environment, or `default`.
 pub fn env<T: FromStr>(name: &str, default: T) -> T {
     std::env::var(name)
