@@ -146,20 +146,8 @@ pub async fn migrate_on(conn: &mut PgConnection) -> Result<()> {
         sqlx::query_as("SELECT version, checksum FROM outbox_schema_migrations")
             .fetch_all(&mut *tx)
             .await?;
-    for m in MIGRATIONS {
+    for m in unapplied(MIGRATIONS, &applied)? {
         let checksum = m.checksum();
-        match applied.iter().find(|(version, _)| *version == m.version) {
-            Some(&(_, applied)) if applied == checksum => continue,
-            Some(&(_, applied)) => {
-                return Err(Error::MigrationChanged {
-                    version: m.version,
-                    description: m.description,
-                    applied,
-                    embedded: checksum,
-                })
-            }
-            None => {}
-        }
         let fail = |source| Error::Migration {
             version: m.version,
             description: m.description,

@@ -496,5 +496,12 @@ async fn an_event_over_the_row_limit_is_refused_at_emit() {
     assert!(matches!(error, Error::InvalidEvent { .. }), "{error:?}");
     assert!(error.to_string().contains("at most"), "{error}");
     drop(uow);
+    // The emit functions check it too, before they write.
+    let mut tx = db.pool.begin().await.unwrap();
+    let error = outbox_runtime::mysql::emit(&mut tx, &huge)
+        .await
+        .expect_err("refused");
+    assert!(matches!(error, Error::InvalidEvent { .. }), "{error:?}");
+    tx.commit().await.unwrap();
     assert_eq!(outbox_rows(&db.pool).await, 0);
 }

@@ -114,8 +114,7 @@ struct Script {
 
 /// The round trips that write `records` (the first with the probe and every key lock), the last
 /// ending with `end`.
-fn scripts(records: &[OutboxRecord], end: End) -> Result<Vec<Script>> {
-    records.iter().try_for_each(check_limits)?;
+fn scripts(records: &[OutboxRecord], end: End) -> Vec<Script> {
     let mut first = Script {
         sql: String::from(PROBE),
         statements: PROBE_STATEMENTS,
@@ -174,10 +173,11 @@ fn scripts(records: &[OutboxRecord], end: End) -> Result<Vec<Script>> {
         End::Commit => "COMMIT",
     });
     last.statements += 1;
-    Ok(scripts)
+    scripts
 }
 
 /// Refuses what the columns cannot hold (a non-strict `sql_mode` would cut it short silently).
+/// A unit of work checks each row as it is emitted; the emit functions before they write.
 fn check_limits(r: &OutboxRecord) -> Result<()> {
     let too_long = |what: &str, limit: String| Error::InvalidEvent {
         event_type: r.event_type.clone(),
@@ -332,7 +332,7 @@ fn probe_failed(failed: &Failed, event_types: Cow<'static, str>) -> Option<Error
 /// Writes `records` (and commits, with `End::Commit`), checked; see the module's docs.
 async fn write(conn: &mut MySqlConnection, records: &[OutboxRecord], end: End) -> Result<()> {
     let event_types = || event_types(records);
-    let scripts = scripts(records, end)?;
+    let scripts = scripts(records, end);
     let last = scripts.len() - 1;
     for (i, script) in scripts.iter().enumerate() {
         let Err(failed) = run(conn, &script.sql).await else {

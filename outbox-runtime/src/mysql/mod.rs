@@ -59,7 +59,7 @@ pub fn emit<'c, E: OutboxEvent + ?Sized>(
     event: &E,
 ) -> EmitFuture<'c, Uuid> {
     let record = OutboxRecord::from_event(event);
-    Box::pin(async move { Ok(sqlx::MySql::write(conn, &[record?]).await?[0]) })
+    Box::pin(async move { Ok(write_checked(conn, vec![record?]).await?[0]) })
 }
 
 /// [`emit`] with the application's headers; see [`Uow::emit_with`](crate::Uow::emit_with).
@@ -75,7 +75,7 @@ where
     V: Into<String>,
 {
     let record = OutboxRecord::from_event(event).and_then(|r| r.with_headers(headers));
-    Box::pin(async move { Ok(sqlx::MySql::write(conn, &[record?]).await?[0]) })
+    Box::pin(async move { Ok(write_checked(conn, vec![record?]).await?[0]) })
 }
 
 /// Inserts many events, in order, on a connection the application manages; see [`emit`].
@@ -85,5 +85,15 @@ where
     I::Item: IntoRecord,
 {
     let records = into_records(events);
-    Box::pin(async move { sqlx::MySql::write(conn, &records?).await })
+    Box::pin(async move { write_checked(conn, records?).await })
+}
+
+/// The emit functions' write: each row checked against the columns first, as a unit of work
+/// checks it when it is emitted (so the write itself checks nothing again).
+async fn write_checked(
+    conn: &mut sqlx::MySqlConnection,
+    records: Vec<OutboxRecord>,
+) -> crate::Result<Vec<Uuid>> {
+    records.iter().try_for_each(sqlx::MySql::check)?;
+    sqlx::MySql::write(conn, &records).await
 }
