@@ -72,8 +72,8 @@ fn is_mysql(url: &str) -> bool {
 async fn connect(db: &Db, max_connections: u32) -> Result<PgPool> {
     if is_mysql(&db.database_url) {
         return Err(
-            "MariaDB/MySQL: only `outbox migrate` takes a mysql:// URL so far; the \
-                    relay, consumers and the other commands on it are not built yet"
+            "MariaDB/MySQL: only `outbox migrate` and `outbox relay` take a mysql:// URL so \
+             far; the consumers and the other commands on it are not built yet"
                 .into(),
         );
     }
@@ -106,14 +106,32 @@ async fn connect_migrated(db: &Db, max_connections: u32) -> Result<PgPool> {
     let pending = outbox_runtime::migrate::pending(&pool)
         .await
         .map_err(chain)?;
-    if !pending.is_empty() {
+    migrated(pending.len(), outbox_runtime::migrate::MIGRATIONS.len())?;
+    Ok(pool)
+}
+
+/// A MariaDB/MySQL pool (a `mysql://` URL), its schema checked as [`connect_migrated`] does.
+async fn connect_mysql_migrated(db: &Db, max_connections: u32) -> Result<sqlx::MySqlPool> {
+    let pool = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(max_connections)
+        .acquire_timeout(Duration::from_secs(30))
+        .connect(&db.database_url)
+        .await
+        .map_err(|e| format!("cannot connect to MariaDB/MySQL: {e}"))?;
+    let pending = outbox_runtime::mysql::pending(&pool).await.map_err(chain)?;
+    migrated(pending.len(), outbox_runtime::mysql::MIGRATIONS.len())?;
+    Ok(pool)
+}
+
+/// Refuses a database with migrations pending.
+fn migrated(pending: usize, all: usize) -> Result {
+    if pending > 0 {
         return Err(format!(
-            "the database is not migrated ({} of {} outbox migrations pending); run `outbox migrate`",
-            pending.len(),
-            outbox_runtime::migrate::MIGRATIONS.len()
+            "the database is not migrated ({pending} of {all} outbox migrations pending); run \
+             `outbox migrate`"
         ));
     }
-    Ok(pool)
+    Ok(())
 }
 
 fn producer_config(brokers: &Brokers) -> Result<ClientConfig> {

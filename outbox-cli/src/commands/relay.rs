@@ -4,7 +4,7 @@ use outbox_runtime::admin::Retention;
 use outbox_runtime::relay::{JetStream, Relay};
 use tokio_util::sync::CancellationToken;
 
-use super::{chain, connect_migrated, Result, Target};
+use super::{chain, connect_migrated, connect_mysql_migrated, is_mysql, Result, Target};
 use crate::args::RelayArgs;
 use crate::shutdown::Shutdown;
 
@@ -31,8 +31,19 @@ pub async fn run(args: RelayArgs) -> Result {
     // health checks and the readiness probe (2), and retention (2 more: its lock and its
     // batches).
     let extra = if retention.is_some() { 4 } else { 2 };
-    let pool = connect_migrated(&db, u32::from(instances) * 2 + extra).await?;
-    let mut builder = Relay::builder(pool);
+    let connections = u32::from(instances) * 2 + extra;
+    let mut builder = if is_mysql(&db.database_url) {
+        if retention.is_some() {
+            return Err(
+                "--retention is not built for MariaDB/MySQL yet: delete published \
+                        outbox rows with a scheduled job of your own meanwhile"
+                    .into(),
+            );
+        }
+        Relay::builder(connect_mysql_migrated(&db, connections).await?)
+    } else {
+        Relay::builder(connect_migrated(&db, connections).await?)
+    };
     if let Some(older_than) = retention {
         let mut retention = Retention::new(older_than).every(retention_every);
         if let Some(dedup) = dedup_retention {

@@ -1,9 +1,17 @@
-//! The CLI against a MariaDB database (issue 38): `migrate` applies the MySQL migrations; the
-//! commands not built for it yet say so.
+//! The CLI against a MariaDB database (issue 38): `migrate` applies the MySQL migrations,
+//! `relay` publishes its outbox; the commands not built for it yet say so.
 
+use std::io::BufReader;
+use std::process::Stdio;
+use std::time::Duration;
+
+use outbox_tests::kafka::{consume, Kafka};
 use outbox_tests::mysql::{count, MySqlTestDb};
+use outbox_tests::ChildGuard;
 
-use crate::support::{assert_error, assert_ok, run, stdout};
+use crate::support::{
+    assert_error, assert_ok, emit_posted, outbox, run, signal, stdout, wait_exit, wait_line, TOPIC,
+};
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn migrate_applies_the_mysql_migrations_and_other_commands_say_what_works() {
@@ -29,6 +37,63 @@ async fn migrate_applies_the_mysql_migrations_and_other_commands_say_what_works(
     );
     assert_error(
         &run(&db.url, &["status"]).await,
-        "only `outbox migrate` takes a mysql:// URL so far",
+        "only `outbox migrate` and `outbox relay` take a mysql:// URL so far",
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn relay_publishes_a_mariadb_outbox_and_stops_on_sigterm() {
+    let db = MySqlTestDb::new().await;
+    let kafka = Kafka::mock();
+    kafka.create_topic(TOPIC, 4).await;
+    assert_error(
+        &run(
+            &db.url,
+            &[
+                "relay",
+                "--retention",
+                "30d",
+                "--brokers",
+                &kafka.bootstrap(),
+            ],
+        )
+        .await,
+        "--retention is not built for MariaDB/MySQL yet",
+    );
+    let mut cmd = outbox(&["relay", "--instances", "2", "--poll-interval", "100ms"]);
+    cmd.env("DATABASE_URL", &db.url)
+        .env("KAFKA_BROKERS", kafka.bootstrap())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    let mut child = ChildGuard(cmd.spawn().expect("start relay"));
+    let mut out = BufReader::new(child.0.stdout.take().unwrap());
+    let started = tokio::task::spawn_blocking(move || {
+        let line = wait_line(&mut out, "outbox relay:");
+        (line, out)
+    });
+    let (line, mut out) = started.await.unwrap();
+    assert!(line.contains("2 instance(s)"), "{line}");
+    let total = emit_posted(&db.pool, 20, 10).await;
+    let received = consume(&kafka.bootstrap(), TOPIC, 4, Duration::from_secs(30), |r| {
+        r.len() >= total
+    })
+    .await;
+    assert_eq!(received.len(), total);
+    signal(&child, "-TERM");
+    assert_eq!(
+        wait_exit(&mut child, Duration::from_secs(20)).await,
+        Some(0)
+    );
+    let rest = tokio::task::spawn_blocking(move || wait_line(&mut out, "stopped"))
+        .await
+        .unwrap();
+    assert!(rest.contains("0 unpublished"), "{rest}");
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT COUNT(*) FROM outbox_event WHERE published_at IS NULL"
+        )
+        .await,
+        0
     );
 }

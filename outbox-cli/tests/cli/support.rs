@@ -90,7 +90,11 @@ pub fn assert_error(o: &Output, expected: &str) {
     assert!(err.contains(expected), "expected `{expected}` in: {err}");
 }
 
-pub async fn emit_posted(pool: &PgPool, ledgers: usize, per_ledger: u32) -> usize {
+pub async fn emit_posted<DB: outbox_runtime::EmitDatabase>(
+    pool: &sqlx::Pool<DB>,
+    ledgers: usize,
+    per_ledger: u32,
+) -> usize {
     let events: Vec<Posted> = (0..per_ledger)
         .flat_map(|seq| {
             (0..ledgers).map(move |l| Posted {

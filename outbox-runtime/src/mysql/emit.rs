@@ -276,7 +276,7 @@ fn push_row(sql: &mut String, r: &OutboxRecord) {
 }
 
 /// Text as a hexadecimal literal in utf8mb4: exact whatever `sql_mode` says.
-fn push_text(sql: &mut String, value: &str) {
+pub(super) fn push_text(sql: &mut String, value: &str) {
     sql.push_str("_utf8mb4 X'");
     push_hex(sql, value.as_bytes());
     sql.push('\'');
@@ -415,6 +415,10 @@ impl EmitDatabase for MySql {
                 // The rows and COMMIT in one round trip (or the last of several). The dropped
                 // `Transaction` then sends a `ROLLBACK`, which outside a transaction does nothing.
                 let result = write(&mut tx, &pending, End::Commit).await;
+                #[cfg(feature = "_broker")]
+                if result.is_ok() {
+                    super::wake::committed();
+                }
                 if result.as_ref().is_err_and(|e| !e.is_outcome_unknown()) {
                     // Release its locks now, not when the connection is next used.
                     if let Err(e) = tx.rollback().await {

@@ -11,11 +11,18 @@ use crate::error::{Error, Result};
 use crate::migrate::Migration;
 
 /// Every MariaDB/MySQL migration, in the order they apply.
-pub const MIGRATIONS: &[Migration] = &[Migration {
-    version: 20261207000001,
-    description: "outbox_event",
-    sql: include_str!("../../migrations/mysql/20261207000001_outbox_event.sql"),
-}];
+pub const MIGRATIONS: &[Migration] = &[
+    Migration {
+        version: 20261207000001,
+        description: "outbox_event",
+        sql: include_str!("../../migrations/mysql/20261207000001_outbox_event.sql"),
+    },
+    Migration {
+        version: 20261207000002,
+        description: "relay",
+        sql: include_str!("../../migrations/mysql/20261207000002_relay.sql"),
+    },
+];
 
 /// How long a runner waits for another to finish, in seconds.
 const LOCK_WAIT_SECONDS: i64 = 300;
@@ -135,7 +142,7 @@ async fn apply(conn: &mut MySqlConnection) -> Result<()> {
 
 /// Refuses a server older than the oldest supported, from `VERSION()`: `10.11.6-MariaDB-...`
 /// or `8.0.36`.
-fn check_version(version: &str) -> Result<()> {
+pub(super) fn check_version(version: &str) -> Result<()> {
     let mariadb = version.contains("MariaDB");
     let number: Vec<u32> = version
         .split(|c: char| !c.is_ascii_digit())

@@ -1,9 +1,10 @@
 //! MariaDB 10.6+ and MySQL 8.0.1+ as the service's database (feature `mysql`).
 //!
-//! So far the unit of work and the migrations (also `outbox migrate` with a `mysql://` URL): a
-//! command handler on MariaDB or MySQL emits its events in its own transaction, exactly as on
-//! PostgreSQL. The relay and the consumers on these
-//! databases come next (issue 38; `docs/design/mariadb.md` is the plan).
+//! So far the unit of work, the migrations (also `outbox migrate` with a `mysql://` URL) and
+//! the relay: a command handler on MariaDB or MySQL emits its events in its own transaction,
+//! exactly as on PostgreSQL, and [`Relay::builder(mysql_pool)`](crate::relay::Relay::builder)
+//! publishes them to any broker. The consumers on these databases come next (issue 38;
+//! `docs/design/mariadb.md` is the plan).
 //!
 //! ```no_run
 //! # use outbox_runtime::{OutboxEvent, Uow};
@@ -36,11 +37,31 @@
 //! - **Round trips.** A unit of work's commit writes its rows and commits in one round trip, as
 //!   on PostgreSQL; [`flush`](crate::Uow::flush) and the functions below write in one (very large
 //!   writes take one per 4 MiB). An emit outside a transaction is refused: begin one.
+//! - **The relay keeps no cursor.** `AUTO_INCREMENT` ids are taken at insert, so a lower id
+//!   can become visible after a higher one; every claim reads the owned shards' unpublished rows
+//!   from the first (an index on `published_at, parked_at, id`), so such a row is published by
+//!   the next batch, and a key's order holds (the key lock above). Claims run at READ COMMITTED
+//!   (no gap locks that would stall emitters); a server logging statements
+//!   (`binlog_format=STATEMENT`) is refused, saying what to set.
+//! - **Shards through named locks.** A relay instance owns its shards with `GET_LOCK` on its own
+//!   session (`wait_timeout` set to the failover timeout), so a relay that dies, is killed
+//!   (`KILL CONNECTION`) or goes silent frees them; the server rolls the session's transaction
+//!   back before it frees them, so its claimed rows are free first.
+//! - **Wake-up without `NOTIFY`.** A unit of work committed in the relay's process wakes it at
+//!   once; otherwise the relay polls, 5 ms after the last rows it found, doubling up to its
+//!   `poll_interval` while it finds none (2 claims a second per idle relay at the default
+//!   500 ms). Units of work of another process are seen within that interval.
+//! - **Not yet on these databases**: the relay's health checks and retention beside it (refused
+//!   at `build`), the consumers, and the operator commands other than `migrate`.
 //! - **Migrations** are not transactional (DDL commits on its own): each statement can run
 //!   again after a migration cut short, and `GET_LOCK` serializes concurrent runners.
 
 mod emit;
 mod migrate;
+#[cfg(feature = "_broker")]
+pub(crate) mod relay;
+#[cfg(feature = "_broker")]
+pub(crate) mod wake;
 
 use uuid::Uuid;
 

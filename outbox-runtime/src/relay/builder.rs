@@ -2,8 +2,9 @@
 
 use std::time::Duration;
 
-use sqlx::PgPool;
-
+use super::database::Database;
+#[cfg(feature = "mysql")]
+use super::database::Pool;
 use super::run::Relay;
 use super::settings::Settings;
 use crate::admin::{HealthThresholds, Retention};
@@ -16,7 +17,7 @@ use crate::publish::{CloudEvents, PerKey};
 #[derive(Debug, Clone)]
 #[must_use]
 pub struct RelayBuilder {
-    pool: PgPool,
+    pool: Database,
     /// The broker: set by each broker's builder methods (`brokers`, `jetstream`, ...).
     brokers: Brokers,
     settings: Settings,
@@ -24,10 +25,11 @@ pub struct RelayBuilder {
 
 impl Relay {
     /// A builder with the defaults; set at least the broker: `brokers` for Kafka (feature
-    /// `kafka`), or `jetstream` (feature `nats`).
-    pub fn builder(pool: PgPool) -> RelayBuilder {
+    /// `kafka`), `jetstream` (feature `nats`) or `rabbitmq` (feature `rabbitmq`). The pool is
+    /// a `PgPool`, or a `MySqlPool` (feature `mysql`: see [`crate::mysql`] for what differs).
+    pub fn builder(pool: impl Into<Database>) -> RelayBuilder {
         RelayBuilder {
-            pool,
+            pool: pool.into(),
             brokers: Brokers::default(),
             settings: Settings::default(),
         }
@@ -175,6 +177,14 @@ impl RelayBuilder {
         let (broker, ()) = self.brokers.one("a relay publishes to one")?;
         broker.check()?;
         self.settings.check()?;
+        #[cfg(feature = "mysql")]
+        if matches!(self.pool.0, Pool::MySql(_)) && self.settings.retention.is_some() {
+            return Err(crate::Error::Config(
+                "retention beside the relay is not built for MariaDB/MySQL yet: delete \
+                 published rows with a scheduled job of your own meanwhile"
+                    .into(),
+            ));
+        }
         let transport = broker.transport(
             self.settings.publish_timeout,
             self.settings.failover_timeout,

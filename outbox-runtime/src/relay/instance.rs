@@ -9,28 +9,9 @@ use tracing::Instrument;
 
 use super::floor::Floor;
 use super::settings::Settings;
-use crate::error::{Error, PublishError, Result};
+use crate::error::{Error, Result};
 use crate::publish::{Outcome, Transport};
 use crate::store::relay::{self as store, Claim, Table};
-
-/// `$work.await`, or an error once `$limit` (the failover timeout) passed without an answer: a
-/// database that does not answer for that long has ended the session (or will), and the shards
-/// are someone else's by now. (A macro: a generic function over the future trips the compiler's
-/// `Send` analysis of the callers' futures.)
-macro_rules! bounded {
-    ($limit:expr, $work:expr) => {{
-        let limit: Duration = $limit;
-        match tokio::time::timeout(limit, $work).await {
-            Ok(result) => result,
-            Err(_) => Err(Error::Database(sqlx::Error::Io(std::io::Error::new(
-                std::io::ErrorKind::TimedOut,
-                format!(
-                    "PostgreSQL did not answer the relay within the failover timeout ({limit:?})"
-                ),
-            )))),
-        }
-    }};
-}
 
 /// What a step did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -42,9 +23,6 @@ pub(super) enum Step {
     /// Nothing to claim (or no shards to claim from): wait for work.
     Empty,
 }
-
-/// How often held keys (an operator's problem) are tried again, at most.
-const HELD_RETRY: Duration = Duration::from_secs(10);
 
 pub(super) use crate::store::shards::REBALANCE_EVERY;
 
@@ -170,7 +148,7 @@ impl<'r> Instance<'r> {
         let Some(conn) = self.conn.as_mut() else {
             return Ok(());
         };
-        bounded!(limit, store::set_waiting(conn, slot, waiting))?;
+        bounded!("PostgreSQL", limit, store::set_waiting(conn, slot, waiting))?;
         self.waiting = waiting;
         Ok(())
     }
@@ -191,7 +169,7 @@ impl<'r> Instance<'r> {
             return Ok(());
         }
         let failover = self.settings.failover_timeout;
-        let (conn, table, slot) = bounded!(failover, open(self.pool, failover))?;
+        let (conn, table, slot) = bounded!("PostgreSQL", failover, open(self.pool, failover))?;
         self.conn = Some(conn);
         self.table = Some(table);
         self.slot = slot;
@@ -209,7 +187,7 @@ impl<'r> Instance<'r> {
             let limit = self.settings.failover_timeout;
             let conn = self.conn.as_mut().expect("connected above");
             let rebalance = store::rebalance(conn, table, &mut self.shards, slot);
-            let gained = bounded!(limit, rebalance)?;
+            let gained = bounded!("PostgreSQL", limit, rebalance)?;
             if gained {
                 // Rows of the new shards below the cursor are unknown to this instance.
                 self.cursor.after = 0;
@@ -242,12 +220,13 @@ impl<'r> Instance<'r> {
         let conn = self.conn.as_mut().expect("connected in step");
         let floor = self.floor.as_ref().and_then(|f| f.get());
         let claim = bounded!(
+            "PostgreSQL",
             failover,
             store::claim(conn, table, &self.shards, after, limit, floor)
         )?;
         tracing::Span::current().record("claimed", claim.rows.len());
         if claim.rows.is_empty() {
-            bounded!(failover, store::abandon(conn))?;
+            bounded!("PostgreSQL", failover, store::abandon(conn))?;
             self.cursor.advance(&claim, false, None, None);
             return Ok(Step::Empty);
         }
@@ -256,55 +235,12 @@ impl<'r> Instance<'r> {
             Some(transport) => transport.publish(&claim.rows, relay.publishing()).await,
             None => claim.rows.iter().map(|_| Outcome::Published).collect(),
         };
-        let mut published = Vec::with_capacity(claim.rows.len());
-        let mut failed = Vec::new();
-        let mut deferred: Option<PublishError> = None;
-        let mut unsettled: Option<i64> = None;
-        for (row, outcome) in claim.rows.iter().zip(outcomes) {
-            match outcome {
-                Outcome::Published => published.push(row.id),
-                Outcome::Rejected(error) => {
-                    let attempt = u32::try_from(row.attempts).unwrap_or(0) + 1;
-                    tracing::warn!(id = row.id, event_id = %row.event_id, topic = %row.topic,
-                        attempt, %error, "broker refused an outbox record");
-                    failed.push(store::Refused {
-                        id: row.id,
-                        error: error.to_string(),
-                        backoff_secs: relay.backoff.delay(attempt).as_secs_f64(),
-                        held: false,
-                    });
-                }
-                Outcome::Held(error) if relay.hold_operator_errors => {
-                    tracing::error!(id = row.id, topic = %row.topic, %error,
-                        "outbox record held: its topic (or stream) is missing or not writable; \
-                         its key waits until an operator fixes it");
-                    failed.push(store::Refused {
-                        id: row.id,
-                        error: error.to_string(),
-                        backoff_secs: relay.backoff.max.min(HELD_RETRY).as_secs_f64(),
-                        held: true,
-                    });
-                }
-                Outcome::Held(error) => {
-                    let attempt = u32::try_from(row.attempts).unwrap_or(0) + 1;
-                    failed.push(store::Refused {
-                        id: row.id,
-                        error: error.to_string(),
-                        backoff_secs: relay.backoff.delay(attempt).as_secs_f64(),
-                        held: false,
-                    });
-                }
-                Outcome::Deferred(error) => {
-                    deferred.get_or_insert(error);
-                    unsettled.get_or_insert(row.id);
-                }
-                // Behind a failed record of its key. If that one was parked at once, this row is
-                // not held by the database: claim it again.
-                Outcome::Skipped => {
-                    unsettled.get_or_insert(row.id);
-                }
-            }
-        }
+        let super::outcomes::Sorted {
+            published,
+            failed,
+            deferred,
+            unsettled,
+        } = super::outcomes::sort(&claim.rows, outcomes, relay);
         let conn = self.conn.as_mut().expect("connected in step");
         let since_ms = claim
             .rows
@@ -319,7 +255,7 @@ impl<'r> Instance<'r> {
             relay.max_attempts_i32(),
             since_ms,
         );
-        let finished = bounded!(failover, finish)?;
+        let finished = bounded!("PostgreSQL", failover, finish)?;
         let parked = finished.parked;
         tracing::debug!(
             from = claim.from,
@@ -336,14 +272,7 @@ impl<'r> Instance<'r> {
         self.cursor.advance(&claim, full, unsettled, finished.xid);
         let n = published.len() as u64;
         self.published += n;
-        tracing::Span::current().record("published", n);
-        metrics::counter!("outbox_relay_published_total").increment(n);
-        metrics::counter!("outbox_relay_failed_total").increment(failed.len() as u64);
-        metrics::counter!("outbox_relay_parked_total").increment(parked);
-        metrics::histogram!("outbox_relay_publish_seconds").record(started.elapsed().as_secs_f64());
-        if parked > 0 {
-            tracing::error!(parked, "outbox records parked after repeated refusals");
-        }
+        super::outcomes::count(n, failed.len(), parked, started);
         if let Some(error) = deferred {
             // The broker is unreachable or slow: back off like any failed batch.
             return Err(Error::Publish(error));

@@ -174,6 +174,24 @@
 //! # Ok(()) }
 //! ```
 //!
+//! # MariaDB and MySQL
+//!
+//! With the `mysql` feature the relay publishes the outbox of a MariaDB 10.6+ or MySQL 8.0.1+
+//! database: give the builder a `MySqlPool` (migrated with
+//! [`mysql::migrate`](crate::mysql::migrate)). Per-key order with any number of instances,
+//! retried, held and parked records and [`Relay::status`] hold as above; what differs (no
+//! cursor, shards through `GET_LOCK`, READ COMMITTED, wake-up in process and adaptive polling
+//! instead of `NOTIFY`; health checks and retention not yet) is in [`crate::mysql`].
+//!
+//! ```no_run
+//! # #[cfg(all(feature = "mysql", feature = "kafka"))]
+//! # fn run(pool: sqlx::MySqlPool) -> outbox_runtime::Result<()> {
+//! use outbox_runtime::relay::Relay;
+//!
+//! let relay = Relay::builder(pool).brokers("127.0.0.1:9092").build()?;
+//! # Ok(()) }
+//! ```
+//!
 //! # CloudEvents
 //!
 //! Consumers outside this framework (Knative, another language's CloudEvents SDK) can read the
@@ -194,13 +212,44 @@
 //! ```
 
 #[cfg(feature = "_broker")]
+/// `$work.await`, or an error once `$limit` (the failover timeout) passed without an answer: a
+/// database that does not answer for that long has ended the session (or will), and the shards
+/// are someone else's by now. (A macro: a generic function over the future trips the compiler's
+/// `Send` analysis of the callers' futures.)
+macro_rules! bounded {
+    ($database:expr, $limit:expr, $work:expr) => {{
+        let limit: std::time::Duration = $limit;
+        match tokio::time::timeout(limit, $work).await {
+            Ok(result) => result,
+            Err(_) => Err(crate::error::Error::Database(sqlx::Error::Io(
+                std::io::Error::new(
+                    std::io::ErrorKind::TimedOut,
+                    format!(
+                        "{} did not answer the relay within the failover timeout ({limit:?})",
+                        $database
+                    ),
+                ),
+            ))),
+        }
+    }};
+}
+
+#[cfg(feature = "_broker")]
 mod builder;
 #[cfg(feature = "_broker")]
+mod database;
+#[cfg(feature = "_broker")]
 mod floor;
+#[cfg(feature = "_broker")]
+mod gauges;
 #[cfg(feature = "_broker")]
 mod health;
 #[cfg(feature = "_broker")]
 mod instance;
+#[cfg(all(feature = "_broker", feature = "mysql"))]
+mod mysql;
+#[cfg(feature = "_broker")]
+mod outcomes;
 #[cfg(feature = "_broker")]
 mod periodic;
 #[cfg(feature = "_broker")]
@@ -230,6 +279,12 @@ pub use crate::rabbitmq::RabbitMq;
 #[cfg(feature = "_broker")]
 pub use builder::RelayBuilder;
 #[cfg(feature = "_broker")]
+pub use database::Database;
+/// Hooks of this project's own benchmarks (features `testing` and `mysql`); not API.
+#[cfg(all(feature = "testing", feature = "mysql"))]
+#[doc(hidden)]
+pub use mysql::drain_mysql_without_broker;
+#[cfg(feature = "_broker")]
 pub use run::Relay;
 /// Hooks of this project's own tests and benchmarks (feature `testing`); not API.
 #[cfg(feature = "testing")]
@@ -243,12 +298,20 @@ pub use {
 /// and the relay's gauges read; [`admin::status`](crate::admin::status) has them per topic).
 #[cfg_attr(not(feature = "_broker"), allow(dead_code))]
 pub(crate) async fn status(pool: &PgPool) -> Result<RelayStatus> {
-    let (unpublished, retrying, held, parked, age) = crate::store::relay::backlog(pool).await?;
-    Ok(RelayStatus {
+    Ok(backlog(crate::store::relay::backlog(pool).await?))
+}
+
+/// The figures of a backlog query (unpublished, retrying, held, parked, the oldest's age in
+/// seconds) as a [`RelayStatus`].
+#[cfg_attr(not(feature = "_broker"), allow(dead_code))]
+fn backlog(
+    (unpublished, retrying, held, parked, age): (i64, i64, i64, i64, Option<f64>),
+) -> RelayStatus {
+    RelayStatus {
         unpublished,
         retrying,
         held,
         parked,
         oldest_unpublished_age: age.map(|s| Duration::from_secs_f64(s.max(0.0))),
-    })
+    }
 }

@@ -8,6 +8,8 @@ use sqlx::PgPool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::database::{Database, Pool};
+use super::gauges::{report_backlog, Owning, GAUGES_EVERY};
 use super::health::HealthChecks;
 use super::instance::{Instance, Step, REBALANCE_EVERY};
 use super::periodic::RetentionRuns;
@@ -27,7 +29,7 @@ pub struct Relay {
 
 /// What a relay's instances share.
 struct Shared {
-    pool: PgPool,
+    pool: Pool,
     /// `None` only in `drain_without_broker`, which measures the database side alone.
     transport: Option<Box<dyn Transport>>,
     settings: Settings,
@@ -55,7 +57,7 @@ impl std::fmt::Debug for Relay {
 
 impl Relay {
     pub(super) fn new(
-        pool: PgPool,
+        pool: impl Into<Database>,
         transport: Option<Box<dyn Transport>>,
         settings: Settings,
     ) -> Relay {
@@ -63,7 +65,7 @@ impl Relay {
         let retention = settings.retention.clone().map(RetentionRuns::new);
         Relay {
             shared: Arc::new(Shared {
-                pool,
+                pool: pool.into().0,
                 transport,
                 settings,
                 health,
@@ -74,10 +76,10 @@ impl Relay {
         }
     }
 
-    /// A new instance of this relay.
-    fn instance(&self) -> Instance<'_> {
+    /// A new instance of this relay on PostgreSQL.
+    fn instance<'a>(&'a self, pool: &'a PgPool) -> Instance<'a> {
         let shared = &*self.shared;
-        Instance::new(&shared.pool, &shared.settings, shared.transport.as_deref())
+        Instance::new(pool, &shared.settings, shared.transport.as_deref())
     }
 
     /// Runs one relay instance on a tokio task until `cancel` fires; see [`run`](Self::run).
@@ -93,8 +95,21 @@ impl Relay {
     /// flight (bounded by the publish timeout) and returns. Errors are logged and retried, never
     /// returned.
     pub async fn run(&self, cancel: CancellationToken) -> Result<()> {
-        let (pool, settings) = (&self.shared.pool, &self.shared.settings);
-        let mut instance = self.instance();
+        match &self.shared.pool {
+            Pool::Postgres(pool) => self.run_on(pool, cancel).await,
+            #[cfg(feature = "mysql")]
+            Pool::MySql(pool) => {
+                let shared = &*self.shared;
+                let transport = shared.transport.as_deref();
+                super::mysql::run(&shared.settings, transport, &shared.owning, pool, cancel).await
+            }
+        }
+    }
+
+    /// [`run`](Self::run) on PostgreSQL.
+    async fn run_on(&self, pool: &PgPool, cancel: CancellationToken) -> Result<()> {
+        let settings = &self.shared.settings;
+        let mut instance = self.instance(pool);
         let mut wakeups = Wakeups::start(pool, settings.failover_timeout, settings.backoff);
         let mut failures = 0u32;
         // Whether the last claim found rows.
@@ -130,11 +145,11 @@ impl Relay {
         while !cancel.is_cancelled() {
             if gauges_at.is_none_or(|t| t.elapsed() >= GAUGES_EVERY) {
                 gauges_at = Some(Instant::now());
-                let _ = tokio::time::timeout(aside, report_backlog(pool)).await;
+                let _ = tokio::time::timeout(aside, report_pg_backlog(pool)).await;
             }
             if self.shared.health.claim_due() {
-                let shared = Arc::clone(&self.shared);
-                tokio::spawn(async move { shared.health.check(&shared.pool).await });
+                let (shared, pool) = (Arc::clone(&self.shared), pool.clone());
+                tokio::spawn(async move { shared.health.check(&pool).await });
             }
             if self
                 .shared
@@ -142,10 +157,10 @@ impl Relay {
                 .as_ref()
                 .is_some_and(RetentionRuns::claim_due)
             {
-                let shared = Arc::clone(&self.shared);
+                let (shared, pool) = (Arc::clone(&self.shared), pool.clone());
                 tokio::spawn(async move {
                     if let Some(retention) = &shared.retention {
-                        retention.run(&shared.pool).await;
+                        retention.run(&pool).await;
                     }
                 });
             }
@@ -227,13 +242,21 @@ impl Relay {
     /// Publishes everything unpublished that this instance can own, once, and returns how many
     /// rows it published. For tests, scripts and benchmarks; a failed batch is an error.
     pub async fn publish_pending(&self) -> Result<u64> {
-        let mut instance = self.instance();
+        let pool = match &self.shared.pool {
+            Pool::Postgres(pool) => pool,
+            #[cfg(feature = "mysql")]
+            Pool::MySql(pool) => {
+                let transport = self.shared.transport.as_deref();
+                return super::mysql::publish_pending(&self.shared.settings, transport, pool).await;
+            }
+        };
+        let mut instance = self.instance(pool);
         let settings = &self.shared.settings;
         if !settings.claim_floor_interval.is_zero() {
             // The floor of the start (waiting at most a second for the transactions running
             // then): a row that becomes claimable below it meanwhile waits for the next run.
             let floor = super::floor::claim_floor(
-                &self.shared.pool,
+                pool,
                 settings.claim_floor_margin,
                 Duration::from_secs(1),
             )
@@ -256,9 +279,14 @@ impl Relay {
     pub async fn ready(&self) -> std::result::Result<String, String> {
         const WITHIN: Duration = Duration::from_secs(4);
         let database = async {
-            match tokio::time::timeout(WITHIN, sqlx::query("SELECT 1").execute(&self.shared.pool))
-                .await
-            {
+            let answer = async {
+                match &self.shared.pool {
+                    Pool::Postgres(pool) => sqlx::query("SELECT 1").execute(pool).await.map(drop),
+                    #[cfg(feature = "mysql")]
+                    Pool::MySql(pool) => sqlx::query("SELECT 1").execute(pool).await.map(drop),
+                }
+            };
+            match tokio::time::timeout(WITHIN, answer).await {
                 Ok(Ok(_)) => Ok(()),
                 Ok(Err(e)) => Err(format!("the database: {}", crate::error_chain(&e))),
                 Err(_) => Err(format!(
@@ -305,7 +333,11 @@ impl Relay {
 
     /// The backlog figures, all topics together (per topic: [`admin::status`](crate::admin::status)).
     pub async fn status(&self) -> Result<RelayStatus> {
-        status(&self.shared.pool).await
+        match &self.shared.pool {
+            Pool::Postgres(pool) => status(pool).await,
+            #[cfg(feature = "mysql")]
+            Pool::MySql(pool) => super::mysql::status(pool).await,
+        }
     }
 }
 
@@ -335,50 +367,10 @@ pub async fn explain_claim(pool: &PgPool, cursor: i64, limit: i64) -> Result<ser
         .await
 }
 
-/// Counts a running instance in [`Shared::owning`] while it owns shards, until it stops.
-struct Owning<'a> {
-    count: &'a AtomicUsize,
-    owns: bool,
-}
-
-impl Owning<'_> {
-    fn set(&mut self, owns: bool) {
-        if owns != self.owns {
-            self.owns = owns;
-            if owns {
-                self.count.fetch_add(1, Ordering::Relaxed);
-            } else {
-                self.count.fetch_sub(1, Ordering::Relaxed);
-            }
-        }
-    }
-}
-
-impl Drop for Owning<'_> {
-    fn drop(&mut self) {
-        self.set(false);
-    }
-}
-
 /// How long [`Relay::ready`] keeps the broker's answer.
 const BROKER_ANSWER_KEPT: Duration = Duration::from_secs(5);
 
-/// How often a running relay reports the backlog gauges.
-const GAUGES_EVERY: Duration = Duration::from_secs(10);
-
-/// Sets `outbox_relay_backlog`, `outbox_relay_held`, `outbox_relay_parked` and
-/// `outbox_relay_oldest_unpublished_age_seconds` from the backlog figures.
-async fn report_backlog(pool: &PgPool) {
-    match status(pool).await {
-        Ok(s) => {
-            metrics::gauge!("outbox_relay_backlog").set(s.unpublished as f64);
-            metrics::gauge!("outbox_relay_held").set(s.held as f64);
-            metrics::gauge!("outbox_relay_parked").set(s.parked as f64);
-            metrics::gauge!("outbox_relay_oldest_unpublished_age_seconds")
-                .set(s.oldest_unpublished_age.map_or(0.0, |a| a.as_secs_f64()));
-        }
-        Err(e) => {
-            tracing::debug!(error = %crate::error_chain(&e), "cannot read the outbox backlog")
-        }
-    }
+/// Sets the backlog gauges from PostgreSQL's figures.
+async fn report_pg_backlog(pool: &PgPool) {
+    report_backlog(status(pool).await);
 }

@@ -162,38 +162,68 @@ pub(crate) async fn rebalance(
     owned: &mut BTreeSet<i32>,
     slot: i32,
 ) -> Result<(bool, i64)> {
-    let members = members(conn, space.kind).await?.max(1);
-    let target = ((SHARDS as i64 + members - 1) / members) as usize;
-    if owned.len() > target {
-        let extra: Vec<i32> = owned
-            .iter()
-            .rev()
-            .take(owned.len() - target)
-            .copied()
-            .collect();
-        unlock(conn, space, &extra).await?;
-        for s in extra {
-            owned.remove(&s);
+    let members = members(conn, space.kind).await?;
+    match Plan::new(owned, members, slot) {
+        Plan::Keep => Ok((false, members.max(1))),
+        Plan::Release(extra) => {
+            unlock(conn, space, &extra).await?;
+            for s in extra {
+                owned.remove(&s);
+            }
+            Ok((false, members.max(1)))
         }
-        return Ok((false, members));
+        Plan::Take { candidates, need } => {
+            let got = try_lock(conn, space, &candidates).await?;
+            let (keep, give_back) = got.split_at(got.len().min(need));
+            owned.extend(keep);
+            if !give_back.is_empty() {
+                unlock(conn, space, give_back).await?;
+            }
+            Ok((!keep.is_empty(), members.max(1)))
+        }
     }
-    if owned.len() == target {
-        return Ok((false, members));
+}
+
+/// What a member does to move toward its fair share of the shards, whatever holds the locks
+/// (PostgreSQL's advisory locks, MySQL's named locks).
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Plan {
+    /// It holds its share.
+    Keep,
+    /// It holds more: these go (the highest first).
+    Release(Vec<i32>),
+    /// It holds less: try these, in this order (from a place that depends on its slot, so
+    /// that members try different shards), and keep `need` of those it gets.
+    Take { candidates: Vec<i32>, need: usize },
+}
+
+impl Plan {
+    /// The plan of a member in `slot` holding `owned` among `members` live ones.
+    pub(crate) fn new(owned: &BTreeSet<i32>, members: i64, slot: i32) -> Plan {
+        let members = members.max(1);
+        let target = ((SHARDS as i64 + members - 1) / members) as usize;
+        if owned.len() > target {
+            return Plan::Release(
+                owned
+                    .iter()
+                    .rev()
+                    .take(owned.len() - target)
+                    .copied()
+                    .collect(),
+            );
+        }
+        if owned.len() == target {
+            return Plan::Keep;
+        }
+        let start = (slot * 17).rem_euclid(SHARDS);
+        Plan::Take {
+            candidates: (0..SHARDS)
+                .map(|i| (start + i) % SHARDS)
+                .filter(|s| !owned.contains(s))
+                .collect(),
+            need: target - owned.len(),
+        }
     }
-    // Start from a place that depends on the slot, so members try different shards.
-    let start = (slot * 17).rem_euclid(SHARDS);
-    let candidates: Vec<i32> = (0..SHARDS)
-        .map(|i| (start + i) % SHARDS)
-        .filter(|s| !owned.contains(s))
-        .collect();
-    let got = try_lock(conn, space, &candidates).await?;
-    let need = target - owned.len();
-    let (keep, give_back) = got.split_at(got.len().min(need));
-    owned.extend(keep);
-    if !give_back.is_empty() {
-        unlock(conn, space, give_back).await?;
-    }
-    Ok((!keep.is_empty(), members))
 }
 
 /// Takes every shard no member holds, beside `owned`. Returns whether it took any.
