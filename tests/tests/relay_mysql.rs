@@ -1,17 +1,20 @@
 //! The relay on MariaDB (the machine's 10.11; MySQL 8 cannot be had here): end to end, ids
 //! committed out of their order, several relays sharing the shards with per-key order, a relay
-//! whose session is killed, and what it refuses.
+//! whose session is killed, refused records (retried, parked, held with their key), and what it
+//! refuses.
 
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use outbox_runtime::relay::{Relay, RelayBuilder};
-use outbox_runtime::Uow;
+use outbox_runtime::{OutboxEvent, Uow};
 use outbox_tests::deposits::{consume_all, deposit, Deposited, PARTITIONS, TOPIC};
-use outbox_tests::kafka::{Kafka, Received};
+use outbox_tests::kafka::{consume, Kafka, Received};
 use outbox_tests::mysql::{count, MySqlTestDb};
 use outbox_tests::payments::wait_for;
 use outbox_tests::Running;
+use rdkafka::types::RDKafkaRespErr;
+use serde::Serialize;
 use sqlx::MySqlPool;
 
 /// A relay on `db` publishing to `kafka`, quick to notice work and to retry.
@@ -275,4 +278,147 @@ fn relay_on_mysql_with_retention(db: &MySqlTestDb, kafka: &Kafka) -> outbox_runt
             86_400,
         )))
         .build()
+}
+
+/// The relay's status once `done` holds, within 30 s.
+async fn status_when(
+    relay: &Relay,
+    what: &str,
+    done: impl Fn(&outbox_runtime::relay::RelayStatus) -> bool,
+) -> outbox_runtime::relay::RelayStatus {
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = relay.status().await.unwrap();
+        if done(&status) {
+            return status;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{what}: {status:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_record_counts_attempts_then_parks_with_its_error() {
+    let db = MySqlTestDb::new().await;
+    let kafka = Kafka::mock();
+    kafka.create_topic(TOPIC, 1).await;
+    let mut uow = Uow::begin(&db.pool).await.unwrap();
+    uow.emit(&deposit(1, 0)).await.unwrap();
+    uow.commit().await.unwrap();
+    kafka.fail_produce_requests(&[RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_REQUEST; 20]);
+    let relay = relay(&db, &kafka).max_attempts(3).build().unwrap();
+    let running = Running::relay(&relay);
+    let status = status_when(&relay, "parked", |s| s.parked == 1).await;
+    assert_eq!((status.unpublished, status.retrying), (0, 0), "{status:?}");
+    let (attempts, error, waiting): (i32, String, i64) = sqlx::query_as(
+        "SELECT attempts, CAST(last_error AS CHAR), next_attempt_at IS NOT NULL \
+         FROM outbox_event",
+    )
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!((attempts, waiting), (3, 0));
+    assert!(error.contains("Invalid request"), "{error}");
+    running.stop().await;
+}
+
+#[derive(Serialize, OutboxEvent)]
+#[outbox(
+    topic = "account.audit",
+    aggregate_type = "Account",
+    event_type = "Audited"
+)]
+struct Audited {
+    #[outbox(aggregate_id)]
+    account: String,
+    seq: u64,
+}
+
+/// Producer settings of a broker that does not create topics on first use.
+fn no_auto_create() -> rdkafka::ClientConfig {
+    let mut config = rdkafka::ClientConfig::new();
+    config.set("allow.auto.create.topics", "false");
+    config
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_topic_holds_its_key_and_only_its_key_until_it_exists() {
+    let db = MySqlTestDb::new().await;
+    let kafka = Kafka::mock();
+    kafka.create_topic(TOPIC, PARTITIONS).await;
+    // acct-1: a deposit, an audit event (its topic missing), two more deposits; acct-2:
+    // deposits only.
+    let mut uow = Uow::begin(&db.pool).await.unwrap();
+    uow.emit(&deposit(1, 0)).await.unwrap();
+    uow.emit(&Audited {
+        account: "acct-1".into(),
+        seq: 1,
+    })
+    .await
+    .unwrap();
+    uow.emit(&deposit(1, 2)).await.unwrap();
+    uow.emit(&deposit(1, 3)).await.unwrap();
+    for seq in 0..3 {
+        uow.emit(&deposit(2, seq)).await.unwrap();
+    }
+    uow.commit().await.unwrap();
+    let relay = relay(&db, &kafka)
+        .producer_config(no_auto_create())
+        .brokers(kafka.bootstrap())
+        .max_attempts(2)
+        .build()
+        .unwrap();
+    let running = Running::relay(&relay);
+    let early = consume(
+        &kafka.bootstrap(),
+        TOPIC,
+        PARTITIONS,
+        Duration::from_secs(30),
+        |r| r.len() >= 4,
+    )
+    .await;
+    let status = status_when(&relay, "held", |s| s.held == 1).await;
+    assert_eq!((status.unpublished, status.parked), (3, 0), "{status:?}");
+    // Held, never parked, however many tries (max_attempts is 2); acct-1's later deposits
+    // wait behind it while acct-2's went out.
+    wait_for(
+        "the held record tried twice more",
+        Duration::from_secs(30),
+        || async {
+            // Each try sets its next one 500 ms on (the backoff's cap): past 1.2 s from the first
+            // hold, it was tried at least three times in all.
+            count(
+                &db.pool,
+                "SELECT COUNT(*) FROM outbox_event \
+             WHERE TIMESTAMPDIFF(MICROSECOND, held_at, next_attempt_at) > 1200000",
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+    let status = relay.status().await.unwrap();
+    assert_eq!((status.held, status.parked), (1, 0), "{status:?}");
+    let acct1: Vec<u64> = early
+        .iter()
+        .filter(|r| r.key == "acct-1")
+        .map(|r| r.payload["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(acct1, [0]);
+    assert_eq!(early.iter().filter(|r| r.key == "acct-2").count(), 3);
+    let attempts = count(&db.pool, "SELECT MAX(attempts) FROM outbox_event").await;
+    assert_eq!(attempts, 0, "a hold is not an attempt");
+    // The topic appears: the audit event goes out, then the deposits behind it, in order.
+    kafka.create_topic("account.audit", 1).await;
+    wait_until_published(&db.pool, Duration::from_secs(60)).await;
+    let deposits = consume_all(&kafka, 6, Duration::from_secs(30)).await;
+    let acct1: Vec<u64> = deposits
+        .iter()
+        .filter(|r| r.key == "acct-1")
+        .map(|r| r.payload["seq"].as_u64().unwrap())
+        .collect();
+    assert_eq!(acct1, [0, 2, 3]);
+    let status = relay.status().await.unwrap();
+    assert_eq!((status.held, status.parked, status.unpublished), (0, 0, 0));
+    running.stop().await;
 }
