@@ -6,11 +6,12 @@
 use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
-use outbox_runtime::relay::{Relay, RelayBuilder};
+use outbox_runtime::relay::{JetStream, Relay, RelayBuilder};
 use outbox_runtime::{OutboxEvent, Uow};
 use outbox_tests::deposits::{consume_all, deposit, Deposited, PARTITIONS, TOPIC};
 use outbox_tests::kafka::{consume, Kafka, Received};
 use outbox_tests::mysql::{count, MySqlTestDb};
+use outbox_tests::nats::NatsServer;
 use outbox_tests::payments::wait_for;
 use outbox_tests::Running;
 use rdkafka::types::RDKafkaRespErr;
@@ -127,6 +128,29 @@ async fn publishes_every_event_in_key_order() {
     assert_eq!((status.unpublished, status.parked), (0, 0));
     assert_eq!(status.oldest_unpublished_age, None);
     assert!(relay.ready().await.is_ok());
+    running.stop().await;
+}
+
+/// The relay is the same on every broker: JetStream here (its own nats-server).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn publishes_to_jetstream_in_key_order() {
+    let db = MySqlTestDb::new().await;
+    let server = NatsServer::start().await;
+    server.create_stream("ACCOUNTS", TOPIC, |_| {}).await;
+    let relay = Relay::builder(db.pool.clone())
+        .jetstream(JetStream::new(server.client().await))
+        .poll_interval(Duration::from_millis(100))
+        .publish_timeout(Duration::from_secs(2))
+        .failover_timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let running = Running::relay(&relay);
+    let n = emit_events(&db.pool, 40, 10, 25).await;
+    let received = server
+        .read_stream_when("ACCOUNTS", n as u64, Duration::from_secs(60))
+        .await;
+    wait_until_published(&db.pool, Duration::from_secs(30)).await;
+    assert_eq!(check_delivery(&db.pool, &received, n).await, 0);
     running.stop().await;
 }
 
