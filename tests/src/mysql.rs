@@ -4,6 +4,7 @@
 //! `outbox`, password `outbox`). When that user cannot sign in, it is created through root's
 //! local socket, as `.ci/run` does.
 
+use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use sqlx::mysql::MySqlPoolOptions;
@@ -128,4 +129,195 @@ impl Drop for MySqlTestDb {
         });
         let _ = dropper.join();
     }
+}
+
+/// A MariaDB server of a test's own (`mariadbd` from Debian's package, its own data directory
+/// and port), to kill and start again; root signs in without a password from 127.0.0.1, and the
+/// tests' user `outbox` exists. Killed, and its directory removed, when dropped.
+#[derive(Debug)]
+pub struct MariaDbServer {
+    port: u16,
+    dir: std::path::PathBuf,
+    child: Option<std::process::Child>,
+}
+
+impl MariaDbServer {
+    pub async fn start() -> MariaDbServer {
+        let port = std::net::TcpListener::bind("127.0.0.1:0")
+            .and_then(|l| l.local_addr())
+            .expect("free port")
+            .port();
+        let dir = std::env::temp_dir().join(format!("outbox-mariadb-{}", uuid::Uuid::new_v4()));
+        std::fs::create_dir_all(&dir).expect("data directory");
+        let run = |program: &str, args: &[&str]| {
+            let status = std::process::Command::new(program)
+                .args(args)
+                .stdout(std::process::Stdio::null())
+                .stderr(std::process::Stdio::null())
+                .status();
+            assert!(
+                status.is_ok_and(|s| s.success()),
+                "{program} {args:?} failed"
+            );
+        };
+        let d = dir
+            .to_str()
+            .expect("a UTF-8 temporary directory")
+            .to_owned();
+        run("chown", &["mysql:mysql", &d]);
+        run(
+            "mariadb-install-db",
+            &[
+                "--no-defaults",
+                &format!("--datadir={d}/data"),
+                "--user=mysql",
+                "--auth-root-authentication-method=normal",
+            ],
+        );
+        let mut server = MariaDbServer {
+            port,
+            dir,
+            child: None,
+        };
+        server.spawn().await;
+        let mut root = server.root().await;
+        sqlx::raw_sql(
+            "CREATE USER 'outbox'@'127.0.0.1' IDENTIFIED BY 'outbox'; \
+             GRANT ALL PRIVILEGES ON *.* TO 'outbox'@'127.0.0.1'",
+        )
+        .execute(&mut root)
+        .await
+        .expect("create the tests' user");
+        server
+    }
+
+    /// Starts `mariadbd` and waits until root can sign in (crash recovery included).
+    async fn spawn(&mut self) {
+        let d = self.dir.to_str().expect("UTF-8").to_owned();
+        let child = std::process::Command::new("mariadbd")
+            .args([
+                "--no-defaults",
+                &format!("--datadir={d}/data"),
+                &format!("--port={}", self.port),
+                "--bind-address=127.0.0.1",
+                &format!("--socket={d}/sock"),
+                &format!("--pid-file={d}/pid"),
+                "--user=mysql",
+                &format!("--log-error={d}/err.log"),
+            ])
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .spawn()
+            .expect("start mariadbd");
+        self.child = Some(child);
+        let _ = self.root().await;
+    }
+
+    /// A connection as root, once the server answers (within 60 s).
+    pub async fn root(&self) -> MySqlConnection {
+        let url = format!("mysql://root@127.0.0.1:{}/", self.port);
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+        loop {
+            match MySqlConnection::connect(&url).await {
+                Ok(conn) => return conn,
+                Err(e) => {
+                    assert!(
+                        std::time::Instant::now() < deadline,
+                        "mariadbd on port {} does not answer: {e}",
+                        self.port
+                    );
+                    tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+
+    /// A fresh database on this server, migrated, and a pool of `connections` to it.
+    pub async fn database(&self, name: &str, connections: u32) -> MySqlPool {
+        let mut root = self.root().await;
+        sqlx::raw_sql(&format!("CREATE DATABASE {name}"))
+            .execute(&mut root)
+            .await
+            .expect("create the database");
+        let pool = MySqlPoolOptions::new()
+            .max_connections(connections)
+            .acquire_timeout(std::time::Duration::from_secs(5))
+            .connect(&format!(
+                "mysql://outbox:outbox@127.0.0.1:{}/{name}",
+                self.port
+            ))
+            .await
+            .expect("connect to the test server");
+        outbox_runtime::mysql::migrate(&pool)
+            .await
+            .expect("migrate the test server's database");
+        pool
+    }
+
+    /// SIGKILL: no shutdown, InnoDB recovers at the next start.
+    pub fn kill(&mut self) {
+        if let Some(mut child) = self.child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts it again (after [`kill`](Self::kill)) on the same data and port.
+    pub async fn restart(&mut self) {
+        self.spawn().await;
+    }
+}
+
+impl Drop for MariaDbServer {
+    fn drop(&mut self) {
+        self.kill();
+        let _ = std::fs::remove_dir_all(&self.dir);
+    }
+}
+
+/// Checks what Kafka received against the outbox: every row arrived, each as written, and the
+/// first copy of each key's events came in `id` order. Returns the duplicates.
+pub async fn check_delivery(
+    pool: &MySqlPool,
+    received: &[crate::kafka::Received],
+    expected: usize,
+) -> usize {
+    let rows: Vec<(i64, String, String, String)> = sqlx::query_as(
+        "SELECT id, LOWER(HEX(event_id)), CAST(partition_key AS CHAR), CAST(payload AS CHAR) \
+         FROM outbox_event",
+    )
+    .fetch_all(pool)
+    .await
+    .unwrap();
+    assert_eq!(rows.len(), expected);
+    let by_id: HashMap<i64, _> = rows.iter().map(|r| (r.0, r)).collect();
+    let mut seen = HashSet::new();
+    let mut last_of_key: HashMap<&str, i64> = HashMap::new();
+    let mut duplicates = 0;
+    for r in received {
+        let id = r.outbox_id();
+        let row = by_id
+            .get(&id)
+            .unwrap_or_else(|| panic!("record of unknown outbox id {id}"));
+        assert_eq!(r.header("event_id").replace('-', ""), row.1);
+        assert_eq!(r.key, row.2);
+        assert_eq!(r.header("aggregate_type"), "Account");
+        assert_eq!(r.header("event_type"), "Deposited");
+        let stored: serde_json::Value = serde_json::from_str(&row.3).unwrap();
+        assert_eq!(r.payload, stored);
+        if !seen.insert(id) {
+            duplicates += 1;
+            continue;
+        }
+        let last = last_of_key.entry(row.2.as_str()).or_insert(0);
+        assert!(
+            id > *last,
+            "key {} went out of order: outbox id {id} after {}",
+            row.2,
+            *last
+        );
+        *last = id;
+    }
+    assert_eq!(seen.len(), expected, "every event arrived");
+    duplicates
 }

@@ -3,14 +3,13 @@
 //! whose session is killed, refused records (retried, parked, held with their key), and what it
 //! refuses.
 
-use std::collections::{HashMap, HashSet};
 use std::time::Duration;
 
 use outbox_runtime::relay::{JetStream, Relay, RelayBuilder};
 use outbox_runtime::{OutboxEvent, Uow};
 use outbox_tests::deposits::{consume_all, deposit, Deposited, PARTITIONS, TOPIC};
 use outbox_tests::kafka::{consume, Kafka, Received};
-use outbox_tests::mysql::{count, MySqlTestDb};
+use outbox_tests::mysql::{check_delivery, count, MySqlTestDb};
 use outbox_tests::nats::NatsServer;
 use outbox_tests::payments::wait_for;
 use outbox_tests::Running;
@@ -56,49 +55,6 @@ async fn emit_events(pool: &MySqlPool, keys: usize, per_key: u64, batch: usize) 
         n += t.await.unwrap();
     }
     n
-}
-
-/// Checks what Kafka received against the outbox: every row arrived, each as written, and the
-/// first copy of each key's events came in `id` order. Returns the duplicates.
-async fn check_delivery(pool: &MySqlPool, received: &[Received], expected: usize) -> usize {
-    let rows: Vec<(i64, String, String, String)> = sqlx::query_as(
-        "SELECT id, LOWER(HEX(event_id)), CAST(partition_key AS CHAR), CAST(payload AS CHAR) \
-         FROM outbox_event",
-    )
-    .fetch_all(pool)
-    .await
-    .unwrap();
-    assert_eq!(rows.len(), expected);
-    let by_id: HashMap<i64, _> = rows.iter().map(|r| (r.0, r)).collect();
-    let mut seen = HashSet::new();
-    let mut last_of_key: HashMap<&str, i64> = HashMap::new();
-    let mut duplicates = 0;
-    for r in received {
-        let id = r.outbox_id();
-        let row = by_id
-            .get(&id)
-            .unwrap_or_else(|| panic!("record of unknown outbox id {id}"));
-        assert_eq!(r.header("event_id").replace('-', ""), row.1);
-        assert_eq!(r.key, row.2);
-        assert_eq!(r.header("aggregate_type"), "Account");
-        assert_eq!(r.header("event_type"), "Deposited");
-        let stored: serde_json::Value = serde_json::from_str(&row.3).unwrap();
-        assert_eq!(r.payload, stored);
-        if !seen.insert(id) {
-            duplicates += 1;
-            continue;
-        }
-        let last = last_of_key.entry(row.2.as_str()).or_insert(0);
-        assert!(
-            id > *last,
-            "key {} went out of order: outbox id {id} after {}",
-            row.2,
-            *last
-        );
-        *last = id;
-    }
-    assert_eq!(seen.len(), expected, "every event arrived");
-    duplicates
 }
 
 async fn wait_until_published(pool: &MySqlPool, timeout: Duration) {

@@ -39,7 +39,7 @@
 //!   writes take one per 4 MiB). An emit outside a transaction is refused: begin one.
 //! - **The relay keeps no cursor.** `AUTO_INCREMENT` ids are taken at insert, so a lower id
 //!   can become visible after a higher one; every claim reads the owned shards' unpublished rows
-//!   from the first (an index on `published_at, parked_at, id`), so such a row is published by
+//!   from the first (an index on `published_at, parked_at, id, key_bucket`), so such a row is published by
 //!   the next batch, and a key's order holds (the key lock above). Claims run at READ COMMITTED
 //!   (no gap locks that would stall emitters); a server logging statements
 //!   (`binlog_format=STATEMENT`) is refused, saying what to set.
@@ -51,8 +51,9 @@
 //!   once; otherwise the relay polls, 5 ms after the last rows it found, doubling up to its
 //!   `poll_interval` while it finds none (2 claims a second per idle relay at the default
 //!   500 ms). Units of work of another process are seen within that interval.
-//! - **Not yet on these databases**: the relay's health checks and retention beside it (refused
-//!   at `build`), the consumers, and the operator commands other than `migrate`.
+//! - **Not yet on these databases**: the relay's health checks (its health settings are
+//!   ignored) and retention beside it (refused at `build`), the consumers, and the operator
+//!   commands other than `migrate` and `relay`.
 //! - **Migrations** are not transactional (DDL commits on its own): each statement can run
 //!   again after a migration cut short, and `GET_LOCK` serializes concurrent runners.
 

@@ -4,23 +4,22 @@
 //! **No cursor.** `AUTO_INCREMENT` ids are taken at insert, not at commit, and nothing tells
 //! which ids are still in flight (PostgreSQL's relay reads that from its snapshot). So every
 //! claim reads the owned shards' unpublished rows from the first, through
-//! `ix_outbox_event_claim` (`published_at, parked_at, id`: both NULL, then `id` order, no
-//! sort): a lower id that commits after a higher one is claimed by the next batch. An
-//! uncommitted insert is locked, so `SKIP LOCKED` passes it; a later row of its key cannot be
-//! there yet (the emitter's key lock: a key's next transaction takes its id after the one
-//! before committed), so a key's order holds.
+//! `ix_outbox_event_claim` (`published_at, parked_at, id, key_bucket`: both NULL, then `id`
+//! order, no sort): a lower id that commits after a higher one is claimed by the next batch.
+//! The price: every claim walks the rows held back behind a key that waits for a retry
+//! (BENCHMARKS.md, "The relay on MariaDB").
 //!
-//! **READ COMMITTED.** Under REPEATABLE READ a claim that reaches the end of the unpublished
-//! rows gap-locks it, and every emitter's insert waits for the relay's batch; under READ
-//! COMMITTED a locking read takes no gap locks. With statement-based binary logging InnoDB
-//! refuses every write at READ COMMITTED: [`open`] says what to change.
+//! **READ COMMITTED**, on the relay's session: each statement reads what has committed when it
+//! runs, and a locking read takes no gap locks (under REPEATABLE READ a claim at the end of the
+//! unpublished rows would make every emitter's insert wait for the batch). With statement-based
+//! binary logging InnoDB refuses every write at READ COMMITTED: [`open`] says what to change.
 //!
 //! **Shards.** A key's shard is `key_bucket & 63` (the bucket its emitter locked, CRC32 of the
 //! key); an instance owns shards through session-level named locks (`GET_LOCK`), released by
 //! the server when the session ends (closed, killed, or idle past `wait_timeout`, which the
 //! relay's session sets to the failover timeout).
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use sqlx::{Connection, Executor, MySqlConnection, MySqlPool, Row};
@@ -47,27 +46,37 @@ pub(crate) struct Session {
 /// A relay session: out of the pool, set up, checked, with a member slot.
 pub(crate) async fn open(pool: &MySqlPool, failover: Duration) -> Result<Session> {
     let mut conn = pool.acquire().await?.detach();
-    let secs = failover.as_secs().max(1);
+    // Whole seconds, rounded up: the session must outlive the relay's own waits.
+    let secs = failover.as_secs_f64().ceil().max(1.0) as u64;
+    let row = sqlx::query(
+        "SELECT VERSION(), DATABASE(), CAST(@@log_bin AS SIGNED), CAST(@@binlog_format AS CHAR), \
+                (SELECT COUNT(*) FROM information_schema.COLUMNS \
+                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'outbox_event' \
+                   AND COLUMN_NAME = 'waiting_bucket'), \
+                CONCAT('outbox:r:', MD5(DATABASE())), \
+                CAST(@@read_only AS SIGNED) + CAST(@@innodb_read_only AS SIGNED)",
+    )
+    .fetch_one(&mut conn)
+    .await?;
+    let version: String = row.try_get(0)?;
+    super::migrate::check_version(&version)?;
+    // A statement the relay gave up on (its failover timeout) is ended by the server too, not
+    // left running with the session's locks: MariaDB bounds every statement, MySQL SELECTs.
+    let statement_limit = if version.contains("MariaDB") {
+        format!("SESSION max_statement_time = {secs}")
+    } else {
+        format!("SESSION max_execution_time = {}", secs * 1000)
+    };
     // (`Executor`'s methods, not `RawSql`'s: those are generic over the executor, and trip
     // the compiler's `Send` analysis of the relay's future.)
     let settings = format!(
         "SET SESSION TRANSACTION ISOLATION LEVEL READ COMMITTED; \
          SET SESSION autocommit = 1, SESSION wait_timeout = {secs}, \
              SESSION net_read_timeout = {secs}, SESSION net_write_timeout = {secs}, \
-             SESSION innodb_lock_wait_timeout = {secs}, SESSION group_concat_max_len = 4194304"
+             SESSION innodb_lock_wait_timeout = {secs}, SESSION group_concat_max_len = 4194304, \
+             {statement_limit}"
     );
     conn.execute(sqlx::raw_sql(&settings)).await?;
-    let row = sqlx::query(
-        "SELECT VERSION(), DATABASE(), CAST(@@log_bin AS SIGNED), CAST(@@binlog_format AS CHAR), \
-                (SELECT COUNT(*) FROM information_schema.COLUMNS \
-                 WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'outbox_event' \
-                   AND COLUMN_NAME = 'held_at'), \
-                CONCAT('outbox:r:', MD5(DATABASE()))",
-    )
-    .fetch_one(&mut conn)
-    .await?;
-    let version: String = row.try_get(0)?;
-    super::migrate::check_version(&version)?;
     let database: Option<String> = row.try_get(1)?;
     if database.is_none() {
         return Err(Error::Config(
@@ -87,18 +96,26 @@ pub(crate) async fn open(pool: &MySqlPool, failover: Duration) -> Result<Session
         ));
     }
     let prefix: String = row.try_get(5)?;
+    let read_only: i64 = row.try_get(6)?;
+    if read_only != 0 {
+        return Err(Error::Config(
+            "the MariaDB/MySQL server is read-only (read_only or innodb_read_only: a replica?): \
+             point the relay at the primary, where the application writes its outbox"
+                .into(),
+        ));
+    }
     let slot = join(&mut conn, &prefix).await?;
     Ok(Session { conn, prefix, slot })
 }
 
 /// Refuses statement-based binary logging: InnoDB refuses every write at READ COMMITTED
-/// there (error 1665), and `SKIP LOCKED` is unsafe for it.
+/// there (error 1665).
 pub(crate) fn check_binlog(log_bin: bool, format: &str) -> Result<()> {
     if log_bin && format.eq_ignore_ascii_case("STATEMENT") {
         return Err(Error::Config(
-            "the server logs statements (binlog_format=STATEMENT): the relay claims at READ \
-             COMMITTED with SKIP LOCKED, which InnoDB allows only with row-based logging; set \
-             binlog_format=ROW (or MIXED) on the server"
+            "the server logs statements (binlog_format=STATEMENT): the relay marks rows at READ \
+             COMMITTED, where InnoDB writes only with row-based logging; set binlog_format=ROW \
+             (or MIXED) on the server"
                 .into(),
         ));
     }
@@ -199,7 +216,8 @@ const CLAIMED_COLUMNS: &str = "o.id, o.event_id, CAST(o.topic AS CHAR), \
 
 /// Begins the batch's transaction and claims up to `limit` rows of the owned shards, in `id`
 /// order from the first unpublished: not parked, not waiting for a retry, and not behind a row
-/// of their key that waits for one (the retry index: few rows). One round trip.
+/// of their key that waits for one (`ix_outbox_event_waiting`: the waiting rows alone). One
+/// round trip.
 ///
 /// **Found first, then locked by id.** A locking scan would lock each row it reads before the
 /// server tests the rest of its `WHERE` (the shard, the held keys), and free it only then: a
@@ -228,10 +246,10 @@ pub(crate) async fn claim(
              SELECT f.id FROM outbox_event f FORCE INDEX (ix_outbox_event_claim) \
              WHERE f.published_at IS NULL AND f.parked_at IS NULL{of_shards} \
                AND (f.next_attempt_at IS NULL OR f.next_attempt_at <= UTC_TIMESTAMP(6)) \
-               AND NOT EXISTS (SELECT 1 FROM outbox_event b FORCE INDEX (ix_outbox_event_retry) \
-                   WHERE b.next_attempt_at > UTC_TIMESTAMP(6) AND b.published_at IS NULL \
-                     AND b.parked_at IS NULL AND b.key_bucket = f.key_bucket \
-                     AND b.partition_key = f.partition_key AND b.id < f.id) \
+               AND NOT EXISTS (SELECT 1 FROM outbox_event b FORCE INDEX (ix_outbox_event_waiting) \
+                   WHERE b.waiting_bucket = f.key_bucket AND b.id < f.id \
+                     AND b.next_attempt_at > UTC_TIMESTAMP(6) \
+                     AND b.partition_key = f.partition_key) \
              ORDER BY f.id LIMIT {limit}) c; \
          SET @outbox_claim_sql = CONCAT('SELECT {columns} FROM outbox_event o \
              WHERE o.id IN (', COALESCE(@outbox_claim, '0'), ') \
@@ -265,60 +283,107 @@ fn claimed(r: &sqlx::mysql::MySqlRow) -> Result<Claimed> {
     })
 }
 
-/// Records the batch's outcome and commits, in one round trip: `published` rows get
-/// `published_at`, `failed` rows an attempt (parked at `max_attempts`) or a hold. Returns how
-/// many it parked; `attempts` is each failed row's count as claimed (the row is locked).
+/// Records the batch's outcome and commits: `published` rows get `published_at`, `failed`
+/// rows an attempt (parked at `max_attempts`) or a hold. Returns how many it parked;
+/// `attempts` is each failed row's count as claimed (the row is locked). One round trip
+/// (one statement per kind of outcome: the failures sharing an error, a backoff and a fate
+/// are one update), more only past [`MAX_ROUND_TRIP`].
 pub(crate) async fn finish(
     session: &mut Session,
     published: &[i64],
     failed: &[(Refused, i32)],
     max_attempts: i32,
 ) -> Result<u64> {
-    let mut sql = String::with_capacity(published.len() * 12 + failed.len() * 256 + 160);
-    if !published.is_empty() {
-        sql.push_str(
+    let mut statements = Vec::new();
+    for ids in published.chunks(IDS_PER_STATEMENT) {
+        statements.push(format!(
             "UPDATE outbox_event SET published_at = UTC_TIMESTAMP(6), next_attempt_at = NULL, \
-             held_at = NULL WHERE id IN (",
-        );
-        push_ids(&mut sql, published.iter());
-        sql.push_str("); ");
+             held_at = NULL WHERE id IN ({})",
+            id_list(ids)
+        ));
     }
     let mut parked = 0;
+    let mut alike: BTreeMap<(bool, bool, i64, &str), Vec<i64>> = BTreeMap::new();
     for (f, attempts) in failed {
         let parks = !f.held && attempts + 1 >= max_attempts;
         parked += u64::from(parks);
-        let micros = (f.backoff_secs * 1e6) as i64;
-        sql.push_str(&format!(
-            "UPDATE outbox_event SET attempts = attempts + {}, last_error = ",
-            u8::from(!f.held)
-        ));
-        super::emit::push_text(&mut sql, &f.error);
-        if parks {
-            sql.push_str(", next_attempt_at = NULL, parked_at = UTC_TIMESTAMP(6)");
-        } else {
-            sql.push_str(&format!(
-                ", next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL {micros} MICROSECOND"
-            ));
-        }
-        if f.held {
-            sql.push_str(", held_at = COALESCE(held_at, UTC_TIMESTAMP(6))");
-        } else {
-            sql.push_str(", held_at = NULL");
-        }
-        sql.push_str(&format!(" WHERE id = {}; ", f.id));
+        let micros = (f.backoff_secs.min(MAX_BACKOFF_SECS) * 1e6) as i64;
+        alike
+            .entry((f.held, parks, micros, cut(&f.error, MAX_ERROR_BYTES)))
+            .or_default()
+            .push(f.id);
     }
-    sql.push_str("COMMIT");
-    session.conn.execute(sqlx::raw_sql(&sql)).await?;
+    for ((held, parks, micros, error), ids) in alike {
+        for ids in ids.chunks(IDS_PER_STATEMENT) {
+            let mut sql = format!(
+                "UPDATE outbox_event SET attempts = attempts + {}, last_error = ",
+                u8::from(!held)
+            );
+            super::emit::push_text(&mut sql, error);
+            if parks {
+                sql.push_str(", next_attempt_at = NULL, parked_at = UTC_TIMESTAMP(6)");
+            } else {
+                sql.push_str(&format!(
+                    ", next_attempt_at = UTC_TIMESTAMP(6) + INTERVAL {micros} MICROSECOND"
+                ));
+            }
+            if held {
+                sql.push_str(", held_at = COALESCE(held_at, UTC_TIMESTAMP(6))");
+            } else {
+                sql.push_str(", held_at = NULL");
+            }
+            sql.push_str(&format!(" WHERE id IN ({})", id_list(ids)));
+            statements.push(sql);
+        }
+    }
+    let mut script = String::new();
+    for statement in statements {
+        if !script.is_empty() && script.len() + statement.len() > MAX_ROUND_TRIP {
+            session.conn.execute(sqlx::raw_sql(&script)).await?;
+            script.clear();
+        }
+        script.push_str(&statement);
+        script.push_str("; ");
+    }
+    script.push_str("COMMIT");
+    session.conn.execute(sqlx::raw_sql(&script)).await?;
     Ok(parked)
 }
 
-fn push_ids<'a>(sql: &mut String, ids: impl Iterator<Item = &'a i64>) {
-    for (i, id) in ids.enumerate() {
-        if i > 0 {
-            sql.push(',');
-        }
-        sql.push_str(&id.to_string());
+/// Ids in one `IN (...)` list, at most.
+const IDS_PER_STATEMENT: usize = 10_000;
+
+/// A round trip of `finish` is at most this long (MariaDB's default `max_allowed_packet` is
+/// 16 MiB, MySQL's 64 MiB; a larger one would end the connection).
+const MAX_ROUND_TRIP: usize = 4 << 20;
+
+/// A broker's error is kept to this many bytes in `last_error` (a `TEXT`: 65,535 at most).
+const MAX_ERROR_BYTES: usize = 8 << 10;
+
+/// A retry is never set further than this (30 days): beyond, a date could overflow.
+const MAX_BACKOFF_SECS: f64 = 30.0 * 86_400.0;
+
+/// `text` cut to at most `max` bytes, at a character's boundary.
+fn cut(text: &str, max: usize) -> &str {
+    if text.len() <= max {
+        return text;
     }
+    let mut end = max;
+    while !text.is_char_boundary(end) {
+        end -= 1;
+    }
+    &text[..end]
+}
+
+fn id_list(ids: &[i64]) -> String {
+    let mut list = String::with_capacity(ids.len() * 12);
+    for (i, id) in ids.iter().enumerate() {
+        if i > 0 {
+            list.push(',');
+        }
+        list.push_str(&id.to_string());
+    }
+    list
 }
 
 /// Ends a batch without recording anything.
@@ -358,6 +423,13 @@ pub(crate) async fn backlog(pool: &MySqlPool) -> Result<(i64, i64, i64, i64, Opt
 #[cfg(test)]
 mod tests {
     use super::check_binlog;
+
+    #[test]
+    fn an_error_is_cut_at_a_character_boundary() {
+        assert_eq!(super::cut("abc", 8), "abc");
+        assert_eq!(super::cut("héllo", 2), "h");
+        assert_eq!(super::cut("héllo", 3), "hé");
+    }
 
     #[test]
     fn statement_based_logging_is_refused_with_what_to_change() {

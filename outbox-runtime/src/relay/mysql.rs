@@ -48,8 +48,13 @@ pub(super) async fn run(
     let aside = settings.poll_interval.max(Duration::from_secs(1));
     while !cancel.is_cancelled() {
         if gauges_at.is_none_or(|t| t.elapsed() >= GAUGES_EVERY) {
+            // On a task of its own: the session waits idle meanwhile, and must not outlive
+            // its `wait_timeout` because the backlog's count is slow.
             gauges_at = Some(Instant::now());
-            let _ = tokio::time::timeout(aside, report(pool)).await;
+            let pool = pool.clone();
+            tokio::spawn(async move {
+                let _ = tokio::time::timeout(aside, report(&pool)).await;
+            });
         }
         // Commits from here on may be of rows this step's claim does not see.
         commits.borrow_and_update();
@@ -71,10 +76,12 @@ pub(super) async fn run(
                     settings.poll_interval.min(REBALANCE_EVERY)
                 };
                 idle = (idle * 2).min(settings.poll_interval);
+                // An instance without shards has nothing to publish whatever commits.
+                let owns = instance.owns_shards();
                 tokio::select! {
                     () = cancel.cancelled() => {}
                     () = tokio::time::sleep(wait) => {}
-                    _ = commits.changed() => {}
+                    _ = commits.changed(), if owns => {}
                 }
             }
             Err(e) => {
@@ -231,11 +238,13 @@ impl<'r> Instance<'r> {
         };
         // No cursor to keep: a row neither published nor recorded is claimed again next time.
         let sorted = super::outcomes::sort(&rows, outcomes, relay);
+        let attempts: std::collections::HashMap<i64, i32> =
+            rows.iter().map(|r| (r.id, r.attempts)).collect();
         let failed: Vec<_> = sorted
             .failed
             .into_iter()
             .map(|f| {
-                let attempts = rows.iter().find(|r| r.id == f.id).map_or(0, |r| r.attempts);
+                let attempts = attempts.get(&f.id).copied().unwrap_or(0);
                 (f, attempts)
             })
             .collect();
