@@ -74,12 +74,17 @@ async fn the_server_killed_under_load_loses_nothing_and_keeps_each_keys_order() 
         .map(|_| Running::relay(&relay(&pool, &kafka).batch_size(50).build().unwrap()))
         .collect();
     let outcomes = Arc::new(Mutex::new(Outcomes::default()));
-    // Four writers, each its own ten keys, one unit of work per round with an event of each.
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    // Four writers, each its own ten keys, one unit of work per round with an event of each,
+    // until told to stop.
     let writers: Vec<_> = (0..4)
         .map(|w| {
-            let (pool, outcomes) = (pool.clone(), Arc::clone(&outcomes));
+            let (pool, outcomes, stop) = (pool.clone(), Arc::clone(&outcomes), Arc::clone(&stop));
             tokio::spawn(async move {
-                for seq in 0..60u64 {
+                for seq in 0.. {
+                    if stop.load(std::sync::atomic::Ordering::Relaxed) {
+                        break;
+                    }
                     let events: Vec<Deposited> =
                         (0..10).map(|k| deposit(w * 10 + k, seq)).collect();
                     let result = async {
@@ -111,6 +116,18 @@ async fn the_server_killed_under_load_loses_nothing_and_keeps_each_keys_order() 
     server.kill();
     tokio::time::sleep(Duration::from_secs(1)).await;
     server.restart().await;
+    // The writers go on until 400 more events committed after the restart.
+    let committed = || outcomes.lock().unwrap().committed.len();
+    let before = committed();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
+    while committed() < before + 400 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "writes never resumed"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
     for w in writers {
         w.await.unwrap();
     }
@@ -135,7 +152,8 @@ async fn the_server_killed_under_load_loses_nothing_and_keeps_each_keys_order() 
         })
         .collect();
     let o = std::mem::take(&mut *outcomes.lock().unwrap());
-    assert!(!o.failed.is_empty(), "the kill failed some units of work");
+    // (A writer between units of work when the server dies waits for a connection and goes on:
+    // not every kill fails one.)
     let lost: Vec<_> = o.committed.difference(&stored).collect();
     assert!(lost.is_empty(), "committed but not in the outbox: {lost:?}");
     let phantoms: Vec<_> = o.failed.intersection(&stored).collect();
