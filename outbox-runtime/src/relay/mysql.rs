@@ -207,12 +207,7 @@ impl<'r> Instance<'r> {
         if self.shards.is_empty() {
             return Ok(Step::Empty);
         }
-        let span = tracing::info_span!(
-            "outbox_relay_batch",
-            claimed = tracing::field::Empty,
-            published = tracing::field::Empty,
-            shards = self.shards.len()
-        );
+        let span = super::outcomes::batch_span(self.shards.len());
         // On an error the caller drops the connection (`reset`), which ends the transaction.
         self.batch().instrument(span).await
     }

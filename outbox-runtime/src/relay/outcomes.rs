@@ -78,6 +78,16 @@ pub(super) fn sort(rows: &[Claimed], outcomes: Vec<Outcome>, relay: &Settings) -
     sorted
 }
 
+/// The span a batch runs in, `outbox_relay_batch` (its counts recorded as it goes).
+pub(super) fn batch_span(shards: usize) -> tracing::Span {
+    tracing::info_span!(
+        "outbox_relay_batch",
+        claimed = tracing::field::Empty,
+        published = tracing::field::Empty,
+        shards
+    )
+}
+
 /// Counts a recorded batch in the relay's metrics (and logs what was parked).
 pub(super) fn count(published: u64, failed: usize, parked: u64, started: Instant) {
     tracing::Span::current().record("published", published);
