@@ -72,8 +72,8 @@ fn is_mysql(url: &str) -> bool {
 async fn connect(db: &Db, max_connections: u32) -> Result<PgPool> {
     if is_mysql(&db.database_url) {
         return Err(
-            "MariaDB/MySQL: only `outbox migrate` and `outbox relay` take a mysql:// URL so \
-             far; the consumers and the other commands on it are not built yet"
+            "MariaDB/MySQL: only `outbox migrate`, `outbox relay` and `outbox status` take a \
+             mysql:// URL so far; the consumers and the other commands on it are not built yet"
                 .into(),
         );
     }

@@ -6,7 +6,7 @@ use std::time::Duration;
 use outbox_runtime::admin::{self, Health, HealthThresholds, Status};
 use outbox_runtime::rabbitmq::QueueReport;
 
-use super::{chain, connect_migrated, print_json, Result};
+use super::{chain, connect_migrated, connect_mysql_migrated, is_mysql, print_json, Result};
 use crate::args::{Db, Queues};
 use crate::parse::human;
 use crate::ui;
@@ -19,6 +19,9 @@ pub async fn run(
     max_age: Option<Duration>,
     queues: &Queues,
 ) -> Result {
+    if is_mysql(&db.database_url) {
+        return run_mysql(db, json, check, max_age, queues).await;
+    }
     let pool = connect_migrated(db, 2).await?;
     let health = admin::health(&pool, thresholds).await.map_err(chain)?;
     let rabbitmq = match queues.settings() {
@@ -55,7 +58,40 @@ pub async fn run(
             health.warnings[0]
         ));
     }
-    let status = &health.status;
+    check_max_age(&health.status, max_age)
+}
+
+/// `outbox status` for a `mysql://` URL: the outbox's figures and the relay instances (the
+/// health checks, the inbox and the queues are not built for MariaDB/MySQL yet).
+async fn run_mysql(
+    db: &Db,
+    json: bool,
+    check: bool,
+    max_age: Option<Duration>,
+    queues: &Queues,
+) -> Result {
+    if check {
+        return Err(
+            "--check: the health checks are not built for MariaDB/MySQL yet (--max-age \
+                    is)"
+            .into(),
+        );
+    }
+    if queues.settings().is_some() {
+        return Err("the RabbitMQ queues' figures are not built for MariaDB/MySQL yet".into());
+    }
+    let pool = connect_mysql_migrated(db, 2).await?;
+    let status = outbox_runtime::mysql::status(&pool).await.map_err(chain)?;
+    if json {
+        print_json(&status)?;
+    } else {
+        print_outbox(&status);
+    }
+    check_max_age(&status, max_age)
+}
+
+/// `--max-age`: the oldest unpublished (or unprocessed) row is younger than `max_age`.
+fn check_max_age(status: &Status, max_age: Option<Duration>) -> Result {
     let Some(max_age) = max_age else {
         return Ok(());
     };
@@ -92,6 +128,11 @@ fn age(secs: Option<f64>) -> String {
 }
 
 fn print_status(status: &Status) {
+    print_outbox(status);
+    print_inbox(status);
+}
+
+fn print_outbox(status: &Status) {
     out!(
         "outbox ({} relay instances running)",
         status.relay_instances
@@ -128,6 +169,9 @@ fn print_status(status: &Status) {
             &rows,
         );
     }
+}
+
+fn print_inbox(status: &Status) {
     out!();
     out!(
         "inbox ({} inbox processors running)",

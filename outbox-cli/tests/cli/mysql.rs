@@ -1,5 +1,5 @@
 //! The CLI against a MariaDB database (issue 38): `migrate` applies the MySQL migrations,
-//! `relay` publishes its outbox; the commands not built for it yet say so.
+//! `relay` publishes its outbox, `status` shows it; the commands not built for it yet say so.
 
 use std::io::BufReader;
 use std::process::Stdio;
@@ -36,8 +36,8 @@ async fn migrate_applies_the_mysql_migrations_and_other_commands_say_what_works(
         stdout(&again)
     );
     assert_error(
-        &run(&db.url, &["status"]).await,
-        "only `outbox migrate` and `outbox relay` take a mysql:// URL so far",
+        &run(&db.url, &["cleanup", "--older-than", "30d"]).await,
+        "only `outbox migrate`, `outbox relay` and `outbox status` take a mysql:// URL so far",
     );
 }
 
@@ -79,6 +79,33 @@ async fn relay_publishes_a_mariadb_outbox_and_stops_on_sigterm() {
     })
     .await;
     assert_eq!(received.len(), total);
+    // `status` sees the two instances, and what they published in the last minute.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let status = run(&db.url, &["status", "--json"]).await;
+        assert_ok(&status);
+        let status: serde_json::Value = serde_json::from_str(&stdout(&status)).unwrap();
+        let topic = &status["outbox"][0];
+        if status["relay_instances"] == 2 && topic["published_last_minute"] == total {
+            assert_eq!(topic["topic"], TOPIC);
+            assert_eq!(topic["unpublished"], 0);
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "{status}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let text = run(&db.url, &["status", "--max-age", "1h"]).await;
+    assert_ok(&text);
+    let text = stdout(&text);
+    assert!(
+        text.contains("outbox (2 relay instances running)"),
+        "{text}"
+    );
+    assert!(text.contains(TOPIC), "{text}");
+    assert_error(
+        &run(&db.url, &["status", "--check"]).await,
+        "the health checks are not built for MariaDB/MySQL yet",
+    );
     signal(&child, "-TERM");
     assert_eq!(
         wait_exit(&mut child, Duration::from_secs(20)).await,

@@ -53,7 +53,7 @@
 //!   500 ms). Units of work of another process are seen within that interval.
 //! - **Not yet on these databases**: the relay's health checks (its health settings are
 //!   ignored) and retention beside it (refused at `build`), the consumers, and the operator
-//!   commands other than `migrate` and `relay`.
+//!   commands other than `migrate`, `relay` and `status` (its figures: [`status`]).
 //! - **Migrations** are not transactional (DDL commits on its own): each statement can run
 //!   again after a migration cut short, and `GET_LOCK` serializes concurrent runners.
 
@@ -61,12 +61,14 @@ mod emit;
 mod migrate;
 #[cfg(feature = "_broker")]
 pub(crate) mod relay;
+mod status;
 #[cfg(feature = "_broker")]
 pub(crate) mod wake;
 
 use uuid::Uuid;
 
 pub use migrate::{migrate, migrate_on, pending, MIGRATIONS};
+pub use status::status;
 
 use crate::event::{IntoRecord, OutboxEvent, OutboxRecord};
 use crate::uow::{into_records, EmitDatabase, EmitFuture};

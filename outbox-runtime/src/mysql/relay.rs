@@ -29,10 +29,9 @@ use crate::store::record::Claimed;
 use crate::store::relay::Refused;
 use crate::store::shards::{Plan, SHARDS};
 
-/// Member slots: a relay instance's slot is one of `0..MEMBER_SLOTS` (the first buckets of
-/// `outbox_key_lock` stand for them in the statements that count members). An instance past
-/// the 256th waits for a slot; the 64 shards would leave it idle anyway.
-const MEMBER_SLOTS: i32 = 256;
+// An instance past the 256th (`MEMBER_SLOTS`) waits for a slot; the 64 shards would leave it
+// idle anyway.
+use super::status::{LOCK_PREFIX_SQL, MEMBER_SLOTS};
 
 /// One relay instance's session: its connection and the names of its locks.
 pub(crate) struct Session {
@@ -48,14 +47,14 @@ pub(crate) async fn open(pool: &MySqlPool, failover: Duration) -> Result<Session
     let mut conn = pool.acquire().await?.detach();
     // Whole seconds, rounded up: the session must outlive the relay's own waits.
     let secs = failover.as_secs_f64().ceil().max(1.0) as u64;
-    let row = sqlx::query(
+    let row = sqlx::query(&format!(
         "SELECT VERSION(), DATABASE(), CAST(@@log_bin AS SIGNED), CAST(@@binlog_format AS CHAR), \
                 (SELECT COUNT(*) FROM information_schema.COLUMNS \
                  WHERE TABLE_SCHEMA = DATABASE() AND TABLE_NAME = 'outbox_event' \
                    AND COLUMN_NAME = 'waiting_bucket'), \
-                CONCAT('outbox:r:', MD5(DATABASE())), \
-                CAST(@@read_only AS SIGNED) + CAST(@@innodb_read_only AS SIGNED)",
-    )
+                {LOCK_PREFIX_SQL}, \
+                CAST(@@read_only AS SIGNED) + CAST(@@innodb_read_only AS SIGNED)"
+    ))
     .fetch_one(&mut conn)
     .await?;
     let version: String = row.try_get(0)?;
@@ -151,14 +150,7 @@ async fn join(conn: &mut MySqlConnection, prefix: &str) -> Result<i32> {
 /// Moves `owned` toward this instance's fair share of the shards. Called between batches only.
 /// Returns whether it took shards.
 pub(crate) async fn rebalance(session: &mut Session, owned: &mut BTreeSet<i32>) -> Result<bool> {
-    let members: i64 = sqlx::query_scalar(
-        "SELECT COUNT(*) FROM outbox_key_lock \
-         WHERE bucket < ? AND IS_USED_LOCK(CONCAT(?, ':m:', bucket)) IS NOT NULL",
-    )
-    .bind(MEMBER_SLOTS)
-    .bind(&session.prefix)
-    .fetch_one(&mut session.conn)
-    .await?;
+    let members = super::status::members(&mut session.conn).await?;
     match Plan::new(owned, members, session.slot) {
         Plan::Keep => Ok(false),
         Plan::Release(extra) => {
