@@ -140,6 +140,19 @@ impl DbError {
         sqlstate(error).as_deref() == Some("55P03")
     }
 
+    /// The statement needs a privilege the session lacks: 42501 `insufficient_privilege`, or
+    /// on MariaDB/MySQL 1227 (`PROCESS`, `SUPER` ...), 1142 (a table) or 1044 (a database).
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    pub(crate) fn is_access_denied(error: &sqlx::Error) -> bool {
+        #[cfg(feature = "mysql")]
+        if let sqlx::Error::Database(e) = error {
+            if let Some(e) = e.try_downcast_ref::<sqlx::mysql::MySqlDatabaseError>() {
+                return matches!(e.number(), 1227 | 1142 | 1044);
+            }
+        }
+        sqlstate(error).as_deref() == Some("42501")
+    }
+
     /// An insert that found no partition for its row: 23514 `check_violation` with
     /// PostgreSQL's wording, `no partition of relation ...` (class
     /// [`Integrity`](DbError::Integrity): it fails again until the partition is created).

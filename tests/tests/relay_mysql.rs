@@ -388,6 +388,18 @@ async fn a_missing_topic_holds_its_key_and_only_its_key_until_it_exists() {
     assert_eq!(early.iter().filter(|r| r.key == "acct-2").count(), 3);
     let attempts = count(&db.pool, "SELECT MAX(attempts) FROM outbox_event").await;
     assert_eq!(attempts, 0, "a hold is not an attempt");
+    // The health check names the held topic, its key and the broker's error.
+    let health = outbox_runtime::mysql::health(&db.pool, &Default::default())
+        .await
+        .unwrap();
+    let held: Vec<String> = health
+        .warnings
+        .iter()
+        .filter(|w| w.kind() == outbox_runtime::admin::WarningKind::HeldKeys)
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(held.len(), 1, "{:?}", health.warnings);
+    assert!(held[0].contains("account.audit"), "{}", held[0]);
     // The topic appears: the audit event goes out, then the deposits behind it, in order.
     kafka.create_topic("account.audit", 1).await;
     wait_until_published(&db.pool, Duration::from_secs(60)).await;

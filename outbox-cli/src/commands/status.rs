@@ -20,7 +20,7 @@ pub async fn run(
     queues: &Queues,
 ) -> Result {
     if is_mysql(&db.database_url) {
-        return run_mysql(db, json, check, max_age, queues).await;
+        return run_mysql(db, json, check, thresholds, max_age, queues).await;
     }
     let pool = connect_migrated(db, 2).await?;
     let health = admin::health(&pool, thresholds).await.map_err(chain)?;
@@ -44,50 +44,58 @@ pub async fn run(
         }
         print_health(&health);
     }
-    if check && !health.warnings.is_empty() {
-        let mut kinds: Vec<&str> = Vec::new();
-        for kind in health.warnings.iter().map(|w| w.kind().as_str()) {
-            if !kinds.contains(&kind) {
-                kinds.push(kind);
-            }
-        }
-        return Err(format!(
-            "{} health warning(s) stand ({}); the first: {}",
-            health.warnings.len(),
-            kinds.join(", "),
-            health.warnings[0]
-        ));
+    if check {
+        check_warnings(&health)?;
     }
     check_max_age(&health.status, max_age)
 }
 
-/// `outbox status` for a `mysql://` URL: the outbox's figures and the relay instances (the
-/// health checks, the inbox and the queues are not built for MariaDB/MySQL yet).
+/// `--check`: no health warning stands.
+fn check_warnings(health: &Health) -> Result {
+    if health.warnings.is_empty() {
+        return Ok(());
+    }
+    let mut kinds: Vec<&str> = Vec::new();
+    for kind in health.warnings.iter().map(|w| w.kind().as_str()) {
+        if !kinds.contains(&kind) {
+            kinds.push(kind);
+        }
+    }
+    Err(format!(
+        "{} health warning(s) stand ({}); the first: {}",
+        health.warnings.len(),
+        kinds.join(", "),
+        health.warnings[0]
+    ))
+}
+
+/// `outbox status` for a `mysql://` URL: the outbox's figures, the relay instances and the
+/// warnings that apply there (the inbox and the queues are not built for MariaDB/MySQL yet).
 async fn run_mysql(
     db: &Db,
     json: bool,
     check: bool,
+    thresholds: &HealthThresholds,
     max_age: Option<Duration>,
     queues: &Queues,
 ) -> Result {
-    if check {
-        return Err(
-            "--check: the health checks are not built for MariaDB/MySQL yet (--max-age \
-                    is)"
-            .into(),
-        );
-    }
     if queues.settings().is_some() {
         return Err("the RabbitMQ queues' figures are not built for MariaDB/MySQL yet".into());
     }
     let pool = connect_mysql_migrated(db, 2).await?;
-    let status = outbox_runtime::mysql::status(&pool).await.map_err(chain)?;
+    let health = outbox_runtime::mysql::health(&pool, thresholds)
+        .await
+        .map_err(chain)?;
     if json {
-        print_json(&status)?;
+        print_json(&health)?;
     } else {
-        print_outbox(&status);
+        print_outbox(&health.status);
+        print_warnings(&health);
     }
-    check_max_age(&status, max_age)
+    if check {
+        check_warnings(&health)?;
+    }
+    check_max_age(&health.status, max_age)
 }
 
 /// `--max-age`: the oldest unpublished (or unprocessed) row is younger than `max_age`.
@@ -260,6 +268,10 @@ fn print_health(health: &Health) {
             age(Some(secs))
         );
     }
+    print_warnings(health);
+}
+
+fn print_warnings(health: &Health) {
     out!();
     if health.warnings.is_empty() {
         out!("health: no warnings");

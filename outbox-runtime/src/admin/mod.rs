@@ -19,6 +19,8 @@ mod cleanup;
 mod delete;
 pub(crate) mod health;
 mod inspect;
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql;
 pub(crate) mod partitions;
 mod poison;
 #[cfg(feature = "_broker")]

@@ -51,8 +51,12 @@
 //!   once; otherwise the relay polls, 5 ms after the last rows it found, doubling up to its
 //!   `poll_interval` while it finds none (2 claims a second per idle relay at the default
 //!   500 ms). Units of work of another process are seen within that interval.
-//! - **Not yet on these databases**: the relay's health checks (its health settings are
-//!   ignored) and retention beside it (refused at `build`), the consumers, and the operator
+//! - **Health**: [`health`] (`outbox status --check`) warns of old unpublished rows, held keys
+//!   and parked rows as on PostgreSQL, and of transactions open too long, which hold InnoDB's
+//!   purge back (and make the relay's claims walk what it has not purged), with the history
+//!   list length; it needs the `PROCESS` privilege and says so without it.
+//! - **Not yet on these databases**: the relay's periodic health checks (its health settings
+//!   are ignored) and retention beside it (refused at `build`), the consumers, and the operator
 //!   commands other than `migrate`, `relay` and `status` (its figures: [`status`]).
 //! - **Migrations** are not transactional (DDL commits on its own): each statement can run
 //!   again after a migration cut short, and `GET_LOCK` serializes concurrent runners.
@@ -61,14 +65,13 @@ mod emit;
 mod migrate;
 #[cfg(feature = "_broker")]
 pub(crate) mod relay;
-mod status;
 #[cfg(feature = "_broker")]
 pub(crate) mod wake;
 
 use uuid::Uuid;
 
+pub use crate::admin::mysql::{health, status};
 pub use migrate::{migrate, migrate_on, pending, MIGRATIONS};
-pub use status::status;
 
 use crate::event::{IntoRecord, OutboxEvent, OutboxRecord};
 use crate::uow::{into_records, EmitDatabase, EmitFuture};

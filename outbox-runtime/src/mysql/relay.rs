@@ -31,7 +31,7 @@ use crate::store::shards::{Plan, SHARDS};
 
 // An instance past the 256th (`MEMBER_SLOTS`) waits for a slot; the 64 shards would leave it
 // idle anyway.
-use super::status::{LOCK_PREFIX_SQL, MEMBER_SLOTS};
+use crate::admin::mysql::{LOCK_PREFIX_SQL, MEMBER_SLOTS};
 
 /// One relay instance's session: its connection and the names of its locks.
 pub(crate) struct Session {
@@ -150,7 +150,7 @@ async fn join(conn: &mut MySqlConnection, prefix: &str) -> Result<i32> {
 /// Moves `owned` toward this instance's fair share of the shards. Called between batches only.
 /// Returns whether it took shards.
 pub(crate) async fn rebalance(session: &mut Session, owned: &mut BTreeSet<i32>) -> Result<bool> {
-    let members = super::status::members(&mut session.conn).await?;
+    let members = crate::admin::mysql::members(&mut session.conn).await?;
     match Plan::new(owned, members, session.slot) {
         Plan::Keep => Ok(false),
         Plan::Release(extra) => {

@@ -134,6 +134,25 @@ impl fmt::Display for Warning {
                  (SELECT pg_terminate_backend({pid}) ends it)",
                 human(*age_secs)
             ),
+            Warning::InnodbTransaction {
+                thread_id,
+                host,
+                user,
+                command,
+                age_secs,
+                history_list_length,
+            } => {
+                write!(
+                    f,
+                    "connection {thread_id} (host `{host}`, user {user}, {command}) has held a \
+                     transaction open for {}: InnoDB cannot purge what changed since",
+                    human(*age_secs)
+                )?;
+                if let Some(length) = history_list_length {
+                    write!(f, " (history list length {length})")?;
+                }
+                write!(f, " (KILL {thread_id} ends it)")
+            }
             Warning::ReplicationSlot {
                 slot_name,
                 active,

@@ -21,6 +21,8 @@
 
 mod assess;
 mod display;
+#[cfg(feature = "mysql")]
+mod mysql;
 mod probes;
 mod report;
 mod thresholds;
@@ -28,6 +30,8 @@ mod warning;
 
 use sqlx::PgPool;
 
+#[cfg(feature = "mysql")]
+pub use mysql::health as mysql_health;
 pub use report::{Health, TableHealth};
 pub use thresholds::{HealthThresholds, VACUUM_OVERDUE_MIN_DEAD_ROWS};
 pub use warning::{Warning, WarningKind};

@@ -199,6 +199,25 @@ pub enum Warning {
         /// Seconds since its transaction began.
         age_secs: f64,
     },
+    /// On MariaDB/MySQL, a transaction has been open longer than
+    /// [`HealthThresholds::transaction_age`](super::HealthThresholds::transaction_age) (or idle
+    /// in it longer than `idle_transaction_age`): InnoDB's purge cannot remove what changed
+    /// after it began (the history list grows, and the relay's claims walk the marks it keeps).
+    /// Of the kind `long_transaction`.
+    InnodbTransaction {
+        /// The connection's id (`KILL <id>` ends it).
+        thread_id: i64,
+        /// The client's host.
+        host: String,
+        /// The user it connected as.
+        user: String,
+        /// What it is doing (`Sleep`: a transaction nobody is using).
+        command: String,
+        /// Seconds since its transaction began.
+        age_secs: f64,
+        /// InnoDB's history list length (undo logs not purged yet), when it could be read.
+        history_list_length: Option<i64>,
+    },
     /// A replication slot holds the cleanup horizon: it is inactive, or its `xmin` is more
     /// than [`HealthThresholds::slot_xmin_age`](super::HealthThresholds::slot_xmin_age) transactions old.
     ReplicationSlot {
@@ -346,7 +365,9 @@ impl Warning {
             Warning::VacuumOverdue { .. } | Warning::VacuumBehind { .. } => {
                 WarningKind::VacuumOverdue
             }
-            Warning::LongTransaction { .. } => WarningKind::LongTransaction,
+            Warning::LongTransaction { .. } | Warning::InnodbTransaction { .. } => {
+                WarningKind::LongTransaction
+            }
             Warning::ReplicationSlot { .. } => WarningKind::ReplicationSlot,
             Warning::StandbyFeedback { .. } => WarningKind::StandbyFeedback,
             Warning::PreparedTransaction { .. } => WarningKind::PreparedTransaction,
@@ -373,6 +394,7 @@ impl Warning {
                 table, partition, ..
             } => partition.clone().unwrap_or_else(|| table.clone()),
             Warning::LongTransaction { pid, .. } => pid.to_string(),
+            Warning::InnodbTransaction { thread_id, .. } => thread_id.to_string(),
             Warning::StandbyFeedback {
                 application_name, ..
             } => application_name.clone(),

@@ -1,8 +1,10 @@
 //! The outbox's figures on MariaDB/MySQL, per topic, and the relay instances running: what
-//! `outbox status` shows for a `mysql://` URL.
+//! `outbox status` shows for a `mysql://` URL (`mysql::status`; its warnings: `mysql::health`,
+//! in `health/mysql.rs`).
 
 use sqlx::{MySqlConnection, MySqlPool, Row};
 
+pub use super::health::mysql_health as health;
 use crate::admin::{Status, TopicStatus};
 use crate::error::Result;
 
@@ -16,15 +18,17 @@ pub(crate) const LOCK_PREFIX_SQL: &str = "CONCAT('outbox:r:', MD5(DATABASE()))";
 
 const OUTBOX_SQL: &str = "\
 SELECT CAST(topic AS CHAR), \
-       CAST(SUM(published_at IS NULL AND parked_at IS NULL) AS SIGNED), \
-       CAST(SUM(published_at IS NULL AND parked_at IS NULL AND next_attempt_at IS NOT NULL) \
-            AS SIGNED), \
-       CAST(SUM(published_at IS NULL AND parked_at IS NULL AND held_at IS NOT NULL) AS SIGNED), \
-       CAST(SUM(parked_at IS NOT NULL) AS SIGNED), \
+       CAST(COUNT(CASE WHEN published_at IS NULL AND parked_at IS NULL THEN 1 END) AS SIGNED), \
+       CAST(COUNT(CASE WHEN published_at IS NULL AND parked_at IS NULL \
+                        AND next_attempt_at IS NOT NULL THEN 1 END) AS SIGNED), \
+       CAST(COUNT(CASE WHEN published_at IS NULL AND parked_at IS NULL \
+                        AND held_at IS NOT NULL THEN 1 END) AS SIGNED), \
+       CAST(COUNT(CASE WHEN parked_at IS NOT NULL THEN 1 END) AS SIGNED), \
        TIMESTAMPDIFF(MICROSECOND, \
            MIN(CASE WHEN published_at IS NULL AND parked_at IS NULL THEN created_at END), \
            UTC_TIMESTAMP(6)) / 1e6, \
-       CAST(SUM(published_at >= UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE) AS SIGNED) \
+       CAST(COUNT(CASE WHEN published_at >= UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE THEN 1 END) \
+            AS SIGNED) \
 FROM outbox_event \
 WHERE published_at IS NULL OR published_at >= UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE \
 GROUP BY topic ORDER BY topic";

@@ -1,0 +1,151 @@
+//! [`health`] on MariaDB/MySQL: the backlog's warnings, as on PostgreSQL (old unpublished rows,
+//! held keys, parked rows), and the transactions that hold InnoDB's purge back, with the
+//! history list length. Needs the `PROCESS` privilege (to see other connections'
+//! transactions); without it, it says so.
+
+use sqlx::{MySqlConnection, MySqlPool, Row};
+
+use super::assess;
+use super::probes::Held;
+use super::{Health, HealthThresholds, Warning};
+use crate::error::{Error, Result};
+
+/// The health of the outbox on a MariaDB/MySQL database: its figures ([`status`]) and the
+/// warnings that apply there (`outbox status --check` with a `mysql://` URL).
+///
+/// [`status`]: crate::mysql::status
+pub async fn health(pool: &MySqlPool, thresholds: &HealthThresholds) -> Result<Health> {
+    let status = crate::admin::mysql::status(pool).await?;
+    let mut conn = pool.acquire().await?;
+    let transactions = transactions(&mut conn).await?;
+    let oldest_transaction_age_secs = transactions.first().map(|t| t.age_secs);
+    let history_list_length = history_list_length(&mut conn).await;
+    let mut warnings = Vec::new();
+    for t in transactions {
+        let idle_too_long = t.command == "Sleep"
+            && t.idle_secs
+                > thresholds
+                    .idle_transaction_age
+                    .min(thresholds.transaction_age)
+                    .as_secs_f64();
+        if idle_too_long || t.age_secs > thresholds.transaction_age.as_secs_f64() {
+            warnings.push(Warning::InnodbTransaction {
+                thread_id: t.thread_id,
+                host: t.host,
+                user: t.user,
+                command: t.command,
+                age_secs: t.age_secs,
+                history_list_length,
+            });
+        }
+    }
+    let held = if status.outbox.iter().any(|t| t.held > 0) {
+        held_keys(&mut conn).await?
+    } else {
+        Vec::new()
+    };
+    warnings.extend(assess::backlog(&status, held, thresholds));
+    warnings.retain(|w| !thresholds.ignores(w.kind()));
+    Ok(Health {
+        status,
+        // Not PostgreSQL's: InnoDB purges on its own.
+        autovacuum: true,
+        tables: Vec::new(),
+        oldest_transaction_age_secs,
+        warnings,
+    })
+}
+
+/// A running InnoDB transaction of another connection.
+struct Transaction {
+    thread_id: i64,
+    host: String,
+    user: String,
+    command: String,
+    age_secs: f64,
+    /// Seconds in its current command (`Sleep`: idle).
+    idle_secs: f64,
+}
+
+/// Every other connection's open transaction, the oldest first.
+async fn transactions(conn: &mut MySqlConnection) -> Result<Vec<Transaction>> {
+    let rows = sqlx::query(
+        "SELECT CAST(t.trx_mysql_thread_id AS SIGNED), CAST(COALESCE(p.HOST, '') AS CHAR), \
+                CAST(COALESCE(p.USER, '') AS CHAR), CAST(COALESCE(p.COMMAND, '') AS CHAR), \
+                CAST(TIMESTAMPDIFF(SECOND, t.trx_started, NOW()) AS DOUBLE), \
+                CAST(COALESCE(p.TIME, 0) AS DOUBLE) \
+         FROM information_schema.INNODB_TRX t \
+         LEFT JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id \
+         WHERE t.trx_mysql_thread_id <> CONNECTION_ID() \
+         ORDER BY t.trx_started",
+    )
+    .fetch_all(&mut *conn)
+    .await
+    .map_err(|e| {
+        if crate::sqlstate::DbError::is_access_denied(&e) {
+            Error::Config(format!(
+                "the health checks read information_schema.INNODB_TRX, which needs the PROCESS \
+                 privilege (GRANT PROCESS ON *.* TO ...): {e}"
+            ))
+        } else {
+            Error::Database(e)
+        }
+    })?;
+    rows.iter()
+        .map(|r| {
+            Ok(Transaction {
+                thread_id: r.try_get(0)?,
+                host: r.try_get(1)?,
+                user: r.try_get(2)?,
+                command: r.try_get(3)?,
+                age_secs: r.try_get(4)?,
+                idle_secs: r.try_get(5)?,
+            })
+        })
+        .collect()
+}
+
+/// InnoDB's history list length (MariaDB's status variable; MySQL has it only in
+/// `INNODB_METRICS`), `None` where it cannot be read.
+async fn history_list_length(conn: &mut MySqlConnection) -> Option<i64> {
+    let mariadb: Option<(String, String)> =
+        sqlx::query_as("SHOW GLOBAL STATUS LIKE 'Innodb_history_list_length'")
+            .fetch_optional(&mut *conn)
+            .await
+            .ok()
+            .flatten();
+    if let Some((_, value)) = mariadb {
+        return value.parse().ok();
+    }
+    sqlx::query_scalar(
+        "SELECT CAST(COUNT AS SIGNED) FROM information_schema.INNODB_METRICS \
+         WHERE NAME = 'trx_rseg_history_len'",
+    )
+    .fetch_optional(&mut *conn)
+    .await
+    .ok()
+    .flatten()
+}
+
+/// The held keys, by topic.
+async fn held_keys(conn: &mut MySqlConnection) -> Result<Vec<Held>> {
+    let rows = sqlx::query(
+        "SELECT CAST(topic AS CHAR), COUNT(*), COUNT(DISTINCT partition_key), \
+                CAST(MAX(last_error) AS CHAR) \
+         FROM outbox_event \
+         WHERE published_at IS NULL AND parked_at IS NULL AND held_at IS NOT NULL \
+         GROUP BY topic ORDER BY topic",
+    )
+    .fetch_all(&mut *conn)
+    .await?;
+    rows.iter()
+        .map(|r| {
+            Ok(Held {
+                topic: r.try_get(0)?,
+                rows: r.try_get(1)?,
+                keys: r.try_get(2)?,
+                error: r.try_get(3)?,
+            })
+        })
+        .collect()
+}
