@@ -389,29 +389,6 @@ pub(crate) async fn close(session: Session) {
     let _ = session.conn.close().await;
 }
 
-/// The backlog figures of `Relay::status`: unpublished (not parked), retrying, held, parked,
-/// and the age in seconds of the oldest unpublished row that is not parked.
-pub(crate) async fn backlog(pool: &MySqlPool) -> Result<(i64, i64, i64, i64, Option<f64>)> {
-    let row = sqlx::query(
-        "SELECT CAST(COALESCE(SUM(parked_at IS NULL), 0) AS SIGNED), \
-                CAST(COALESCE(SUM(parked_at IS NULL AND next_attempt_at IS NOT NULL), 0) AS SIGNED), \
-                CAST(COALESCE(SUM(parked_at IS NULL AND held_at IS NOT NULL), 0) AS SIGNED), \
-                CAST(COALESCE(SUM(parked_at IS NOT NULL), 0) AS SIGNED), \
-                TIMESTAMPDIFF(MICROSECOND, MIN(CASE WHEN parked_at IS NULL THEN created_at END), \
-                              UTC_TIMESTAMP(6)) / 1e6 \
-         FROM outbox_event FORCE INDEX (ix_outbox_event_claim) WHERE published_at IS NULL",
-    )
-    .fetch_one(pool)
-    .await?;
-    Ok((
-        row.try_get(0)?,
-        row.try_get(1)?,
-        row.try_get(2)?,
-        row.try_get(3)?,
-        row.try_get(4)?,
-    ))
-}
-
 #[cfg(test)]
 mod tests {
     use super::check_binlog;

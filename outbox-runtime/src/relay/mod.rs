@@ -298,20 +298,12 @@ pub use {
 /// and the relay's gauges read; [`admin::status`](crate::admin::status) has them per topic).
 #[cfg_attr(not(feature = "_broker"), allow(dead_code))]
 pub(crate) async fn status(pool: &PgPool) -> Result<RelayStatus> {
-    Ok(backlog(crate::store::relay::backlog(pool).await?))
-}
-
-/// The figures of a backlog query (unpublished, retrying, held, parked, the oldest's age in
-/// seconds) as a [`RelayStatus`].
-#[cfg_attr(not(feature = "_broker"), allow(dead_code))]
-fn backlog(
-    (unpublished, retrying, held, parked, age): (i64, i64, i64, i64, Option<f64>),
-) -> RelayStatus {
-    RelayStatus {
+    let (unpublished, retrying, held, parked, age) = crate::store::relay::backlog(pool).await?;
+    Ok(RelayStatus {
         unpublished,
         retrying,
         held,
         parked,
         oldest_unpublished_age: age.map(|s| Duration::from_secs_f64(s.max(0.0))),
-    }
+    })
 }

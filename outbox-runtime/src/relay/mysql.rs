@@ -120,7 +120,7 @@ async fn report(pool: &MySqlPool) {
 
 /// The backlog figures; see [`super::Relay::status`].
 pub(super) async fn status(pool: &MySqlPool) -> Result<RelayStatus> {
-    Ok(super::backlog(store::backlog(pool).await?))
+    Ok(crate::admin::mysql::status(pool).await?.outbox_total())
 }
 
 /// One relay instance on MariaDB/MySQL: its session (connection, member slot), its shards.

@@ -99,16 +99,10 @@ pub(super) fn vacuums(
 pub(super) fn sessions(sessions: Vec<Session>, thresholds: &HealthThresholds) -> Vec<Warning> {
     let mut warnings = Vec::new();
     for s in sessions {
-        // Idle in its transaction for that long in one stretch, not between two statements
-        // of a busy one.
-        let idle_too_long = s.state.starts_with("idle in transaction")
-            && s.idle_secs.is_some_and(|idle| {
-                idle > thresholds
-                    .idle_transaction_age
-                    .min(thresholds.transaction_age)
-                    .as_secs_f64()
-            });
-        if idle_too_long || s.age_secs > thresholds.transaction_age.as_secs_f64() {
+        let idle = s
+            .idle_secs
+            .filter(|_| s.state.starts_with("idle in transaction"));
+        if held_too_long(s.age_secs, idle, thresholds) {
             warnings.push(Warning::LongTransaction {
                 pid: s.pid,
                 application_name: s.application_name,
@@ -119,6 +113,22 @@ pub(super) fn sessions(sessions: Vec<Session>, thresholds: &HealthThresholds) ->
         }
     }
     warnings
+}
+
+/// Whether a transaction `age_secs` old has been open too long, or (`idle_secs`: how long it
+/// has sat idle in one stretch, when it is idle, not between two statements of a busy one)
+/// idle in it too long; PostgreSQL's sessions and InnoDB's transactions alike.
+pub(super) fn held_too_long(
+    age_secs: f64,
+    idle_secs: Option<f64>,
+    thresholds: &HealthThresholds,
+) -> bool {
+    let idle_limit = thresholds
+        .idle_transaction_age
+        .min(thresholds.transaction_age)
+        .as_secs_f64();
+    idle_secs.is_some_and(|idle| idle > idle_limit)
+        || age_secs > thresholds.transaction_age.as_secs_f64()
 }
 
 /// Replication slots that hold the horizon: inactive, or too far back.

@@ -22,13 +22,8 @@ pub async fn health(pool: &MySqlPool, thresholds: &HealthThresholds) -> Result<H
     let history_list_length = history_list_length(&mut conn).await;
     let mut warnings = Vec::new();
     for t in transactions {
-        let idle_too_long = t.command == "Sleep"
-            && t.idle_secs
-                > thresholds
-                    .idle_transaction_age
-                    .min(thresholds.transaction_age)
-                    .as_secs_f64();
-        if idle_too_long || t.age_secs > thresholds.transaction_age.as_secs_f64() {
+        let idle = Some(t.idle_secs).filter(|_| t.command == "Sleep");
+        if assess::held_too_long(t.age_secs, idle, thresholds) {
             warnings.push(Warning::InnodbTransaction {
                 thread_id: t.thread_id,
                 host: t.host,
