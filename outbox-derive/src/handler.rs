@@ -82,12 +82,27 @@ fn last_segment(ty: &Type) -> Option<&syn::PathSegment> {
     }
 }
 
-fn is_conn(ty: &Type) -> bool {
+/// The database whose connection a handler takes.
+#[derive(Clone, Copy)]
+enum Database {
+    Postgres,
+    MySql,
+}
+
+/// The database of `&mut PgConnection` or `&mut MySqlConnection`; `None` for any other type.
+fn conn_database(ty: &Type) -> Option<Database> {
     match ty {
         Type::Reference(r) if r.mutability.is_some() => {
-            last_segment(&r.elem).is_some_and(|s| s.ident == "PgConnection")
+            let segment = last_segment(&r.elem)?;
+            if segment.ident == "PgConnection" {
+                Some(Database::Postgres)
+            } else if segment.ident == "MySqlConnection" {
+                Some(Database::MySql)
+            } else {
+                None
+            }
         }
-        _ => false,
+        _ => None,
     }
 }
 
@@ -190,6 +205,7 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     }
     let inputs: Vec<&FnArg> = sig.inputs.iter().collect();
     let mut event_ty = None;
+    let mut database = Database::Postgres;
     // The arguments after the connection, in the function's order.
     let mut extras: Vec<Extra<'_>> = Vec::new();
     match inputs.as_slice() {
@@ -204,12 +220,13 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
                     "an inbox handler takes its event by value (it is deserialized for it)",
                 );
             }
-            if !is_conn(&conn.ty) {
-                cx.error_spanned_by(
+            match conn_database(&conn.ty) {
+                Some(db) => database = db,
+                None => cx.error_spanned_by(
                     &conn.ty,
                     "the second parameter of an inbox handler must be `&mut sqlx::PgConnection` \
-                     (the transaction the handler's writes join)",
-                );
+                     or `&mut sqlx::MySqlConnection` (the transaction the handler's writes join)",
+                ),
             }
             for param in rest {
                 let Some(extra) = extra(&mut cx, param) else {
@@ -320,6 +337,13 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
         Extra::State(_) => quote!(state),
         Extra::Meta => quote!(meta),
     });
+    let (db, conn_ty) = match database {
+        Database::Postgres => (quote!(), quote!(#krate::__private::PgConnection)),
+        Database::MySql => (
+            quote!(, #krate::__private::MySql),
+            quote!(#krate::__private::MySqlConnection),
+        ),
+    };
     let vis = &func.vis;
     let attrs = &func.attrs;
     let mut call_sig = sig.clone();
@@ -364,7 +388,7 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
         #[doc(hidden)]
         const _: () = {
             #[automatically_derived]
-            impl #impl_generics #krate::inbox::Handler<#state> for #ident {
+            impl #impl_generics #krate::inbox::Handler<#state #db> for #ident {
                 type Event = #event_ty;
 
                 fn name(&self) -> &str {
@@ -379,7 +403,7 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
                 fn handle<'a>(
                     &'a self,
                     event: #event_ty,
-                    conn: &'a mut #krate::__private::PgConnection,
+                    conn: &'a mut #conn_ty,
                     state: &'a #state,
                     meta: &'a #krate::inbox::MessageMeta<'a>,
                 ) -> #krate::__private::BoxFuture<'a, ::core::result::Result<(), #krate::inbox::HandlerError>> {

@@ -30,6 +30,8 @@ pub fn derive_outbox_event(input: TokenStream) -> TokenStream {
 /// into a handler value (a unit struct of the same name) to register on a consumer. After the
 /// connection it may take `state: &T` (the consumer's state: the handler then implements
 /// `Handler<T>` only) and `meta: &MessageMeta` (the message's metadata), in either order.
+/// With `tx: &mut sqlx::MySqlConnection` it is a handler of consumers on MariaDB/MySQL
+/// (`Handler<T, sqlx::MySql>`; the runtime's feature `mysql`).
 /// `#[inbox_handler(name = "...")]` names it (its deduplication key as it stands). See
 /// `outbox_runtime::inbox`.
 #[proc_macro_attribute]

@@ -23,6 +23,13 @@ pub(crate) trait BrokerSettings: Erased + Send + Sync + std::fmt::Debug {
     /// Checks its own settings; `Err(Error::Config)` names the first that cannot work.
     fn check(&self) -> Result<()>;
 
+    /// Whether a consumer group reads each topic under a lease (a table of the consumer's
+    /// database), not under the broker's own assignment: JetStream.
+    #[cfg_attr(not(feature = "mysql"), allow(dead_code))]
+    fn reads_under_lease(&self) -> bool {
+        false
+    }
+
     /// The consumer group its settings name (Kafka's `group.id`), if any.
     fn group(&self) -> Option<&str> {
         None

@@ -80,6 +80,8 @@ pub mod __private {
 
     pub use serde_json::Error as JsonError;
     pub use sqlx::PgConnection;
+    #[cfg(feature = "mysql")]
+    pub use sqlx::{MySql, MySqlConnection};
 
     pub use crate::inbox::BoxFuture;
 

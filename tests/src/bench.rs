@@ -122,7 +122,11 @@ pub async fn rate_counted(pool: &sqlx::PgPool, sql: &str, n: i64) -> f64 {
 
 /// Reads `seen` every `every_ms` until it reaches `n`; when it was first above zero, and what
 /// it was then.
-async fn first_seen_until<F, Fut>(mut seen: F, n: i64, every_ms: u64) -> (std::time::Instant, i64)
+pub async fn first_seen_until<F, Fut>(
+    mut seen: F,
+    n: i64,
+    every_ms: u64,
+) -> (std::time::Instant, i64)
 where
     F: FnMut() -> Fut,
     Fut: std::future::Future<Output = i64>,

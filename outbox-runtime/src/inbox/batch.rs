@@ -24,6 +24,7 @@ use sqlx::{Connection, PgConnection, PgPool};
 use tracing::Instrument;
 use uuid::Uuid;
 
+use super::database::Conn;
 use super::failure::Failure;
 use super::ladder::{self, Batch, Pass, Settled};
 use super::message::Incoming;
@@ -49,7 +50,7 @@ pub(crate) struct Handled {
 }
 
 impl Handled {
-    fn new(messages: usize) -> Self {
+    pub(crate) fn new(messages: usize) -> Self {
         Handled {
             done: messages,
             ..Handled::default()
@@ -77,7 +78,7 @@ impl Handled {
 
     /// Records a message's failure; of several, a retryable one wins (the others' handlers
     /// are deduplicated when it is tried again).
-    fn fail(&mut self, index: usize, failure: Failure) {
+    pub(crate) fn fail(&mut self, index: usize, failure: Failure) {
         match self.failed.iter_mut().find(|(i, _)| *i == index) {
             Some((_, seen)) if seen.is_permanent() && !failure.is_permanent() => *seen = failure,
             Some(_) => {}
@@ -452,7 +453,7 @@ async fn optimistic_in(
             &incoming.meta,
         );
         let result = route
-            .handle(incoming.payload, &mut *conn, &incoming.meta)
+            .handle(incoming.payload, Conn::Postgres(&mut *conn), &incoming.meta)
             .instrument(span)
             .await;
         if let Err(failure) = result {
@@ -511,7 +512,11 @@ async fn isolated_in(
                     &incoming.meta,
                 );
                 let result = route
-                    .handle(incoming.payload, &mut savepoint, &incoming.meta)
+                    .handle(
+                        incoming.payload,
+                        Conn::Postgres(&mut savepoint),
+                        &incoming.meta,
+                    )
                     .instrument(span)
                     .await;
                 // Never a failure known before: those take no savepoint.

@@ -3,9 +3,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::PgPool;
-
 use super::consumer::Consumer;
+use super::database::ConsumerDatabase;
 use super::handler::Handler;
 use super::route::Routes;
 use super::settings::{Mode, RetryPolicy, Settings};
@@ -18,10 +17,11 @@ use crate::error::{Error, Result};
 /// Configures a [`Consumer`]. Start with [`Consumer::builder`].
 ///
 /// `S` is the application state its handlers are called with ([`state`](Self::state)); `()`
-/// until one is set.
+/// until one is set. `D` is its database, the pool's: PostgreSQL, or MariaDB/MySQL
+/// (`sqlx::MySql`, feature `mysql`).
 #[must_use]
-pub struct ConsumerBuilder<S = ()> {
-    pool: PgPool,
+pub struct ConsumerBuilder<S = (), D: ConsumerDatabase = sqlx::Postgres> {
+    pool: sqlx::Pool<D>,
     state: Arc<S>,
     routes: Routes,
     upcasters: Upcasters,
@@ -35,7 +35,12 @@ pub struct ConsumerBuilder<S = ()> {
 
 impl Consumer {
     /// A builder with the defaults; set at least the brokers, the group and one handler.
-    pub fn builder(pool: PgPool) -> ConsumerBuilder {
+    ///
+    /// `pool` is a `sqlx::PgPool`, or with the feature `mysql` a `sqlx::MySqlPool` (MariaDB
+    /// 10.6+, MySQL 8.0.1+): its handlers take that database's connection. On MariaDB/MySQL a
+    /// consumer runs in dedup mode, on Kafka or RabbitMQ, so far (`build` says so otherwise);
+    /// see [`mysql`](crate::mysql) for what differs there.
+    pub fn builder<D: ConsumerDatabase>(pool: sqlx::Pool<D>) -> ConsumerBuilder<(), D> {
         ConsumerBuilder {
             pool,
             state: Arc::new(()),
@@ -48,7 +53,7 @@ impl Consumer {
     }
 }
 
-impl<S> std::fmt::Debug for ConsumerBuilder<S> {
+impl<S, D: ConsumerDatabase> std::fmt::Debug for ConsumerBuilder<S, D> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("ConsumerBuilder")
             .field("state", &std::any::type_name::<S>())
@@ -58,7 +63,7 @@ impl<S> std::fmt::Debug for ConsumerBuilder<S> {
     }
 }
 
-impl ConsumerBuilder<()> {
+impl<D: ConsumerDatabase> ConsumerBuilder<(), D> {
     /// The application state handlers are called with: an HTTP client, configuration, a
     /// cache. A handler takes it as a `state: &T` parameter (`#[inbox_handler]`), or as the
     /// `state` argument of [`Handler::handle`]. Set it before registering the handlers that
@@ -103,7 +108,7 @@ impl ConsumerBuilder<()> {
     /// # Ok(())
     /// # }
     /// ```
-    pub fn state<T: Send + Sync + 'static>(self, state: T) -> ConsumerBuilder<T> {
+    pub fn state<T: Send + Sync + 'static>(self, state: T) -> ConsumerBuilder<T, D> {
         ConsumerBuilder {
             pool: self.pool,
             state: Arc::new(state),
@@ -116,7 +121,7 @@ impl ConsumerBuilder<()> {
     }
 }
 
-impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
+impl<S: Send + Sync + 'static, D: ConsumerDatabase> ConsumerBuilder<S, D> {
     /// The consumer group (required): Kafka's consumer group; on JetStream, the durable
     /// consumers' name. Also the first part of every handler's deduplication key.
     pub fn group_id(mut self, group: impl Into<String>) -> Self {
@@ -127,7 +132,7 @@ impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
     /// Registers a handler (see `#[inbox_handler]`). Messages are routed by their topic and
     /// `event_type` header to every handler of that event type. Handlers of one event need
     /// different [names](Handler::name); `build` refuses a name registered twice.
-    pub fn handler<H: Handler<S>>(mut self, handler: H) -> Self {
+    pub fn handler<H: Handler<S, D>>(mut self, handler: H) -> Self {
         if let Err(e) = self.routes.add(handler, Arc::clone(&self.state)) {
             self.errors.push(e);
         }
@@ -294,8 +299,13 @@ impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
         routes
             .bind_upcasters(self.upcasters)
             .map_err(Error::Config)?;
+        let db = D::db(self.pool);
+        #[cfg(feature = "mysql")]
+        if let super::database::Db::MySql(_) = &db {
+            super::batch_mysql::check(&self.settings, &routes, broker.reads_under_lease())?;
+        }
         let source = make_source(broker.as_any(), &self.settings)?;
-        Ok(Consumer::new(self.pool, self.settings, routes, source))
+        Ok(Consumer::new(db, self.settings, routes, source))
     }
 
     /// The broker settings, for the brokers' builder methods.

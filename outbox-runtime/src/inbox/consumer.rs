@@ -3,10 +3,10 @@
 
 use std::sync::Arc;
 
-use sqlx::PgPool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
+use super::database::Db;
 use super::processor;
 use super::route::Routes;
 use super::settings::{Mode, Settings};
@@ -34,13 +34,13 @@ impl std::fmt::Debug for Consumer {
 
 impl Consumer {
     pub(super) fn new(
-        pool: PgPool,
+        db: Db,
         settings: Settings,
         routes: Routes,
         source: Box<dyn Source>,
     ) -> Consumer {
         Consumer {
-            shared: Arc::new(Shared::new(pool, settings, routes)),
+            shared: Arc::new(Shared::new(db, settings, routes)),
             source: Arc::from(source),
         }
     }
@@ -58,16 +58,20 @@ impl Consumer {
     pub async fn run(&self, cancel: CancellationToken) -> Result<()> {
         let shared = &self.shared;
         let settings = &shared.settings;
-        // Dedup records and inbox rows go to time partitions: keep them created ahead, also
-        // where no relay runs retention.
-        let partitions = tokio::spawn(crate::admin::partitions::keep_ahead(
-            shared.pool.clone(),
-            match settings.mode {
-                Mode::Dedup => crate::admin::CleanupTable::ProcessedEvent,
-                Mode::Inbox => crate::admin::CleanupTable::Inbox,
-            },
-            cancel.child_token(),
-        ));
+        // On PostgreSQL dedup records and inbox rows go to time partitions: keep them
+        // created ahead, also where no relay runs retention.
+        let partitions = match &shared.db {
+            Db::Postgres(pool) => Some(tokio::spawn(crate::admin::partitions::keep_ahead(
+                pool.clone(),
+                match settings.mode {
+                    Mode::Dedup => crate::admin::CleanupTable::ProcessedEvent,
+                    Mode::Inbox => crate::admin::CleanupTable::Inbox,
+                },
+                cancel.child_token(),
+            ))),
+            #[cfg(feature = "mysql")]
+            Db::MySql(_) => None,
+        };
         let processors: Vec<_> = match settings.mode {
             Mode::Dedup => Vec::new(),
             Mode::Inbox => (0..settings.processors)
@@ -76,7 +80,9 @@ impl Consumer {
         };
         let result = self.source.consume(shared, &cancel).await;
         cancel.cancel();
-        partitions.abort();
+        if let Some(partitions) = partitions {
+            partitions.abort();
+        }
         for p in processors {
             p.await.map_err(|source| Error::Task {
                 task: "the inbox processor supervisor",
@@ -89,17 +95,19 @@ impl Consumer {
     /// Runs one inbox processor until `cancel` fires (a consumer in [`Mode::Inbox`] runs
     /// `processors` of them itself).
     pub async fn run_processor(&self, cancel: CancellationToken) -> Result<()> {
+        self.shared.db.pg("inbox mode")?;
         processor::run(&self.shared, cancel).await
     }
 
     /// Processes the inbox until no row is due, once, and returns how many rows it handled
     /// (processed or failed). For tests and scripts.
     pub async fn process_inbox_pending(&self) -> Result<u64> {
+        self.shared.db.pg("inbox mode")?;
         processor::process_pending(&self.shared).await
     }
 
     /// Inbox backlog figures.
     pub async fn inbox_status(&self) -> Result<InboxStatus> {
-        inbox_status(&self.shared.pool).await
+        inbox_status(self.shared.db.pg("inbox mode")?).await
     }
 }

@@ -5,6 +5,7 @@
 use tokio_util::sync::CancellationToken;
 
 use super::batch::{self, Checked, Handled};
+use super::database::Db;
 use super::failure::{Destination, Failure};
 use super::message;
 use super::settings::{RetryPolicy, Settings};
@@ -96,7 +97,17 @@ pub(crate) async fn handle(
     let in_place = shared.settings.retry_policy == RetryPolicy::InPlace;
     let mut failures = 0;
     loop {
-        match batch::handle(&shared.pool, &shared.routes, messages, in_place, fence).await {
+        let handled = match &shared.db {
+            Db::Postgres(pool) => {
+                batch::handle(pool, &shared.routes, messages, in_place, fence).await
+            }
+            // No fence there: `build` refuses the brokers that read under a lease.
+            #[cfg(feature = "mysql")]
+            Db::MySql(pool) => {
+                super::batch_mysql::handle(pool, &shared.routes, messages, in_place).await
+            }
+        };
+        match handled {
             Ok(outcome) => {
                 metrics::counter!("outbox_consumer_processed_total").increment(outcome.processed);
                 metrics::counter!("outbox_consumer_duplicates_total").increment(outcome.duplicates);

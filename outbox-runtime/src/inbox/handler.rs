@@ -4,12 +4,10 @@
 use std::future::Future;
 use std::pin::Pin;
 
-use serde::de::DeserializeOwned;
-use sqlx::PgConnection;
-
 use super::meta::MessageMeta;
 use crate::event::OutboxEvent;
 use crate::sqlstate::DbError;
+use serde::de::DeserializeOwned;
 
 /// A boxed, sendable future.
 pub type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
@@ -109,6 +107,11 @@ impl From<crate::Error> for HandlerError {
 /// implements only `Handler<Payments>`, so registering it on a consumer of another state is a
 /// compile error.
 ///
+/// `D` is the database whose transaction it joins: PostgreSQL by default (`&mut PgConnection`),
+/// or with the feature `mysql`, `sqlx::MySql` (`&mut MySqlConnection`: MariaDB or MySQL). A
+/// consumer built on a `MySqlPool` takes only `Handler<S, MySql>`s, and one on a `PgPool` only
+/// PostgreSQL's: a handler of the other database is a compile error.
+///
 /// Implement it by hand for handlers that carry configuration. Each instance names itself, so
 /// two instances of one type, configured differently, are two handlers with their own
 /// deduplication rows:
@@ -171,14 +174,15 @@ impl From<crate::Error> for HandlerError {
 ///
 /// [`ConsumerBuilder::state`]: crate::inbox::ConsumerBuilder::state
 #[diagnostic::on_unimplemented(
-    message = "`{Self}` is not an inbox handler for state `{S}`",
-    label = "not a handler of a consumer whose state is `{S}`",
+    message = "`{Self}` is not an inbox handler for state `{S}` on database `{D}`",
+    label = "not a handler of a consumer whose state is `{S}` and whose database is `{D}`",
     note = "put `#[outbox_runtime::inbox_handler]` on an \
-            `async fn(event: E, tx: &mut sqlx::PgConnection) -> Result<(), HandlerError>`; \
+            `async fn(event: E, tx: &mut sqlx::PgConnection) -> Result<(), HandlerError>` \
+            (`&mut sqlx::MySqlConnection` for a consumer on a `MySqlPool`); \
             a handler that takes `state: &T` needs a consumer built with `.state(T)` \
             before `.handler(...)`"
 )]
-pub trait Handler<S = ()>: Send + Sync + 'static {
+pub trait Handler<S = (), D: sqlx::Database = sqlx::Postgres>: Send + Sync + 'static {
     /// The event it handles; routed by its topic and event type.
     type Event: OutboxEvent + DeserializeOwned + Send + 'static;
 
@@ -211,7 +215,7 @@ pub trait Handler<S = ()>: Send + Sync + 'static {
     fn handle<'a>(
         &'a self,
         event: Self::Event,
-        conn: &'a mut PgConnection,
+        conn: &'a mut D::Connection,
         state: &'a S,
         meta: &'a MessageMeta<'a>,
     ) -> BoxFuture<'a, Result<(), HandlerError>>;

@@ -460,10 +460,14 @@
 
 #[cfg(feature = "_broker")]
 pub(crate) mod batch;
+#[cfg(all(feature = "_broker", feature = "mysql"))]
+pub(crate) mod batch_mysql;
 #[cfg(feature = "_broker")]
 mod builder;
 #[cfg(feature = "_broker")]
 mod consumer;
+#[cfg(feature = "_broker")]
+pub(crate) mod database;
 #[cfg(feature = "_broker")]
 pub(crate) mod dedup;
 #[cfg(feature = "_broker")]
@@ -478,7 +482,7 @@ mod ladder;
 pub(crate) mod lease;
 #[cfg(feature = "_broker")]
 pub(crate) mod message;
-mod meta;
+pub(crate) mod meta;
 #[cfg(feature = "_broker")]
 mod processor;
 #[cfg(feature = "_broker")]
@@ -502,6 +506,8 @@ pub use crate::store::inbox::InboxStatus;
 pub use builder::ConsumerBuilder;
 #[cfg(feature = "_broker")]
 pub use consumer::Consumer;
+#[cfg(feature = "_broker")]
+pub use database::ConsumerDatabase;
 pub use handler::{BoxError, BoxFuture, Handler, HandlerError};
 
 /// Hook of this project's own tests and benchmarks (feature `testing`); not API:

@@ -15,6 +15,7 @@ use tracing::Instrument;
 use uuid::Uuid;
 
 use super::batch::discard;
+use super::database::Conn;
 use super::failure::Failure;
 use super::ladder::{self, Batch, Pass, Settled};
 use super::meta::MessageMeta;
@@ -78,7 +79,7 @@ pub(crate) async fn run(shared: &Shared, cancel: CancellationToken) -> Result<()
     while !cancel.is_cancelled() {
         if gauges_at.is_none_or(|t| t.elapsed() >= Duration::from_secs(10)) {
             gauges_at = Some(std::time::Instant::now());
-            match inbox_status(&shared.pool).await {
+            match inbox_status(shared.pg()).await {
                 Ok(s) => {
                     metrics::gauge!("outbox_inbox_backlog").set(s.unprocessed as f64);
                     metrics::gauge!("outbox_inbox_dead").set(s.dead as f64);
@@ -147,7 +148,7 @@ type Known = ladder::Known<Uuid>;
 /// transaction of its own. Returns how many rows it claimed. `woken`: after a wait, when its
 /// share of the shards is looked at whatever the time.
 async fn process_batch(shared: &Shared, shards: &mut Shards, woken: bool) -> Result<usize> {
-    shards.ready(&shared.pool, woken).await?;
+    shards.ready(shared.pg(), woken).await?;
     ladder::handle(&mut Rows {
         shared,
         shards,
@@ -241,7 +242,7 @@ async fn process_optimistic(shared: &Shared, shards: &mut Shards) -> Result<Pass
         );
         for route in routes.get(&row.topic, &row.event_type) {
             let result = route
-                .handle(row.payload.as_bytes(), &mut tx, &meta)
+                .handle(row.payload.as_bytes(), Conn::Postgres(&mut tx), &meta)
                 .instrument(span.clone())
                 .await;
             if let Err(failure) = result {
@@ -349,7 +350,11 @@ async fn process_isolated(
             None => {
                 for route in routes.get(&row.topic, &row.event_type) {
                     result = route
-                        .handle(row.payload.as_bytes(), &mut savepoint, &meta)
+                        .handle(
+                            row.payload.as_bytes(),
+                            Conn::Postgres(&mut savepoint),
+                            &meta,
+                        )
                         .instrument(span.clone())
                         .await;
                     if result.is_err() {

@@ -70,7 +70,7 @@ pub(crate) async fn receive_checked(
     }
     let mut failures = 0;
     let received = loop {
-        let e = match store::receive(&shared.pool, &rows).await {
+        let e = match store::receive(shared.pg(), &rows).await {
             Ok(received) => break received,
             Err(e) => e,
         };

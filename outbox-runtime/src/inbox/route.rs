@@ -5,16 +5,15 @@ use std::any::TypeId;
 use std::collections::HashMap;
 use std::sync::Arc;
 
-use sqlx::PgConnection;
-
+use super::database::{Conn, ConsumerDatabase};
 use super::failure::{panic_message, Failure};
 use super::handler::{BoxFuture, Handler};
 use super::meta::MessageMeta;
 use super::upcast::Upcasters;
 use crate::event::OutboxEvent;
 
-/// A handler with its event type erased: takes the JSON payload.
-/// A handler with its event type erased (it takes the JSON payload) and its state bound.
+/// A handler with its event type erased (it takes the JSON payload), its state bound and its
+/// database's connection erased (it takes its own database's [`Conn`]).
 pub(crate) trait ErasedHandler: Send + Sync {
     /// Its name, as in error messages.
     fn name(&self) -> &str;
@@ -27,19 +26,25 @@ pub(crate) trait ErasedHandler: Send + Sync {
     fn handle_json<'a>(
         &'a self,
         payload: &'a [u8],
-        conn: &'a mut PgConnection,
+        conn: Conn<'a>,
         meta: &'a MessageMeta<'a>,
         upcasters: &'a Upcasters,
     ) -> BoxFuture<'a, Result<(), Failure>>;
 }
 
-/// A handler and the state it is called with.
-struct Erased<H, S> {
+/// A handler, the state it is called with, and the database it joins.
+struct Erased<H, S, D> {
     handler: H,
     state: Arc<S>,
+    database: std::marker::PhantomData<fn() -> D>,
 }
 
-impl<S: Send + Sync + 'static, H: Handler<S>> ErasedHandler for Erased<H, S> {
+impl<S, D, H> ErasedHandler for Erased<H, S, D>
+where
+    S: Send + Sync + 'static,
+    D: ConsumerDatabase,
+    H: Handler<S, D>,
+{
     fn name(&self) -> &str {
         self.handler.name()
     }
@@ -59,13 +64,15 @@ impl<S: Send + Sync + 'static, H: Handler<S>> ErasedHandler for Erased<H, S> {
     fn handle_json<'a>(
         &'a self,
         payload: &'a [u8],
-        conn: &'a mut PgConnection,
+        conn: Conn<'a>,
         meta: &'a MessageMeta<'a>,
         upcasters: &'a Upcasters,
     ) -> BoxFuture<'a, Result<(), Failure>> {
         use std::panic::{catch_unwind, AssertUnwindSafe};
         use std::task::Poll;
         Box::pin(async move {
+            // The builder registers only handlers of its own database.
+            let conn = D::conn(conn).expect("a handler is called on its own database");
             // A panic (in the event's `Deserialize`, the call or while polling) is the
             // handler's failure, not the consumer's end.
             let panicked = |p: Box<dyn std::any::Any + Send>| {
@@ -97,7 +104,12 @@ impl<S: Send + Sync + 'static, H: Handler<S>> ErasedHandler for Erased<H, S> {
     }
 }
 
-impl<S: Send + Sync + 'static, H: Handler<S>> Erased<H, S> {
+impl<S, D, H> Erased<H, S, D>
+where
+    S: Send + Sync + 'static,
+    D: ConsumerDatabase,
+    H: Handler<S, D>,
+{
     /// The handler's event: the payload as it is if the handler takes its schema version,
     /// else what the upcaster from that version makes of it. Neither is a permanent failure.
     fn event(
@@ -152,7 +164,7 @@ impl Route {
     pub(crate) fn handle<'a>(
         &'a self,
         payload: &'a [u8],
-        conn: &'a mut PgConnection,
+        conn: Conn<'a>,
         meta: &'a MessageMeta<'a>,
     ) -> BoxFuture<'a, Result<(), Failure>> {
         self.handler
@@ -168,7 +180,7 @@ pub(crate) struct Routes {
 
 impl Routes {
     /// Registers `handler`, to be called with `state`.
-    pub(crate) fn add<S: Send + Sync + 'static, H: Handler<S>>(
+    pub(crate) fn add<S: Send + Sync + 'static, D: ConsumerDatabase, H: Handler<S, D>>(
         &mut self,
         handler: H,
         state: Arc<S>,
@@ -194,7 +206,11 @@ impl Routes {
             ));
         }
         list.push(Route {
-            handler: Arc::new(Erased { handler, state }),
+            handler: Arc::new(Erased {
+                handler,
+                state,
+                database: std::marker::PhantomData::<fn() -> D>,
+            }),
             key: String::new(),
             upcasters: Arc::default(),
         });
@@ -204,12 +220,7 @@ impl Routes {
     /// Gives every handler the consumer's upcasters; refuses one no handler would ever call:
     /// no handler takes its event, or every handler of its event takes its version as it is.
     pub(crate) fn bind_upcasters(&mut self, upcasters: Upcasters) -> Result<(), String> {
-        let handlers: Vec<&dyn ErasedHandler> = self
-            .routes
-            .values()
-            .flatten()
-            .map(|r| &*r.handler)
-            .collect();
+        let handlers: Vec<&dyn ErasedHandler> = self.all().map(|r| &*r.handler).collect();
         let unused = upcasters.registered().find_map(|(event, name, from)| {
             let mut of_event = handlers
                 .iter()
@@ -261,6 +272,11 @@ impl Routes {
         self.routes
             .get(&(topic.to_owned(), event_type.to_owned()))
             .map_or(&[], Vec::as_slice)
+    }
+
+    /// Every registered handler.
+    pub(crate) fn all(&self) -> impl Iterator<Item = &Route> {
+        self.routes.values().flatten()
     }
 
     pub(crate) fn topics(&self) -> Vec<String> {

@@ -4,6 +4,7 @@
 use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 
+use super::database::Db;
 use super::route::Routes;
 use super::settings::Settings;
 use crate::sqlstate::{database_error, DbError};
@@ -11,7 +12,7 @@ use crate::sqlstate::{database_error, DbError};
 /// A consumer's parts, each of its own kind: the loops read them, nothing changes them (but
 /// `rows_waiting`, a signal, and `floor`, a computed bound).
 pub(crate) struct Shared {
-    pub(crate) pool: PgPool,
+    pub(crate) db: Db,
     pub(crate) settings: Settings,
     pub(crate) routes: Routes,
     /// Bumped when inbox rows may have become due: a receipt stored new rows. This process's
@@ -23,14 +24,22 @@ pub(crate) struct Shared {
 }
 
 impl Shared {
-    pub(crate) fn new(pool: PgPool, settings: Settings, routes: Routes) -> Shared {
+    pub(crate) fn new(db: Db, settings: Settings, routes: Routes) -> Shared {
         Shared {
-            pool,
+            db,
             settings,
             routes,
             rows_waiting: tokio::sync::watch::Sender::new(0),
             floor: super::floor::Floor::default(),
         }
+    }
+
+    /// The PostgreSQL pool of what is built on PostgreSQL only so far: inbox mode and the
+    /// leases JetStream reads under, which `build` refuses on MariaDB/MySQL.
+    pub(crate) fn pg(&self) -> &PgPool {
+        self.db
+            .pg("this")
+            .expect("`build` refuses on MariaDB/MySQL what is built on PostgreSQL only")
     }
 
     /// Wakes this process's processors.
@@ -50,9 +59,10 @@ impl Shared {
         cancel: &CancellationToken,
     ) -> bool {
         let name = table.table_name();
-        if database_error(error).is_some_and(DbError::is_missing_partition) {
+        let missing_partition = database_error(error).is_some_and(DbError::is_missing_partition);
+        if let (true, Db::Postgres(pool)) = (missing_partition, &self.db) {
             tracing::warn!(error = %crate::error_chain(error), "no {name} partition for now; creating partitions");
-            if let Err(e) = crate::admin::create_partitions(&self.pool, table).await {
+            if let Err(e) = crate::admin::create_partitions(pool, table).await {
                 tracing::warn!(error = %crate::error_chain(&e), "cannot create partitions");
             }
         } else {

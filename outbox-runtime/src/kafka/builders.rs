@@ -45,7 +45,7 @@ impl RelayBuilder {
     }
 }
 
-impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
+impl<S: Send + Sync + 'static, D: crate::inbox::ConsumerDatabase> ConsumerBuilder<S, D> {
     /// Consumes from Kafka: its bootstrap servers.
     #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
     pub fn brokers(mut self, brokers: impl Into<String>) -> Self {

@@ -85,6 +85,13 @@ async fn record(
     group: &str,
     missing: &[&(String, String, &'static str)],
 ) -> crate::Result<()> {
+    let pool = match &shared.db {
+        crate::inbox::database::Db::Postgres(pool) => pool,
+        #[cfg(feature = "mysql")]
+        crate::inbox::database::Db::MySql(pool) => {
+            return crate::inbox::batch_mysql::record_missing_topics(pool, group, missing).await;
+        }
+    };
     let topics: Vec<&str> = missing.iter().map(|(t, ..)| t.as_str()).collect();
     let sources: Vec<&str> = missing.iter().map(|(_, s, _)| s.as_str()).collect();
     let roles: Vec<&str> = missing.iter().map(|(.., r)| *r).collect();
@@ -100,7 +107,7 @@ async fn record(
     .bind(&topics)
     .bind(&sources)
     .bind(&roles)
-    .execute(&shared.pool)
+    .execute(pool)
     .await?;
     Ok(())
 }

@@ -276,13 +276,13 @@ fn push_row(sql: &mut String, r: &OutboxRecord) {
 }
 
 /// Text as a hexadecimal literal in utf8mb4: exact whatever `sql_mode` says.
-pub(super) fn push_text(sql: &mut String, value: &str) {
+pub(crate) fn push_text(sql: &mut String, value: &str) {
     sql.push_str("_utf8mb4 X'");
     push_hex(sql, value.as_bytes());
     sql.push('\'');
 }
 
-fn push_hex(sql: &mut String, bytes: &[u8]) {
+pub(crate) fn push_hex(sql: &mut String, bytes: &[u8]) {
     const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
     sql.reserve(2 * bytes.len());
     for &b in bytes {

@@ -22,6 +22,11 @@ pub const MIGRATIONS: &[Migration] = &[
         description: "relay",
         sql: include_str!("../../migrations/mysql/20261207000002_relay.sql"),
     },
+    Migration {
+        version: 20261207000003,
+        description: "consumer",
+        sql: include_str!("../../migrations/mysql/20261207000003_consumer.sql"),
+    },
 ];
 
 /// How long a runner waits for another to finish, in seconds.

@@ -1,10 +1,39 @@
 //! MariaDB 10.6+ and MySQL 8.0.1+ as the service's database (feature `mysql`).
 //!
-//! So far the unit of work, the migrations (also `outbox migrate` with a `mysql://` URL) and
-//! the relay: a command handler on MariaDB or MySQL emits its events in its own transaction,
-//! exactly as on PostgreSQL, and [`Relay::builder(mysql_pool)`](crate::relay::Relay::builder)
-//! publishes them to any broker. The consumers on these databases come next (issue 38;
-//! `docs/design/mariadb.md` is the plan).
+//! So far the unit of work, the migrations (also `outbox migrate` with a `mysql://` URL), the
+//! relay and dedup-mode consumers: a command handler on MariaDB or MySQL emits its events in its
+//! own transaction, exactly as on PostgreSQL,
+//! [`Relay::builder(mysql_pool)`](crate::relay::Relay::builder) publishes them to any broker, and
+//! [`Consumer::builder(mysql_pool)`](crate::inbox::Consumer::builder) hands what it reads from
+//! Kafka or RabbitMQ to handlers that take `&mut sqlx::MySqlConnection`. The rest comes next
+//! (issue 38; `docs/design/mariadb.md` is the plan).
+//!
+//! ```no_run
+//! use outbox_runtime::inbox::{Consumer, HandlerError};
+//! # #[derive(serde::Serialize, serde::Deserialize, outbox_runtime::OutboxEvent)]
+//! # #[outbox(topic = "payment.events", aggregate_type = "Payment")]
+//! # struct PaymentSucceeded { #[outbox(aggregate_id)] payment_id: uuid::Uuid, order_id: uuid::Uuid }
+//!
+//! #[outbox_runtime::inbox_handler]
+//! async fn mark_order_paid(
+//!     event: PaymentSucceeded,
+//!     tx: &mut sqlx::MySqlConnection,
+//! ) -> Result<(), HandlerError> {
+//!     sqlx::query("UPDATE orders SET paid = 1 WHERE id = ?")
+//!         .bind(event.order_id)
+//!         .execute(tx)
+//!         .await?;
+//!     Ok(())
+//! }
+//!
+//! # fn f(pool: sqlx::MySqlPool) -> outbox_runtime::Result<()> {
+//! let consumer = Consumer::builder(pool)      // a MySqlPool: handlers take MySqlConnection
+//!     .brokers("127.0.0.1:9092")
+//!     .group_id("orders-service")
+//!     .handler(mark_order_paid)
+//!     .build()?;
+//! # Ok(()) }
+//! ```
 //!
 //! ```no_run
 //! # use outbox_runtime::{OutboxEvent, Uow};
@@ -55,13 +84,28 @@
 //!   and parked rows as on PostgreSQL, and of transactions open too long, which hold InnoDB's
 //!   purge back (and make the relay's claims walk what it has not purged), with the history
 //!   list length; it needs the `PROCESS` privilege and says so without it.
+//! - **Consumers, dedup mode.** A batch is one transaction at READ COMMITTED and one commit, as
+//!   on PostgreSQL, its `processed_event` rows written in two round trips (the pairs it holds
+//!   already, then the new ones). A failed statement undoes only itself there, so each handler
+//!   runs behind a savepoint of its own, set in the round trip that releases the one before (one
+//!   round trip per handler beyond its own statements): a failing handler undoes its own work
+//!   and dedup row, and the batch goes on, without the fallback passes PostgreSQL needs. No
+//!   named lock is needed: `processed_event` is not partitioned, and its primary key makes a
+//!   second consumer of the same message wait, then skip it.
+//! - **A handler must not swallow a deadlock** (1213, or a lock wait timeout with
+//!   `innodb_rollback_on_timeout`): the server has rolled the whole batch back, and the
+//!   handler's statements after the catch commit on their own. The consumer finds it when it
+//!   releases that handler's savepoint (which is gone), fails the message (its retry says why),
+//!   and handles the rest of the batch again in a new transaction; what the handler wrote after
+//!   the catch stays written. Let such an error end the handler (`?`).
 //! - **Not yet on these databases**: the relay's periodic health checks (its health settings
-//!   are ignored) and retention beside it (refused at `build`), the consumers, and the operator
+//!   are ignored) and retention beside it (refused at `build`); inbox mode and JetStream
+//!   consumers (refused at `build`, saying so); retention of `processed_event`; and the operator
 //!   commands other than `migrate`, `relay` and `status` (its figures: [`status`]).
 //! - **Migrations** are not transactional (DDL commits on its own): each statement can run
 //!   again after a migration cut short, and `GET_LOCK` serializes concurrent runners.
 
-mod emit;
+pub(crate) mod emit;
 mod migrate;
 #[cfg(feature = "_broker")]
 pub(crate) mod relay;

@@ -26,7 +26,7 @@ impl RelayBuilder {
     }
 }
 
-impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
+impl<S: Send + Sync + 'static, D: crate::inbox::ConsumerDatabase> ConsumerBuilder<S, D> {
     /// Consumes from NATS JetStream instead of Kafka: see the [module
     /// documentation](crate::inbox)'s JetStream section for the mapping (a durable pull
     /// consumer per topic, named after the group) and the promises. `build` refuses both this

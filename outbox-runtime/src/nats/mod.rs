@@ -26,6 +26,10 @@ impl BrokerSettings for JetStream {
         "JetStream"
     }
 
+    fn reads_under_lease(&self) -> bool {
+        true
+    }
+
     fn rank(&self) -> u8 {
         1
     }

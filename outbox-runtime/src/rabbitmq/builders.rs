@@ -24,7 +24,7 @@ impl RelayBuilder {
     }
 }
 
-impl<S: Send + Sync + 'static> ConsumerBuilder<S> {
+impl<S: Send + Sync + 'static, D: crate::inbox::ConsumerDatabase> ConsumerBuilder<S, D> {
     /// Consumes from RabbitMQ: each of the group's shard queues has a single active consumer,
     /// so a key's messages are handled in order however many instances run (see
     /// [`RabbitMq`]). `build` refuses this beside another broker.

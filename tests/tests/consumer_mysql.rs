@@ -1,0 +1,488 @@
+//! Consumers on MariaDB (the machine's 10.11; MySQL 8 cannot be had here), dedup mode, on the
+//! mock cluster and RabbitMQ: effects once over at-least-once delivery, a failing handler
+//! undoing only its own work, retries and dead letters, a handler whose transaction the server
+//! rolled back (as after a deadlock it caught), each key's order, and what `build` refuses.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::Duration;
+
+use outbox_runtime::inbox::{Consumer, HandlerError, Mode, RetryPolicy};
+use outbox_runtime::inbox_handler;
+use outbox_runtime::relay::RabbitMq;
+use outbox_tests::deposits::{interleaved, Deposited, TOPIC};
+use outbox_tests::fixtures::{PaymentRefunded, PaymentSucceeded, PAYMENTS};
+use outbox_tests::kafka::{committed_total, produce, Kafka, Outgoing};
+use outbox_tests::mysql::{count, MySqlTestDb};
+use outbox_tests::payments::{dead_letters, retried, wait_for, PARTITIONS};
+use outbox_tests::rabbitmq as mq;
+use outbox_tests::Running;
+use rdkafka::ClientConfig;
+use sqlx::{Executor, MySqlConnection, MySqlPool};
+use uuid::Uuid;
+
+/// MariaDB with the orders table, and the mock cluster with the payments' topics.
+async fn setup() -> (MySqlTestDb, Kafka) {
+    let db = MySqlTestDb::new().await;
+    sqlx::query(
+        "CREATE TABLE orders (id BINARY(16) PRIMARY KEY, paid INT NOT NULL DEFAULT 0, \
+         refunded INT NOT NULL DEFAULT 0)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let kafka = Kafka::mock();
+    kafka.create_topic(PAYMENTS, PARTITIONS).await;
+    kafka
+        .create_topic(&format!("{PAYMENTS}.retry"), PARTITIONS)
+        .await;
+    kafka.create_topic(&format!("{PAYMENTS}.dlq"), 1).await;
+    (db, kafka)
+}
+
+/// `n` orders, each with its payment event (and the event's id).
+async fn orders_with_payments(pool: &MySqlPool, n: usize) -> Vec<(Uuid, PaymentSucceeded)> {
+    let mut payments = Vec::new();
+    for _ in 0..n {
+        let order_id = Uuid::now_v7();
+        sqlx::query("INSERT INTO orders (id) VALUES (?)")
+            .bind(order_id)
+            .execute(pool)
+            .await
+            .unwrap();
+        let event = PaymentSucceeded {
+            payment_id: Uuid::now_v7(),
+            order_id,
+            amount: 100,
+        };
+        payments.push((Uuid::now_v7(), event));
+    }
+    payments
+}
+
+fn records(payments: &[(Uuid, PaymentSucceeded)]) -> Vec<Outgoing> {
+    payments
+        .iter()
+        .map(|(id, e)| Outgoing::event(e, *id))
+        .collect()
+}
+
+/// `paid` of every order, in the order of `payments`.
+async fn paid(pool: &MySqlPool, payments: &[(Uuid, PaymentSucceeded)]) -> Vec<i32> {
+    let mut counts = Vec::new();
+    for (_, p) in payments {
+        let paid: i32 = sqlx::query_scalar("SELECT paid FROM orders WHERE id = ?")
+            .bind(p.order_id)
+            .fetch_one(pool)
+            .await
+            .unwrap();
+        counts.push(paid);
+    }
+    counts
+}
+
+fn consumer(
+    db: &MySqlTestDb,
+    kafka: &Kafka,
+) -> outbox_runtime::inbox::ConsumerBuilder<(), sqlx::MySql> {
+    let mut config = ClientConfig::new();
+    config.set("auto.commit.interval.ms", "100");
+    Consumer::builder(db.pool.clone())
+        .brokers(kafka.bootstrap())
+        .group_id("orders")
+        .consumer_config(config)
+        .retry_backoff(Duration::from_millis(20), Duration::from_millis(200))
+}
+
+async fn all_committed(kafka: &Kafka, total: i64) {
+    wait_for(
+        "every message consumed and committed",
+        Duration::from_secs(60),
+        || async { committed_total(&kafka.bootstrap(), "orders", PAYMENTS, PARTITIONS) == total },
+    )
+    .await;
+}
+
+#[inbox_handler]
+async fn mark_paid(event: PaymentSucceeded, tx: &mut MySqlConnection) -> Result<(), HandlerError> {
+    if event.amount < 0 {
+        return Err(HandlerError::permanent(format!(
+            "negative amount {}",
+            event.amount
+        )));
+    }
+    sqlx::query("UPDATE orders SET paid = paid + 1 WHERE id = ?")
+        .bind(event.order_id)
+        .execute(tx)
+        .await?;
+    Ok(())
+}
+
+#[inbox_handler]
+async fn mark_refunded(
+    event: PaymentRefunded,
+    tx: &mut MySqlConnection,
+) -> Result<(), HandlerError> {
+    sqlx::query("UPDATE orders SET refunded = refunded + 1 WHERE id = ?")
+        .bind(event.order_id)
+        .execute(tx)
+        .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_event_delivered_twice_takes_effect_once() {
+    let (db, kafka) = setup().await;
+    let payments = orders_with_payments(&db.pool, 100).await;
+    let refunds: Vec<Outgoing> = payments
+        .iter()
+        .take(10)
+        .map(|(_, p)| {
+            let refund = PaymentRefunded {
+                payment_id: p.payment_id,
+                order_id: p.order_id,
+            };
+            Outgoing::event(&refund, Uuid::now_v7())
+        })
+        .collect();
+    let mut once = records(&payments);
+    once.extend(refunds);
+    // Everything once, then everything again in the opposite order.
+    let mut twice = once.clone();
+    twice.extend(once.iter().rev().cloned());
+    produce(&kafka.bootstrap(), PAYMENTS, &twice).await;
+
+    let consumer = consumer(&db, &kafka)
+        .handler(mark_paid)
+        .handler(mark_refunded)
+        .build()
+        .unwrap();
+    let running = Running::consumer(&consumer);
+    all_committed(&kafka, twice.len() as i64).await;
+    running.stop().await;
+
+    assert_eq!(paid(&db.pool, &payments).await, vec![1; 100]);
+    assert_eq!(
+        count(&db.pool, "SELECT CAST(SUM(refunded) AS SIGNED) FROM orders").await,
+        10
+    );
+    let ledger: Vec<(String, i64)> = sqlx::query_as(
+        "SELECT CAST(handler AS CHAR), COUNT(*) FROM processed_event GROUP BY handler ORDER BY handler",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        ledger,
+        [
+            ("orders/mark_paid".to_owned(), 100),
+            ("orders/mark_refunded".to_owned(), 10)
+        ],
+        "dedup keys are the consumer group's"
+    );
+}
+
+/// Calls of [`flaky`] per order.
+static FLAKY_CALLS: Mutex<Option<HashMap<Uuid, usize>>> = Mutex::new(None);
+
+fn flaky_calls(order: Uuid) -> usize {
+    FLAKY_CALLS
+        .lock()
+        .unwrap()
+        .as_ref()
+        .and_then(|m| m.get(&order).copied())
+        .unwrap_or(0)
+}
+
+/// Writes its effect, then fails the first two times it sees an order: the failed attempts'
+/// writes must be undone, and only its own.
+#[inbox_handler]
+async fn flaky(event: PaymentSucceeded, tx: &mut MySqlConnection) -> Result<(), HandlerError> {
+    sqlx::query("UPDATE orders SET paid = paid + 1 WHERE id = ?")
+        .bind(event.order_id)
+        .execute(&mut *tx)
+        .await?;
+    let calls = {
+        let mut calls = FLAKY_CALLS.lock().unwrap();
+        let n = calls
+            .get_or_insert_with(HashMap::new)
+            .entry(event.order_id)
+            .or_default();
+        *n += 1;
+        *n
+    };
+    if calls <= 2 {
+        return Err(HandlerError::retryable("the payment service is busy"));
+    }
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_handler_undoes_only_its_own_work_through_the_retry_topic() {
+    failing_twice(RetryPolicy::Topic).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failing_handler_undoes_only_its_own_work_retried_in_place() {
+    failing_twice(RetryPolicy::InPlace).await;
+}
+
+async fn failing_twice(policy: RetryPolicy) {
+    let (db, kafka) = setup().await;
+    let payments = orders_with_payments(&db.pool, 3).await;
+    let others = orders_with_payments(&db.pool, 20).await;
+    // The flaky ones among others on one partition, so that they share batches.
+    let mut all: Vec<Outgoing> = records(&payments)
+        .into_iter()
+        .chain(records(&others))
+        .map(|mut r| {
+            r.key = "one-partition".into();
+            r
+        })
+        .collect();
+    all.rotate_left(1);
+    produce(&kafka.bootstrap(), PAYMENTS, &all).await;
+    let consumer = consumer(&db, &kafka)
+        .handler(flaky)
+        .retry_policy(policy)
+        .build()
+        .unwrap();
+    // The others succeed at once: their calls are counted from the third.
+    for (_, p) in &others {
+        FLAKY_CALLS
+            .lock()
+            .unwrap()
+            .get_or_insert_with(HashMap::new)
+            .insert(p.order_id, 2);
+    }
+    let running = Running::consumer(&consumer);
+    wait_for("every order paid", Duration::from_secs(60), || async {
+        paid(&db.pool, &payments).await == [1, 1, 1] && paid(&db.pool, &others).await == vec![1; 20]
+    })
+    .await;
+    all_committed(&kafka, all.len() as i64).await;
+    running.stop().await;
+    assert_eq!(
+        paid(&db.pool, &payments).await,
+        [1, 1, 1],
+        "failed attempts left nothing"
+    );
+    assert_eq!(
+        paid(&db.pool, &others).await,
+        vec![1; 20],
+        "batch-mates applied once"
+    );
+    for (_, p) in &payments {
+        assert_eq!(
+            flaky_calls(p.order_id),
+            3,
+            "two failures, then success, each run once"
+        );
+    }
+    let expected = match policy {
+        RetryPolicy::InPlace => 0,
+        _ => 6,
+    };
+    assert_eq!(retried(&kafka, expected).await.len(), expected);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn poison_messages_are_dead_lettered_and_the_partition_flows() {
+    let (db, kafka) = setup().await;
+    let payments = orders_with_payments(&db.pool, 2).await;
+    let key = "one-partition".to_owned();
+    let good = |i: usize| {
+        let mut r = Outgoing::event(&payments[i].1, payments[i].0);
+        r.key = key.clone();
+        r
+    };
+    let mut not_json = good(0);
+    not_json.payload = b"{not json".to_vec();
+    not_json.headers[0].1 = Uuid::now_v7().to_string();
+    let negative = PaymentSucceeded {
+        amount: -5,
+        ..payments[0].1.clone()
+    };
+    let mut refused = Outgoing::event(&negative, Uuid::now_v7());
+    refused.key = key.clone();
+    let records = vec![good(0), not_json, refused, good(1)];
+    produce(&kafka.bootstrap(), PAYMENTS, &records).await;
+    let consumer = consumer(&db, &kafka).handler(mark_paid).build().unwrap();
+    let running = Running::consumer(&consumer);
+    let dead = dead_letters(&kafka, 2, Duration::from_secs(30)).await;
+    all_committed(&kafka, 4).await;
+    running.stop().await;
+    assert_eq!(paid(&db.pool, &payments).await, [1, 1]);
+    let errors: Vec<&str> = dead.iter().map(|r| r.header("dlq_error")).collect();
+    assert_eq!(errors.len(), 2, "{errors:?}");
+    assert!(
+        errors[0].starts_with("payload is not JSON"),
+        "{}",
+        errors[0]
+    );
+    assert!(
+        errors[1].contains("handler `mark_paid` failed for good: negative amount -5"),
+        "{}",
+        errors[1]
+    );
+    assert_eq!(
+        count(&db.pool, "SELECT COUNT(*) FROM processed_event").await,
+        2,
+        "no dedup row of a failed handler"
+    );
+}
+
+/// Calls of [`rolls_back_once`].
+static ROLLBACK_CALLS: AtomicUsize = AtomicUsize::new(0);
+
+/// Pays, then, the first time only, ends the transaction under the framework as InnoDB does on
+/// a deadlock (a `ROLLBACK` the handler does not report), and returns `Ok`; then pays once more,
+/// which then runs outside any transaction, as a handler that caught a deadlock would.
+#[inbox_handler]
+async fn rolls_back_once(
+    event: PaymentSucceeded,
+    tx: &mut MySqlConnection,
+) -> Result<(), HandlerError> {
+    sqlx::query("UPDATE orders SET paid = paid + 1 WHERE id = ?")
+        .bind(event.order_id)
+        .execute(&mut *tx)
+        .await?;
+    if event.amount == 7 && ROLLBACK_CALLS.fetch_add(1, Ordering::SeqCst) == 0 {
+        tx.execute(sqlx::raw_sql("ROLLBACK")).await?;
+        sqlx::query("UPDATE orders SET paid = paid + 1 WHERE id = ?")
+            .bind(event.order_id)
+            .execute(&mut *tx)
+            .await?;
+    }
+    Ok(())
+}
+
+/// A batch whose transaction the server rolled back under a handler that returned `Ok` is not
+/// committed as if whole: the messages before it in the batch are handled again (their work
+/// was rolled back with it), the handler's message fails and is retried, and the messages after
+/// it never run outside a transaction. Fails on a consumer that does not check its
+/// transaction after each handler: the batch-mates before it stay unpaid, their offsets stored.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_rolled_back_under_a_handler_is_found_and_its_batch_done_again() {
+    let (db, kafka) = setup().await;
+    let mut payments = orders_with_payments(&db.pool, 30).await;
+    payments[10].1.amount = 7;
+    let all: Vec<Outgoing> = records(&payments)
+        .into_iter()
+        .map(|mut r| {
+            r.key = "one-partition".into();
+            r
+        })
+        .collect();
+    produce(&kafka.bootstrap(), PAYMENTS, &all).await;
+    let consumer = consumer(&db, &kafka)
+        .handler(rolls_back_once)
+        .build()
+        .unwrap();
+    let running = Running::consumer(&consumer);
+    all_committed(&kafka, all.len() as i64).await;
+    wait_for(
+        "the culprit's retry handled",
+        Duration::from_secs(30),
+        || async { count(&db.pool, "SELECT COUNT(*) FROM processed_event").await == 30 },
+    )
+    .await;
+    running.stop().await;
+    let mut expected = vec![1; 30];
+    // Its statement after the rollback committed on its own: no check can undo that.
+    expected[10] = 2;
+    assert_eq!(paid(&db.pool, &payments).await, expected);
+    let retry = retried(&kafka, 1).await;
+    assert_eq!(retry.len(), 1, "the culprit retried once");
+    assert!(
+        retry[0]
+            .header("outbox_retry_error")
+            .contains("returned Ok, but the server had rolled its transaction back"),
+        "{}",
+        retry[0].header("outbox_retry_error")
+    );
+}
+
+#[tokio::test]
+async fn build_refuses_what_is_not_built_on_mysql_yet() {
+    let db = MySqlTestDb::new().await;
+    let kafka = Kafka::mock();
+    let refused = |b: outbox_runtime::inbox::ConsumerBuilder<(), sqlx::MySql>| {
+        b.build().unwrap_err().to_string()
+    };
+    let inbox = refused(consumer(&db, &kafka).handler(mark_paid).mode(Mode::Inbox));
+    assert!(
+        inbox.contains("inbox mode is not built on MariaDB/MySQL yet"),
+        "{inbox}"
+    );
+    let long = refused(
+        consumer(&db, &kafka)
+            .group_id("g".repeat(250))
+            .handler(mark_paid),
+    );
+    assert!(
+        long.contains("longer than `processed_event.handler` holds"),
+        "{long}"
+    );
+}
+
+/// Records the step of a deposit in `steps`, in the handler's transaction.
+#[inbox_handler]
+async fn record_step(event: Deposited, tx: &mut MySqlConnection) -> Result<(), HandlerError> {
+    sqlx::query("INSERT INTO steps (account, seq) VALUES (?, ?)")
+        .bind(&event.account)
+        .bind(event.seq as i64)
+        .execute(tx)
+        .await?;
+    Ok(())
+}
+
+/// The consumer on MariaDB is the same on every broker it is built for: RabbitMQ here (the
+/// machine's node, a vhost of its own), each event's effect once over duplicates, each key's
+/// order kept.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_rabbitmq_each_event_once_in_each_keys_order() {
+    const SHARDS: u16 = 4;
+    let vhost = mq::Vhost::new("rc-mysql");
+    let url = vhost.url();
+    let db = MySqlTestDb::new().await;
+    sqlx::query(
+        "CREATE TABLE steps (n BIGINT AUTO_INCREMENT PRIMARY KEY, account VARCHAR(64) NOT NULL, \
+         seq BIGINT NOT NULL)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let rabbit = RabbitMq::new(&url).shards(SHARDS);
+    rabbit.ensure_topology(TOPIC, "ledger").await.unwrap();
+    // 8 accounts' events interleaved, then every one again (same event ids) behind them.
+    let records = interleaved(8, 20);
+    mq::publish_sharded(&url, TOPIC, SHARDS, &records).await;
+    mq::publish_sharded(&url, TOPIC, SHARDS, &records).await;
+    let consumer = Consumer::builder(db.pool.clone())
+        .rabbitmq(rabbit)
+        .group_id("ledger")
+        .handler(record_step)
+        .batch_size(25)
+        .build()
+        .unwrap();
+    let running = Running::consumer(&consumer);
+    wait_for("every event handled", Duration::from_secs(60), || async {
+        count(&db.pool, "SELECT COUNT(*) FROM processed_event").await == 160
+    })
+    .await;
+    running.stop().await;
+    let rows: Vec<(String, i64)> = sqlx::query_as("SELECT account, seq FROM steps ORDER BY n")
+        .fetch_all(&db.pool)
+        .await
+        .unwrap();
+    let mut steps: std::collections::BTreeMap<String, Vec<i64>> = Default::default();
+    for (account, seq) in rows {
+        steps.entry(account).or_default().push(seq);
+    }
+    assert_eq!(steps.len(), 8);
+    for (account, seqs) in steps {
+        assert_eq!(seqs, (0..20).collect::<Vec<i64>>(), "account {account}");
+    }
+}
