@@ -19,7 +19,7 @@ use rdkafka::ClientConfig;
 use sqlx::{MySqlConnection, PgConnection};
 use uuid::Uuid;
 
-const TOPIC: &str = "payment.events";
+const TOPIC: &str = "bench.payments";
 const PARTITIONS: i32 = 12;
 
 /// Handler calls so far, read in process (no query competes with the consumer while it runs).

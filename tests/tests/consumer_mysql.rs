@@ -15,7 +15,7 @@ use outbox_tests::deposits::{interleaved, Deposited, TOPIC};
 use outbox_tests::fixtures::{PaymentRefunded, PaymentSucceeded, PAYMENTS};
 use outbox_tests::kafka::{committed_total, produce, Kafka, Outgoing};
 use outbox_tests::mysql::{count, MySqlTestDb};
-use outbox_tests::payments::{dead_letters, retried, wait_for, PARTITIONS};
+use outbox_tests::payments::{dead_letters, no_auto_created_topics, retried, wait_for, PARTITIONS};
 use outbox_tests::rabbitmq as mq;
 use outbox_tests::Running;
 use rdkafka::ClientConfig;
@@ -485,4 +485,103 @@ async fn reads_rabbitmq_each_event_once_in_each_keys_order() {
     for (account, seqs) in steps {
         assert_eq!(seqs, (0..20).collect::<Vec<i64>>(), "account {account}");
     }
+}
+
+/// Pays; its dedup key is the name as it stands, whatever the group.
+#[inbox_handler(name = "shared-payments")]
+async fn pay_shared(event: PaymentSucceeded, tx: &mut MySqlConnection) -> Result<(), HandlerError> {
+    sqlx::query("UPDATE orders SET paid = paid + 1 WHERE id = ?")
+        .bind(event.order_id)
+        .execute(tx)
+        .await?;
+    Ok(())
+}
+
+/// Two consumers (two groups, so each reads every message) whose handler shares one dedup key
+/// handle the same messages at the same time: their batches insert the same pairs at once, one
+/// waits for the other's transaction, and each effect happens once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_consumers_racing_on_the_same_pairs_apply_each_once() {
+    let (db, kafka) = setup().await;
+    let payments = orders_with_payments(&db.pool, 300).await;
+    produce(&kafka.bootstrap(), PAYMENTS, &records(&payments)).await;
+    let running: Vec<Running> = ["a", "b"]
+        .into_iter()
+        .map(|group| {
+            let consumer = consumer(&db, &kafka)
+                .group_id(group)
+                .handler(pay_shared)
+                .build()
+                .unwrap();
+            Running::consumer(&consumer)
+        })
+        .collect();
+    for group in ["a", "b"] {
+        wait_for(
+            "both groups consumed everything",
+            Duration::from_secs(60),
+            || async { committed_total(&kafka.bootstrap(), group, PAYMENTS, PARTITIONS) == 300 },
+        )
+        .await;
+    }
+    Running::stop_all(running).await;
+    assert_eq!(paid(&db.pool, &payments).await, vec![1; 300]);
+    assert_eq!(
+        count(&db.pool, "SELECT COUNT(*) FROM processed_event").await,
+        300
+    );
+}
+
+/// A consumer whose dead-letter topic is missing records it in MariaDB, and `mysql::health`
+/// (`outbox status --check`) warns of it, naming the group and the topic.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_missing_dead_letter_topic_is_recorded_and_warned_of() {
+    let db = MySqlTestDb::new().await;
+    let kafka = Kafka::mock();
+    kafka.create_topic(PAYMENTS, PARTITIONS).await;
+    kafka
+        .create_topic(&format!("{PAYMENTS}.retry"), PARTITIONS)
+        .await;
+    // A record the group left behind when it had two retry tiers: it wants that topic no more.
+    sqlx::query(
+        "INSERT INTO outbox_consumer_missing_topic (group_id, topic, source_topic, role, seen_at) \
+         VALUES ('orders', 'payment.events.retry-2', 'payment.events', 'retry', UTC_TIMESTAMP())",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let consumer = consumer(&db, &kafka)
+        .producer_config(no_auto_created_topics())
+        .handler(mark_paid)
+        .build()
+        .unwrap();
+    let running = Running::consumer(&consumer);
+    let dlq = format!("{PAYMENTS}.dlq");
+    let thresholds = outbox_runtime::admin::HealthThresholds::default();
+    wait_for(
+        "the missing topic warned of",
+        Duration::from_secs(30),
+        || async {
+            let health = outbox_runtime::mysql::health(&db.pool, &thresholds)
+                .await
+                .unwrap();
+            health.warnings.iter().any(|w| {
+                let text = w.to_string();
+                text.contains(&dlq) && text.contains("orders")
+            })
+        },
+    )
+    .await;
+    running.stop().await;
+    let recorded: Vec<(String, String)> = sqlx::query_as(
+        "SELECT CAST(topic AS CHAR), CAST(role AS CHAR) FROM outbox_consumer_missing_topic",
+    )
+    .fetch_all(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        recorded,
+        [(dlq, "dead_letter".to_owned())],
+        "the stale row replaced"
+    );
 }

@@ -31,7 +31,9 @@
 //! ```
 //!
 //! `#[inbox_handler]` checks the signature at compile time (an `async fn`; one event parameter
-//! whose type derives `OutboxEvent` and `Deserialize`; `&mut sqlx::PgConnection`; then optionally
+//! whose type derives `OutboxEvent` and `Deserialize`; `&mut sqlx::PgConnection` (or, feature
+//! `mysql`, `&mut sqlx::MySqlConnection`: a handler of consumers on a `MySqlPool`, see
+//! `outbox_runtime::mysql`); then optionally
 //! `state: &T` and `meta: &MessageMeta`, in either order; returning `Result<(), HandlerError>`;
 //! each mistake is an error at the parameter) and turns the function into a unit struct of the
 //! same name that implements [`Handler`] (its docs and visibility kept;

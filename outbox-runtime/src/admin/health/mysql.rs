@@ -1,12 +1,12 @@
 //! [`health`] on MariaDB/MySQL: the backlog's warnings, as on PostgreSQL (old unpublished rows,
 //! held keys, parked rows), and the transactions that hold InnoDB's purge back, with the
-//! history list length. Needs the `PROCESS` privilege (to see other connections'
+//! history list length; and the retry and dead-letter topics consumers found missing. Needs the `PROCESS` privilege (to see other connections'
 //! transactions); without it, it says so.
 
 use sqlx::{MySqlConnection, MySqlPool, Row};
 
 use super::assess;
-use super::probes::Held;
+use super::probes::{Held, MissingTopic};
 use super::{Health, HealthThresholds, Warning};
 use crate::error::{Error, Result};
 
@@ -40,6 +40,7 @@ pub async fn health(pool: &MySqlPool, thresholds: &HealthThresholds) -> Result<H
         Vec::new()
     };
     warnings.extend(assess::backlog(&status, held, thresholds));
+    warnings.extend(assess::missing_topics(missing_topics(&mut conn).await?));
     warnings.retain(|w| !thresholds.ignores(w.kind()));
     Ok(Health {
         status,
@@ -140,6 +141,35 @@ async fn held_keys(conn: &mut MySqlConnection) -> Result<Vec<Held>> {
                 rows: r.try_get(1)?,
                 keys: r.try_get(2)?,
                 error: r.try_get(3)?,
+            })
+        })
+        .collect()
+}
+
+/// The retry and dead-letter topics consumers recorded missing (none before migration 3, which
+/// made their table).
+async fn missing_topics(conn: &mut MySqlConnection) -> Result<Vec<MissingTopic>> {
+    let rows = sqlx::query(
+        "SELECT CAST(group_id AS CHAR), CAST(topic AS CHAR), CAST(source_topic AS CHAR), \
+                CAST(role AS CHAR), TIMESTAMPDIFF(MICROSECOND, seen_at, UTC_TIMESTAMP(6)) \
+         FROM outbox_consumer_missing_topic ORDER BY group_id, topic",
+    )
+    .fetch_all(conn)
+    .await;
+    let rows = match rows {
+        Ok(rows) => rows,
+        // 42S02: no such table.
+        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42S02") => Vec::new(),
+        Err(e) => return Err(e.into()),
+    };
+    rows.into_iter()
+        .map(|row| {
+            Ok(MissingTopic {
+                group: row.try_get(0)?,
+                topic: row.try_get(1)?,
+                source: row.try_get(2)?,
+                role: row.try_get(3)?,
+                age_secs: row.try_get::<i64, _>(4)? as f64 / 1e6,
             })
         })
         .collect()
