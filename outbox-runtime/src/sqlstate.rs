@@ -128,10 +128,10 @@ impl DbError {
     // one condition its caller handles, and leaves the class (and so every caller of `of`)
     // as it is.
 
-    /// 42P01 `undefined_table`: the statement names a table that does not exist, such as one
-    /// a migration not applied yet adds (class [`Other`](DbError::Other)).
+    /// 42P01 `undefined_table` (42S02 on MariaDB/MySQL): the statement names a table that does
+    /// not exist, such as one a migration not applied yet adds (class [`Other`](DbError::Other)).
     pub(crate) fn is_undefined_table(error: &sqlx::Error) -> bool {
-        sqlstate(error).as_deref() == Some("42P01")
+        matches!(sqlstate(error).as_deref(), Some("42P01" | "42S02"))
     }
 
     /// 55P03 `lock_not_available`: a lock did not come within `lock_timeout` (class

@@ -273,12 +273,10 @@ async fn failing_twice(policy: RetryPolicy) {
         vec![1; 20],
         "batch-mates applied once"
     );
+    // A handler may run again when a batch-mate fails (the straight pass is given up, its work
+    // rolled back): at least three calls each, one effect.
     for (_, p) in &payments {
-        assert_eq!(
-            flaky_calls(p.order_id),
-            3,
-            "two failures, then success, each run once"
-        );
+        assert!(flaky_calls(p.order_id) >= 3);
     }
     let expected = match policy {
         RetryPolicy::InPlace => 0,
@@ -336,9 +334,9 @@ async fn poison_messages_are_dead_lettered_and_the_partition_flows() {
 /// Calls of [`rolls_back_once`].
 static ROLLBACK_CALLS: AtomicUsize = AtomicUsize::new(0);
 
-/// Pays, then, the first time only, ends the transaction under the framework as InnoDB does on
-/// a deadlock (a `ROLLBACK` the handler does not report), and returns `Ok`; then pays once more,
-/// which then runs outside any transaction, as a handler that caught a deadlock would.
+/// Pays, then, the first two times, ends the transaction under the framework as InnoDB does on
+/// a deadlock (a `ROLLBACK` the handler does not report), pays once more, as a handler that
+/// caught a deadlock would go on, and returns `Ok`.
 #[inbox_handler]
 async fn rolls_back_once(
     event: PaymentSucceeded,
@@ -348,7 +346,7 @@ async fn rolls_back_once(
         .bind(event.order_id)
         .execute(&mut *tx)
         .await?;
-    if event.amount == 7 && ROLLBACK_CALLS.fetch_add(1, Ordering::SeqCst) == 0 {
+    if event.amount == 7 && ROLLBACK_CALLS.fetch_add(1, Ordering::SeqCst) < 2 {
         tx.execute(sqlx::raw_sql("ROLLBACK")).await?;
         sqlx::query("UPDATE orders SET paid = paid + 1 WHERE id = ?")
             .bind(event.order_id)
@@ -359,10 +357,12 @@ async fn rolls_back_once(
 }
 
 /// A batch whose transaction the server rolled back under a handler that returned `Ok` is not
-/// committed as if whole: the messages before it in the batch are handled again (their work
-/// was rolled back with it), the handler's message fails and is retried, and the messages after
-/// it never run outside a transaction. Fails on a consumer that does not check its
-/// transaction after each handler: the batch-mates before it stay unpaid, their offsets stored.
+/// committed as if whole: its straight pass finds the batch's savepoint gone at the commit, the
+/// pass with a savepoint per handler finds the handler (its savepoint gone when released), the
+/// batch is done again without it, and its message fails and is retried. What the handler (and
+/// those after it) wrote after the rollback never commits: the batch runs with autocommit off.
+/// Fails on a consumer that does not check its transaction: the batch-mates before it stay
+/// unpaid, their offsets stored; and on one with autocommit on: the culprit is paid 3 times.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transaction_rolled_back_under_a_handler_is_found_and_its_batch_done_again() {
     let (db, kafka) = setup().await;
@@ -389,10 +389,7 @@ async fn a_transaction_rolled_back_under_a_handler_is_found_and_its_batch_done_a
     )
     .await;
     running.stop().await;
-    let mut expected = vec![1; 30];
-    // Its statement after the rollback committed on its own: no check can undo that.
-    expected[10] = 2;
-    assert_eq!(paid(&db.pool, &payments).await, expected);
+    assert_eq!(paid(&db.pool, &payments).await, vec![1; 30]);
     let retry = retried(&kafka, 1).await;
     assert_eq!(retry.len(), 1, "the culprit retried once");
     assert!(
@@ -584,4 +581,68 @@ async fn a_missing_dead_letter_topic_is_recorded_and_warned_of() {
         [(dlq, "dead_letter".to_owned())],
         "the stale row replaced"
     );
+}
+
+#[derive(serde::Serialize, outbox_runtime::OutboxEvent)]
+#[outbox(topic = "shipping.events", aggregate_type = "Order")]
+struct ShipmentRequested {
+    #[outbox(aggregate_id)]
+    order_id: Uuid,
+}
+
+/// Pays and emits the next step of the order into the outbox, in the batch's transaction.
+#[inbox_handler]
+async fn pay_and_ship(
+    event: PaymentSucceeded,
+    tx: &mut MySqlConnection,
+) -> Result<(), HandlerError> {
+    sqlx::query("UPDATE orders SET paid = paid + 1 WHERE id = ?")
+        .bind(event.order_id)
+        .execute(&mut *tx)
+        .await?;
+    outbox_runtime::mysql::emit(
+        tx,
+        &ShipmentRequested {
+            order_id: event.order_id,
+        },
+    )
+    .await?;
+    Ok(())
+}
+
+/// A handler emits events with `mysql::emit` in its batch's transaction (the batch runs with
+/// autocommit off, which an emit elsewhere refuses), once per event over duplicates; and every
+/// connection the consumer gives back to the pool has its session as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_handler_emits_in_the_batch_and_the_pool_gets_its_sessions_back() {
+    let (db, kafka) = setup().await;
+    let payments = orders_with_payments(&db.pool, 50).await;
+    let mut twice = records(&payments);
+    twice.extend(records(&payments));
+    produce(&kafka.bootstrap(), PAYMENTS, &twice).await;
+    let consumer = consumer(&db, &kafka).handler(pay_and_ship).build().unwrap();
+    let running = Running::consumer(&consumer);
+    all_committed(&kafka, 100).await;
+    running.stop().await;
+    assert_eq!(paid(&db.pool, &payments).await, vec![1; 50]);
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT COUNT(*) FROM outbox_event WHERE topic = 'shipping.events'"
+        )
+        .await,
+        50
+    );
+    // Every connection of the pool at once.
+    let mut held = Vec::new();
+    for _ in 0..db.pool.options().get_max_connections() {
+        let mut conn = db.pool.acquire().await.unwrap();
+        let session: (i64, Option<i64>) =
+            sqlx::query_as("SELECT @@autocommit, CAST(@outbox_consumer_batch AS SIGNED)")
+                .fetch_one(&mut *conn)
+                .await
+                .unwrap();
+        assert_eq!(session, (1, None));
+        held.push(conn);
+    }
 }

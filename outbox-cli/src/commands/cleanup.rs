@@ -1,8 +1,9 @@
 //! `outbox cleanup`: retention, table by table, after a count and a confirmation.
 
+use chrono::{DateTime, Utc};
 use outbox_runtime::admin::{Cleanup, CleanupTable};
 
-use super::{chain, connect_migrated, when, Result};
+use super::{chain, connect_migrated, connect_mysql_migrated, is_mysql, when, Result};
 use crate::args::CleanupArgs;
 use crate::ui::{self, Progress};
 
@@ -16,8 +17,13 @@ pub async fn run(args: CleanupArgs) -> Result {
         dry_run,
         yes,
     } = args;
+    let mysql = is_mysql(&db.database_url);
     if tables.is_empty() {
         tables = CleanupTable::ALL.to_vec();
+        if mysql {
+            // No inbox table there (inbox mode is not built on MariaDB/MySQL yet).
+            tables.retain(|t| *t != CleanupTable::Inbox);
+        }
     }
     let mut seen = Vec::new();
     tables.retain(|t| {
@@ -25,6 +31,42 @@ pub async fn run(args: CleanupArgs) -> Result {
         seen.push(*t);
         new
     });
+    if mysql {
+        let pool = connect_mysql_migrated(&db, 2).await?;
+        let outbox =
+            outbox_runtime::mysql::Cleanup::new(pool.clone(), older_than).batch_size(batch);
+        let dedup =
+            outbox_runtime::mysql::Cleanup::new(pool, dedup_older_than.unwrap_or(older_than))
+                .batch_size(batch);
+        let mut plan = Vec::new();
+        for &table in &tables {
+            let cleanup = if table == CleanupTable::Outbox {
+                &outbox
+            } else {
+                &dedup
+            };
+            let cutoff = cleanup.cutoff().await.map_err(chain)?;
+            let n = cleanup.count(table, cutoff).await.map_err(chain)?;
+            plan.push((table, cleanup, cutoff, n));
+        }
+        let Some(plan) = confirmed(plan, dry_run, yes)? else {
+            return Ok(());
+        };
+        for (table, cleanup, cutoff, expected) in plan {
+            if expected == 0 {
+                out!("{}: nothing to delete", table.table_name());
+                continue;
+            }
+            let mut progress =
+                Progress::new(format!("cleaning {}", table.table_name()), Some(expected));
+            let result = cleanup
+                .run(table, cutoff, |done| progress.update(done))
+                .await;
+            progress.finish();
+            report(table, cutoff, result.map_err(chain)?, &progress);
+        }
+        return Ok(());
+    }
     let pool = connect_migrated(&db, 2).await?;
     let outbox = Cleanup::new(pool.clone(), older_than).batch_size(batch);
     let dedup = Cleanup::new(pool, dedup_older_than.unwrap_or(older_than)).batch_size(batch);
@@ -39,21 +81,9 @@ pub async fn run(args: CleanupArgs) -> Result {
         let n = cleanup.count(table, cutoff).await.map_err(chain)?;
         plan.push((table, cleanup, cutoff, n));
     }
-    let total: u64 = plan.iter().map(|p| p.3).sum();
-    let summary = plan
-        .iter()
-        .map(|(t, _, cutoff, n)| format!("{n} from {} (before {})", t.table_name(), when(*cutoff)))
-        .collect::<Vec<_>>()
-        .join(", ");
-    if dry_run {
-        out!("dry run: would delete {total} rows: {summary}");
+    let Some(plan) = confirmed(plan, dry_run, yes)? else {
         return Ok(());
-    }
-    if total == 0 {
-        out!("nothing past the retention; nothing deleted");
-        return Ok(());
-    }
-    ui::confirm(&format!("delete {total} rows: {summary}"), yes)?;
+    };
     for (table, cleanup, cutoff, expected) in plan {
         if expected == 0 {
             out!("{}: nothing to delete", table.table_name());
@@ -65,13 +95,41 @@ pub async fn run(args: CleanupArgs) -> Result {
             .run(table, cutoff, |done| progress.update(done))
             .await;
         progress.finish();
-        let deleted = result.map_err(chain)?;
-        out!(
-            "{}: deleted {deleted} rows older than {} in {:.2} s",
-            table.table_name(),
-            when(cutoff),
-            progress.elapsed().as_secs_f64()
-        );
+        report(table, cutoff, result.map_err(chain)?, &progress);
     }
     Ok(())
+}
+
+/// Per table: its cleanup (PostgreSQL's or MariaDB's), its cut-off, the rows past it.
+type Plan<C> = Vec<(CleanupTable, C, DateTime<Utc>, u64)>;
+
+/// The plan, once shown and confirmed; `None` after
+/// a dry run or when nothing is past the retention.
+fn confirmed<C>(plan: Plan<C>, dry_run: bool, yes: bool) -> Result<Option<Plan<C>>> {
+    let total: u64 = plan.iter().map(|p| p.3).sum();
+    let summary = plan
+        .iter()
+        .map(|(t, _, cutoff, n)| format!("{n} from {} (before {})", t.table_name(), when(*cutoff)))
+        .collect::<Vec<_>>()
+        .join(", ");
+    if dry_run {
+        out!("dry run: would delete {total} rows: {summary}");
+        return Ok(None);
+    }
+    if total == 0 {
+        out!("nothing past the retention; nothing deleted");
+        return Ok(None);
+    }
+    ui::confirm(&format!("delete {total} rows: {summary}"), yes)?;
+    Ok(Some(plan))
+}
+
+/// What a table's cleanup did.
+fn report(table: CleanupTable, cutoff: DateTime<Utc>, deleted: u64, progress: &Progress) {
+    out!(
+        "{}: deleted {deleted} rows older than {} in {:.2} s",
+        table.table_name(),
+        when(cutoff),
+        progress.elapsed().as_secs_f64()
+    );
 }

@@ -73,7 +73,7 @@ async fn connect(db: &Db, max_connections: u32) -> Result<PgPool> {
     if is_mysql(&db.database_url) {
         return Err(
             "MariaDB/MySQL: only `outbox migrate`, `outbox relay` and `outbox status` take a \
-             mysql:// URL so far; the consumers and the other commands on it are not built yet"
+             mysql:// URL so far; the other commands on it are not built yet"
                 .into(),
         );
     }

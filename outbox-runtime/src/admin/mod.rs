@@ -21,6 +21,8 @@ pub(crate) mod health;
 mod inspect;
 #[cfg(feature = "mysql")]
 pub(crate) mod mysql;
+#[cfg(feature = "mysql")]
+pub(crate) mod mysql_cleanup;
 pub(crate) mod partitions;
 mod poison;
 #[cfg(feature = "_broker")]

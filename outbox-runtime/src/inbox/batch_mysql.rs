@@ -5,18 +5,24 @@
 //! database's part, the twin of `inbox/batch.rs` (SQL and all: the MySQL relay's split of loop
 //! and statements would be two small files here), shaped by what InnoDB does differently:
 //!
-//! - **A failed statement undoes itself only**, not the transaction (PostgreSQL aborts it), so a
-//!   savepoint per handler is cheap and needs no ladder: each handler runs behind
+//! - **Straight first.** A batch runs every handler straight in its transaction, behind one
+//!   savepoint set after its dedup rows and released with the commit: one round trip for the
+//!   dedup rows' read, one for their insert, one for the commit, whatever the batch's size.
+//! - **Then a savepoint per handler, after a failure.** A failed statement undoes itself only
+//!   (PostgreSQL aborts the transaction), so there is no ladder: a handler that fails gives the
+//!   straight pass up, and the batch is done again with each handler behind
 //!   `SAVEPOINT _outbox_h`, set in the round trip that releases the one before; a handler that
-//!   fails is rolled back to it (and its dedup row deleted) in one round trip, and the batch goes
-//!   on. A batch is so one transaction and one commit, with one round trip per handler beyond
-//!   its own statements.
-//! - **A deadlock rolls the whole transaction back** and the session goes on in autocommit. The
-//!   release of a handler's savepoint (or the rollback to it) fails then (1305, no such
-//!   savepoint), which says the transaction is gone: the pass starts over in a new transaction,
-//!   that handler's failure known (not run again: it goes to its retry). A handler that caught
-//!   the deadlock and returned `Ok` is found the same way; what it wrote after the catch
-//!   committed on its own, which no database-side check can undo: return the error (`?`).
+//!   fails is rolled back to it (and its dedup row deleted) in one round trip, and the pass goes
+//!   on, its failure known (not run again). A handler may so run twice for one delivery.
+//! - **A deadlock rolls the whole transaction back**, and the session goes on outside it. A
+//!   batch runs with autocommit off, so what a handler that caught the deadlock (and those after
+//!   it) write next does not commit on its own: it waits in an implicit transaction. The
+//!   release of the batch's savepoint at the commit fails then (1305, no such savepoint), the
+//!   implicit transaction is rolled back, and the savepoint pass finds the handler (its own
+//!   savepoint gone at its release): the batch is done again without it, its message failed.
+//!   The connection goes back to the pool only with autocommit on again (else it is closed), and
+//!   `@outbox_consumer_batch`, set meanwhile, lets `mysql::emit` in a handler write in a session
+//!   whose autocommit is off.
 //! - **No transaction-scoped named locks**: none are needed. `processed_event`'s primary key is
 //!   `(event_id, handler)` (not partitioned), so a pair inserted by another transaction still
 //!   open makes this insert wait, and fail with a duplicate key (1062) once it commits: the pass
@@ -107,13 +113,37 @@ pub(crate) async fn handle(
             Err(reason) => bad.push((i, Failure::Permanent(reason.clone()))),
         }
     }
-    let mut known = HashMap::new();
-    loop {
+    let outcome = || {
         let mut outcome = Handled::new(messages.len());
         for (i, failure) in &bad {
             outcome.fail(*i, failure.clone());
         }
-        match pass(pool, &pairs, &known, in_place, outcome).await? {
+        outcome
+    };
+    let mut session = Session::open(pool).await?;
+    let handled = passes(&mut session, &pairs, in_place, outcome).await;
+    session.restore().await;
+    handled
+}
+
+/// The batch's passes on `session`: straight through, then, after a failure, with a
+/// savepoint per handler until one commits.
+async fn passes(
+    session: &mut Session,
+    pairs: &[Pair<'_, '_>],
+    in_place: bool,
+    outcome: impl Fn() -> Handled,
+) -> std::result::Result<Handled, Unhandled> {
+    let mut known = HashMap::new();
+    match straight(session, pairs, outcome()).await? {
+        Straight::Done(outcome) => return Ok(outcome),
+        Straight::Failed(Some((key, failure))) => {
+            known.insert(key, failure);
+        }
+        Straight::Failed(None) => {}
+    }
+    loop {
+        match pass(session, pairs, &known, in_place, outcome()).await? {
             Pass::Done(outcome) => return Ok(outcome),
             Pass::Again(key, failure) => {
                 tracing::debug!(
@@ -121,6 +151,75 @@ pub(crate) async fn handle(
                     "a batch's transaction was lost; handling it again"
                 );
                 known.insert(key, failure);
+            }
+        }
+    }
+}
+
+/// What became of the straight pass.
+enum Straight {
+    Done(Handled),
+    /// A handler failed (its pair and failure, unless the failure may be another's doing: a
+    /// deadlock), or the transaction was found gone at the commit: nothing committed.
+    Failed(Option<((usize, usize), Failure)>),
+}
+
+/// The first pass: every handler straight in the transaction, no savepoint but the batch's
+/// own (set after the dedup rows, released with the commit: gone if the server rolled the
+/// transaction back under a handler). Any failure gives it up for [`pass`].
+async fn straight(
+    session: &mut Session,
+    pairs: &[Pair<'_, '_>],
+    mut outcome: Handled,
+) -> std::result::Result<Straight, Unhandled> {
+    let mut tx = Connection::begin_with(session.begin(), BEGIN).await?;
+    let candidates: Vec<(Uuid, &str)> = pairs
+        .iter()
+        .map(|(_, _, route, incoming)| (incoming.meta.event_id, route.key.as_str()))
+        .collect();
+    let mut new = insert_new(&mut tx, &candidates).await?;
+    let mut ran = false;
+    for &(i, h, route, incoming) in pairs {
+        let meta = &incoming.meta;
+        if !new.remove(&(meta.event_id, route.key.as_str())) {
+            outcome.duplicates += 1;
+            continue;
+        }
+        ran = true;
+        let span = super::meta::parented(
+            tracing::info_span!("outbox_consume", event_id = %meta.event_id,
+                handler = route.handler.name()),
+            meta,
+        );
+        let result = route
+            .handle(incoming.payload, Conn::MySql(&mut tx), meta)
+            .instrument(span)
+            .await;
+        match result {
+            Ok(()) => outcome.processed += 1,
+            Err(failure) => {
+                discard(tx).await;
+                let known = !matches!(failure, Failure::Transaction(_));
+                return Ok(Straight::Failed(known.then_some(((i, h), failure))));
+            }
+        }
+    }
+    let commit = if ran {
+        "RELEASE SAVEPOINT _outbox_h; COMMIT"
+    } else {
+        "COMMIT"
+    };
+    match run(&mut tx, commit).await {
+        Ok(()) => Ok(Straight::Done(outcome)),
+        Err(e) => {
+            discard(tx).await;
+            if number(&e) == Some(NO_SAVEPOINT) {
+                tracing::debug!(
+                    "a batch's transaction was rolled back under a handler; finding which"
+                );
+                Ok(Straight::Failed(None))
+            } else {
+                Err(e.into())
             }
         }
     }
@@ -134,20 +233,16 @@ enum Pass {
     Again((usize, usize), Failure),
 }
 
-/// One pass: the pairs in one transaction, a savepoint each; `known` failures not run again.
+/// A pass after a failure: the pairs in one transaction, a savepoint each; `known` failures
+/// not run again.
 async fn pass(
-    pool: &MySqlPool,
+    session: &mut Session,
     pairs: &[Pair<'_, '_>],
     known: &HashMap<(usize, usize), Failure>,
     in_place: bool,
     mut outcome: Handled,
 ) -> std::result::Result<Pass, Unhandled> {
-    let mut conn = pool.acquire().await?;
-    let mut tx = Connection::begin_with(
-        &mut *conn,
-        "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION",
-    )
-    .await?;
+    let mut tx = Connection::begin_with(session.begin(), BEGIN).await?;
     let candidates: Vec<(Uuid, &str)> = pairs
         .iter()
         .filter(|(i, h, ..)| !known.contains_key(&(*i, *h)))
@@ -330,6 +425,64 @@ async fn insert_new<'k>(
                 tries += 1;
             }
             Err(e) => return Err(e.into()),
+        }
+    }
+}
+
+/// Begins a batch: autocommit off for it, so that what a handler writes after the server rolled
+/// the transaction back (a deadlock it caught) does not commit on its own but waits in an
+/// implicit transaction, rolled back when the batch finds its savepoint gone; and
+/// `@outbox_consumer_batch` set, which tells `mysql::emit` in a handler that the batch checks
+/// its transaction itself. Then READ COMMITTED for this transaction.
+const BEGIN: &str = "SET autocommit = 0, @outbox_consumer_batch = 1; \
+                     SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
+
+/// The session as the pool gave it, once the batch is done.
+const RESTORE: &str = "SET autocommit = 1, @outbox_consumer_batch = NULL";
+
+/// A batch's connection, which goes back to the pool only with its session restored
+/// ([`RESTORE`]): a batch dropped half way (its consumer cancelled) or whose connection failed
+/// closes it instead, so that no one else gets a session with autocommit off.
+struct Session {
+    conn: Option<sqlx::pool::PoolConnection<sqlx::MySql>>,
+    restored: bool,
+}
+
+impl Session {
+    async fn open(pool: &MySqlPool) -> std::result::Result<Session, sqlx::Error> {
+        Ok(Session {
+            conn: Some(pool.acquire().await?),
+            restored: true,
+        })
+    }
+
+    /// The connection, to begin a batch's transaction on ([`BEGIN`]).
+    fn begin(&mut self) -> &mut MySqlConnection {
+        self.restored = false;
+        self.conn.as_mut().expect("open until dropped")
+    }
+
+    /// Restores the session; if it cannot, the connection is closed when this drops.
+    async fn restore(&mut self) {
+        if self.restored {
+            return;
+        }
+        let conn = self.conn.as_mut().expect("open until dropped");
+        match run(conn, RESTORE).await {
+            Ok(()) => self.restored = true,
+            Err(e) => {
+                tracing::debug!(error = %crate::error_chain(&e), "cannot restore a batch's session; closing its connection")
+            }
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        if let Some(conn) = self.conn.take() {
+            if !self.restored {
+                drop(conn.detach());
+            }
         }
     }
 }

@@ -48,7 +48,10 @@ const PROBE_STATEMENTS: usize = 2;
 /// One when `autocommit` is on; two rows, so an error (1242) where a scalar is expected, when
 /// it is off. Part of the key locks' statement (a constant, evaluated before any row is
 /// locked), or a statement of its own when there are no rows.
-const AUTOCOMMIT_ON: &str = "(SELECT 1 UNION ALL SELECT 1 FROM DUAL WHERE @@autocommit = 0)";
+/// A consumer's batch (`inbox/batch_mysql.rs`) runs with autocommit off and checks its
+/// transaction itself; it says so in `@outbox_consumer_batch`, and a handler's emit is let be.
+const AUTOCOMMIT_ON: &str = "(SELECT 1 UNION ALL SELECT 1 FROM DUAL \
+                             WHERE @@autocommit = 0 AND @outbox_consumer_batch IS NULL)";
 /// The savepoint a write (not a commit: a failed commit rolls back whole) undoes itself to.
 const SAVEPOINT: &str = "SAVEPOINT _outbox_write; ";
 /// A subquery that returned more than one row: the probe's refusal of `autocommit=0`.

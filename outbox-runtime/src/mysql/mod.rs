@@ -86,22 +86,26 @@
 //!   list length; it needs the `PROCESS` privilege and says so without it.
 //! - **Consumers, dedup mode.** A batch is one transaction at READ COMMITTED and one commit, as
 //!   on PostgreSQL, its `processed_event` rows written in two round trips (the pairs it holds
-//!   already, then the new ones). A failed statement undoes only itself there, so each handler
-//!   runs behind a savepoint of its own, set in the round trip that releases the one before (one
-//!   round trip per handler beyond its own statements): a failing handler undoes its own work
-//!   and dedup row, and the batch goes on, without the fallback passes PostgreSQL needs. No
-//!   named lock is needed: `processed_event` is not partitioned, and its primary key makes a
-//!   second consumer of the same message wait, then skip it.
-//! - **A handler must not swallow a deadlock** (1213, or a lock wait timeout with
-//!   `innodb_rollback_on_timeout`): the server has rolled the whole batch back, and the
-//!   handler's statements after the catch commit on their own. The consumer finds it when it
-//!   releases that handler's savepoint (which is gone), fails the message (its retry says why),
-//!   and handles the rest of the batch again in a new transaction; what the handler wrote after
-//!   the catch stays written. Let such an error end the handler (`?`).
+//!   already, then the new ones), its handlers run straight. After a handler fails, the batch is
+//!   done again with each handler behind a savepoint of its own (a failed statement undoes only
+//!   itself there, so no further fallback is needed): a failing handler undoes its own work and
+//!   dedup row, and the rest commits. No named lock is needed: `processed_event` is not
+//!   partitioned, and its primary key makes a second consumer of the same message wait, then
+//!   skip it.
+//! - **A deadlock a handler swallows is found.** InnoDB rolls the whole batch back on a deadlock
+//!   (1213, or a lock wait timeout with `innodb_rollback_on_timeout`). A batch runs with
+//!   `autocommit` off, so what a handler writes after catching it does not commit on its own;
+//!   the batch finds its savepoint gone at the commit, rolls that back, finds the handler, fails
+//!   its message (its retry says why) and commits the rest. The connection goes back to the pool
+//!   with `autocommit` on again, or is closed. `mysql::emit` works in a handler (the batch sets
+//!   `@outbox_consumer_batch`, which tells it the batch checks the transaction).
 //! - **Not yet on these databases**: the relay's periodic health checks (its health settings
 //!   are ignored) and retention beside it (refused at `build`); inbox mode and JetStream
-//!   consumers (refused at `build`, saying so); retention of `processed_event`; and the operator
-//!   commands other than `migrate`, `relay` and `status` (its figures: [`status`]).
+//!   consumers (refused at `build`, saying so); and the operator commands other than `migrate`,
+//!   `relay`, `status` (its figures: [`status`]) and `cleanup`.
+//! - **Retention** ([`Cleanup`], `outbox cleanup` with a `mysql://` URL): published outbox rows
+//!   and dedup rows past a cut-off, deleted in batches of 10,000 (`DELETE ... ORDER BY <age>
+//!   LIMIT`), each its own transaction at READ COMMITTED. Neither table is partitioned here.
 //! - **Migrations** are not transactional (DDL commits on its own): each statement can run
 //!   again after a migration cut short, and `GET_LOCK` serializes concurrent runners.
 
@@ -115,6 +119,7 @@ pub(crate) mod wake;
 use uuid::Uuid;
 
 pub use crate::admin::mysql::{health, status};
+pub use crate::admin::mysql_cleanup::MySqlCleanup as Cleanup;
 pub use migrate::{migrate, migrate_on, pending, MIGRATIONS};
 
 use crate::event::{IntoRecord, OutboxEvent, OutboxRecord};

@@ -158,8 +158,7 @@ async fn missing_topics(conn: &mut MySqlConnection) -> Result<Vec<MissingTopic>>
     .await;
     let rows = match rows {
         Ok(rows) => rows,
-        // 42S02: no such table.
-        Err(sqlx::Error::Database(e)) if e.code().as_deref() == Some("42S02") => Vec::new(),
+        Err(e) if crate::sqlstate::DbError::is_undefined_table(&e) => Vec::new(),
         Err(e) => return Err(e.into()),
     };
     rows.into_iter()
