@@ -245,19 +245,76 @@ async fn an_outbox_without_the_relays_migration_is_refused_with_what_to_run() {
     let relay = relay(&db, &kafka).build().unwrap();
     let e = relay.publish_pending().await.unwrap_err().to_string();
     assert!(e.contains("outbox migrate"), "{e}");
-    // Retention beside the relay is PostgreSQL's alone so far: refused at build.
-    let e = relay_on_mysql_with_retention(&db, &kafka)
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("MariaDB/MySQL"), "{e}");
 }
 
-fn relay_on_mysql_with_retention(db: &MySqlTestDb, kafka: &Kafka) -> outbox_runtime::Result<Relay> {
-    relay(db, kafka)
-        .retention(outbox_runtime::admin::Retention::new(Duration::from_secs(
-            86_400,
-        )))
+/// A relay with retention deletes, on its schedule, the published outbox rows and the dedup
+/// rows past their windows on MariaDB, and nothing else.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retention_beside_the_relay_deletes_what_is_past_its_window() {
+    let db = MySqlTestDb::new().await;
+    let kafka = Kafka::mock();
+    kafka.create_topic(TOPIC, PARTITIONS).await;
+    emit_events(&db.pool, 4, 10, 10).await;
+    // 40 rows: 20 published 40 days ago, 10 parked 40 days ago, 10 left to publish; dedup rows
+    // 10 days old (past the 7-day window) and new.
+    sqlx::raw_sql(
+        "UPDATE outbox_event SET published_at = UTC_TIMESTAMP(6) - INTERVAL 40 DAY \
+         ORDER BY id LIMIT 20; \
+         UPDATE outbox_event SET parked_at = UTC_TIMESTAMP(6) - INTERVAL 40 DAY \
+         WHERE published_at IS NULL ORDER BY id LIMIT 10; \
+         INSERT INTO processed_event (event_id, handler, processed_at) \
+         SELECT event_id, 'g/old', UTC_TIMESTAMP(6) - INTERVAL 10 DAY FROM outbox_event; \
+         INSERT INTO processed_event (event_id, handler, processed_at) \
+         SELECT event_id, 'g/new', UTC_TIMESTAMP(6) FROM outbox_event",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let day = Duration::from_secs(86_400);
+    let retention = outbox_runtime::admin::Retention::new(5 * day)
+        .dedup_older_than(7 * day)
+        .batch_size(3);
+    let publishing = relay(&db, &kafka).retention(retention).build().unwrap();
+    let running = Running::relay(&publishing);
+    wait_for("the old rows deleted", Duration::from_secs(30), || async {
+        count(&db.pool, "SELECT COUNT(*) FROM outbox_event").await == 20
+            && count(&db.pool, "SELECT COUNT(*) FROM processed_event").await == 40
+    })
+    .await;
+    wait_for("the rest published", Duration::from_secs(30), || async {
+        count(
+            &db.pool,
+            "SELECT COUNT(*) FROM outbox_event WHERE published_at IS NULL AND parked_at IS NULL",
+        )
+        .await
+            == 0
+    })
+    .await;
+    running.stop().await;
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT COUNT(*) FROM outbox_event WHERE parked_at IS NOT NULL"
+        )
+        .await,
+        10,
+        "parked rows kept"
+    );
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT COUNT(*) FROM processed_event WHERE handler = 'g/new'"
+        )
+        .await,
+        40,
+        "new dedup rows kept"
+    );
+    let e = relay(&db, &kafka)
+        .retention(outbox_runtime::admin::Retention::new(30 * day).dedup_older_than(day))
         .build()
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("dedup_older_than"), "{e}");
 }
 
 /// The relay's status once `done` holds, within 30 s.

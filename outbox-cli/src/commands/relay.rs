@@ -33,13 +33,6 @@ pub async fn run(args: RelayArgs) -> Result {
     let extra = if retention.is_some() { 4 } else { 2 };
     let connections = u32::from(instances) * 2 + extra;
     let mut builder = if is_mysql(&db.database_url) {
-        if retention.is_some() {
-            return Err(
-                "--retention is not built for MariaDB/MySQL yet: delete published \
-                        outbox rows with a scheduled job of your own meanwhile"
-                    .into(),
-            );
-        }
         Relay::builder(connect_mysql_migrated(&db, connections).await?)
     } else {
         Relay::builder(connect_migrated(&db, connections).await?)

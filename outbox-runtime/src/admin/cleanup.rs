@@ -341,6 +341,18 @@ impl Retention {
         Ok(())
     }
 
+    /// [`run_once`](Self::run_once) on MariaDB/MySQL: published outbox rows and dedup records
+    /// past their windows, in batches ([`MySqlCleanup`](crate::mysql::Cleanup)), unless another
+    /// relay of the database is running it (a `GET_LOCK` on a connection of its own, which goes
+    /// with it however the run ends).
+    #[cfg(feature = "mysql")]
+    pub async fn run_once_mysql(&self, pool: &sqlx::MySqlPool) -> Result<Option<RetentionReport>> {
+        self.check()?;
+        let dedup_older_than = self.dedup_older_than.unwrap_or(self.older_than);
+        super::mysql_cleanup::retention(pool, self.older_than, dedup_older_than, self.batch_size)
+            .await
+    }
+
     /// Runs once, unless another instance is running it: `Ok(None)` then. The lock is a
     /// transaction-scoped advisory lock, held by a transaction of its own on a connection of
     /// its own while the batches run on others: that transaction has no id and holds no snapshot

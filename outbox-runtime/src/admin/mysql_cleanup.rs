@@ -9,7 +9,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use sqlx::{Executor, MySqlPool};
 
-use super::CleanupTable;
+use super::{CleanupTable, RetentionReport};
 use crate::error::{Error, Result};
 
 /// Retention on a MariaDB/MySQL database; see the module's docs. The same steps as
@@ -109,4 +109,37 @@ fn age_column(table: CleanupTable) -> Result<&'static str> {
             "inbox_event is not built on MariaDB/MySQL yet (inbox mode): nothing to clean".into(),
         )),
     }
+}
+
+/// One run of a relay's retention ([`Retention::run_once_mysql`](super::Retention)): `None` if
+/// another relay of the database holds its lock.
+pub(super) async fn retention(
+    pool: &MySqlPool,
+    older_than: Duration,
+    dedup_older_than: Duration,
+    batch_size: u32,
+) -> Result<Option<RetentionReport>> {
+    // Out of the pool: the lock goes with the connection, however the run ends.
+    let mut lock = pool.acquire().await?.detach();
+    let locked: Option<i64> =
+        sqlx::query_scalar("SELECT GET_LOCK(CONCAT('outbox:retention:', MD5(DATABASE())), 0)")
+            .fetch_one(&mut lock)
+            .await?;
+    if locked != Some(1) {
+        return Ok(None);
+    }
+    let mut report = RetentionReport::default();
+    for (table, window) in [
+        (CleanupTable::Outbox, older_than),
+        (CleanupTable::ProcessedEvent, dedup_older_than),
+    ] {
+        let cleanup = MySqlCleanup::new(pool.clone(), window).batch_size(batch_size);
+        let cutoff = cleanup.cutoff().await?;
+        let deleted = cleanup.run(table, cutoff, |_| {}).await?;
+        match table {
+            CleanupTable::Outbox => report.outbox = deleted,
+            _ => report.processed_event = deleted,
+        }
+    }
+    Ok(Some(report))
 }

@@ -100,12 +100,14 @@
 //!   with `autocommit` on again, or is closed. `mysql::emit` works in a handler (the batch sets
 //!   `@outbox_consumer_batch`, which tells it the batch checks the transaction).
 //! - **Not yet on these databases**: the relay's periodic health checks (its health settings
-//!   are ignored) and retention beside it (refused at `build`); inbox mode and JetStream
-//!   consumers (refused at `build`, saying so); and the operator commands other than `migrate`,
-//!   `relay`, `status` (its figures: [`status`]) and `cleanup`.
-//! - **Retention** ([`Cleanup`], `outbox cleanup` with a `mysql://` URL): published outbox rows
-//!   and dedup rows past a cut-off, deleted in batches of 10,000 (`DELETE ... ORDER BY <age>
-//!   LIMIT`), each its own transaction at READ COMMITTED. Neither table is partitioned here.
+//!   are ignored); inbox mode and JetStream consumers (refused at `build`, saying so); and the
+//!   operator commands other than `migrate`, `relay`, `status` (its figures: [`status`]) and
+//!   `cleanup`.
+//! - **Retention** ([`Cleanup`], `outbox cleanup` with a `mysql://` URL, or beside the relay:
+//!   [`RelayBuilder::retention`](crate::relay::RelayBuilder::retention), one relay of the
+//!   database at a time through `GET_LOCK`): published outbox rows and dedup rows past a
+//!   cut-off, deleted in batches of 10,000 (`DELETE ... ORDER BY <age> LIMIT`), each its own
+//!   transaction at READ COMMITTED. Neither table is partitioned here.
 //! - **Migrations** are not transactional (DDL commits on its own): each statement can run
 //!   again after a migration cut short, and `GET_LOCK` serializes concurrent runners.
 

@@ -3,8 +3,6 @@
 use std::time::Duration;
 
 use super::database::Database;
-#[cfg(feature = "mysql")]
-use super::database::Pool;
 use super::run::Relay;
 use super::settings::Settings;
 use crate::admin::{HealthThresholds, Retention};
@@ -165,7 +163,8 @@ impl RelayBuilder {
     /// published outbox rows, processed inbox rows and dedup records past their retention, on a
     /// task of its own, never at the same time as another relay's run (see [`Retention`]). Logged, and counted in
     /// `outbox_retention_deleted_total{table}`. It takes two connections of the pool while it
-    /// runs.
+    /// runs. On MariaDB/MySQL it deletes published outbox rows and dedup records, in batches
+    /// (no partitions there; `Retention::run_once_mysql`).
     pub fn retention(mut self, retention: Retention) -> Self {
         self.settings.retention = Some(retention);
         self
@@ -177,14 +176,6 @@ impl RelayBuilder {
         let (broker, ()) = self.brokers.one("a relay publishes to one")?;
         broker.check()?;
         self.settings.check()?;
-        #[cfg(feature = "mysql")]
-        if matches!(self.pool.0, Pool::MySql(_)) && self.settings.retention.is_some() {
-            return Err(crate::Error::Config(
-                "retention beside the relay is not built for MariaDB/MySQL yet: delete \
-                 published rows with a scheduled job of your own meanwhile"
-                    .into(),
-            ));
-        }
         let transport = broker.transport(
             self.settings.publish_timeout,
             self.settings.failover_timeout,

@@ -28,14 +28,28 @@ const FIRST_POLL: Duration = Duration::from_millis(5);
 /// How an error names the database.
 const DATABASE: &str = "MariaDB/MySQL";
 
+/// What an instance is run with, of its relay's.
+pub(super) struct Parts<'a> {
+    pub(super) settings: &'a Settings,
+    pub(super) transport: Option<&'a dyn Transport>,
+    /// Instances owning shards now.
+    pub(super) owning: &'a AtomicUsize,
+    /// Starts the relay's retention if it is due (on a task of its own).
+    pub(super) retention: &'a (dyn Fn() + Sync),
+}
+
 /// Runs one instance until `cancel` fires; see [`super::Relay::run`].
 pub(super) async fn run(
-    settings: &Settings,
-    transport: Option<&dyn Transport>,
-    owning: &AtomicUsize,
+    parts: Parts<'_>,
     pool: &MySqlPool,
     cancel: CancellationToken,
 ) -> Result<()> {
+    let Parts {
+        settings,
+        transport,
+        owning,
+        retention,
+    } = parts;
     let mut instance = Instance::new(pool, settings, transport);
     let mut commits = crate::mysql::wake::subscribe();
     let mut failures = 0u32;
@@ -56,6 +70,7 @@ pub(super) async fn run(
                 let _ = tokio::time::timeout(aside, report(&pool)).await;
             });
         }
+        retention();
         // Commits from here on may be of rows this step's claim does not see.
         commits.borrow_and_update();
         let step = instance.step().await;

@@ -70,7 +70,18 @@ impl RetentionRuns {
     /// (counted where they are created) and `outbox_partitions_kept` (partitions past the
     /// window kept for an unpublished or parked outbox row, an unprocessed or dead inbox row), or a warning with the error.
     pub(super) async fn run(&self, pool: &PgPool) {
-        match self.retention.run_once(pool).await {
+        self.report(self.retention.run_once(pool).await);
+    }
+
+    /// [`run`](Self::run) on MariaDB/MySQL (no partitions there: rows deleted in batches).
+    #[cfg(feature = "mysql")]
+    pub(super) async fn run_mysql(&self, pool: &sqlx::MySqlPool) {
+        self.report(self.retention.run_once_mysql(pool).await);
+    }
+
+    /// Reports a run.
+    fn report(&self, run: crate::Result<Option<crate::admin::RetentionReport>>) {
+        match run {
             Ok(Some(report)) => {
                 for (table, n) in [
                     ("outbox_event", report.outbox),

@@ -101,7 +101,28 @@ impl Relay {
             Pool::MySql(pool) => {
                 let shared = &*self.shared;
                 let transport = shared.transport.as_deref();
-                super::mysql::run(&shared.settings, transport, &shared.owning, pool, cancel).await
+                // Retention, when due, on a task of its own (as on PostgreSQL).
+                let retention = || {
+                    if shared
+                        .retention
+                        .as_ref()
+                        .is_some_and(RetentionRuns::claim_due)
+                    {
+                        let (shared, pool) = (Arc::clone(&self.shared), pool.clone());
+                        tokio::spawn(async move {
+                            if let Some(retention) = &shared.retention {
+                                retention.run_mysql(&pool).await;
+                            }
+                        });
+                    }
+                };
+                let parts = super::mysql::Parts {
+                    settings: &shared.settings,
+                    transport,
+                    owning: &shared.owning,
+                    retention: &retention,
+                };
+                super::mysql::run(parts, pool, cancel).await
             }
         }
     }
