@@ -31,49 +31,75 @@ pub async fn run(args: CleanupArgs) -> Result {
         seen.push(*t);
         new
     });
+    let windows = (older_than, dedup_older_than.unwrap_or(older_than));
     if mysql {
         let pool = connect_mysql_migrated(&db, 2).await?;
-        let outbox =
-            outbox_runtime::mysql::Cleanup::new(pool.clone(), older_than).batch_size(batch);
-        let dedup =
-            outbox_runtime::mysql::Cleanup::new(pool, dedup_older_than.unwrap_or(older_than))
-                .batch_size(batch);
-        let mut plan = Vec::new();
-        for &table in &tables {
-            let cleanup = if table == CleanupTable::Outbox {
-                &outbox
-            } else {
-                &dedup
-            };
-            let cutoff = cleanup.cutoff().await.map_err(chain)?;
-            let n = cleanup.count(table, cutoff).await.map_err(chain)?;
-            plan.push((table, cleanup, cutoff, n));
-        }
-        let Some(plan) = confirmed(plan, dry_run, yes)? else {
-            return Ok(());
-        };
-        for (table, cleanup, cutoff, expected) in plan {
-            if expected == 0 {
-                out!("{}: nothing to delete", table.table_name());
-                continue;
-            }
-            let mut progress =
-                Progress::new(format!("cleaning {}", table.table_name()), Some(expected));
-            let result = cleanup
-                .run(table, cutoff, |done| progress.update(done))
-                .await;
-            progress.finish();
-            report(table, cutoff, result.map_err(chain)?, &progress);
-        }
-        return Ok(());
+        let [outbox, dedup] = [windows.0, windows.1]
+            .map(|w| outbox_runtime::mysql::Cleanup::new(pool.clone(), w).batch_size(batch));
+        return clean(&tables, [outbox, dedup], dry_run, yes).await;
     }
     let pool = connect_migrated(&db, 2).await?;
-    let outbox = Cleanup::new(pool.clone(), older_than).batch_size(batch);
-    let dedup = Cleanup::new(pool, dedup_older_than.unwrap_or(older_than)).batch_size(batch);
+    let [outbox, dedup] =
+        [windows.0, windows.1].map(|w| Cleanup::new(pool.clone(), w).batch_size(batch));
+    clean(&tables, [outbox, dedup], dry_run, yes).await
+}
+
+/// A database's retention, as `outbox cleanup` drives it.
+trait Cut {
+    async fn cutoff(&self) -> outbox_runtime::Result<DateTime<Utc>>;
+    async fn count(
+        &self,
+        table: CleanupTable,
+        cutoff: DateTime<Utc>,
+    ) -> outbox_runtime::Result<u64>;
+    async fn run(
+        &self,
+        table: CleanupTable,
+        cutoff: DateTime<Utc>,
+        progress: impl FnMut(u64),
+    ) -> outbox_runtime::Result<u64>;
+}
+
+/// Implements [`Cut`] by the type's own methods of the same names.
+macro_rules! cut {
+    ($t:ty) => {
+        impl Cut for $t {
+            async fn cutoff(&self) -> outbox_runtime::Result<DateTime<Utc>> {
+                <$t>::cutoff(self).await
+            }
+            async fn count(
+                &self,
+                table: CleanupTable,
+                cutoff: DateTime<Utc>,
+            ) -> outbox_runtime::Result<u64> {
+                <$t>::count(self, table, cutoff).await
+            }
+            async fn run(
+                &self,
+                table: CleanupTable,
+                cutoff: DateTime<Utc>,
+                progress: impl FnMut(u64),
+            ) -> outbox_runtime::Result<u64> {
+                <$t>::run(self, table, cutoff, progress).await
+            }
+        }
+    };
+}
+cut!(Cleanup);
+cut!(outbox_runtime::mysql::Cleanup);
+
+/// Counts what `tables` would lose (the outbox by `outbox`'s window, the others by `dedup`'s),
+/// shows it, and once confirmed deletes it, table by table.
+async fn clean<C: Cut>(
+    tables: &[CleanupTable],
+    [outbox, dedup]: [C; 2],
+    dry_run: bool,
+    yes: bool,
+) -> Result {
     let outbox_cut = outbox.cutoff().await.map_err(chain)?;
     let dedup_cut = dedup.cutoff().await.map_err(chain)?;
     let mut plan = Vec::new();
-    for &table in &tables {
+    for &table in tables {
         let (cleanup, cutoff) = match table {
             CleanupTable::Outbox => (&outbox, outbox_cut),
             _ => (&dedup, dedup_cut),

@@ -186,16 +186,7 @@ async fn straight(
             continue;
         }
         ran = true;
-        let span = super::meta::parented(
-            tracing::info_span!("outbox_consume", event_id = %meta.event_id,
-                handler = route.handler.name()),
-            meta,
-        );
-        let result = route
-            .handle(incoming.payload, Conn::MySql(&mut tx), meta)
-            .instrument(span)
-            .await;
-        match result {
+        match call(route, incoming, &mut tx).await {
             Ok(()) => outcome.processed += 1,
             Err(failure) => {
                 discard(tx).await;
@@ -270,16 +261,7 @@ async fn pass(
                     return lost(tx, e, key, before).await;
                 }
             }
-            let span = super::meta::parented(
-                tracing::info_span!("outbox_consume", event_id = %meta.event_id,
-                    handler = route.handler.name()),
-                meta,
-            );
-            let result = route
-                .handle(incoming.payload, Conn::MySql(&mut tx), meta)
-                .instrument(span)
-                .await;
-            match result {
+            match call(route, incoming, &mut tx).await {
                 Ok(()) => {
                     outcome.processed += 1;
                     unreleased = Some(((i, h), route));
@@ -485,6 +467,24 @@ impl Drop for Session {
             }
         }
     }
+}
+
+/// Runs `route`'s handler on `incoming` in the transaction `conn` is in, in its span.
+async fn call(
+    route: &Route,
+    incoming: &Incoming<'_>,
+    conn: &mut MySqlConnection,
+) -> std::result::Result<(), Failure> {
+    let meta = &incoming.meta;
+    let span = super::meta::parented(
+        tracing::info_span!("outbox_consume", event_id = %meta.event_id,
+            handler = route.handler.name()),
+        meta,
+    );
+    route
+        .handle(incoming.payload, Conn::MySql(conn), meta)
+        .instrument(span)
+        .await
 }
 
 /// Runs a round trip of several statements; the server stops at the first that fails.
