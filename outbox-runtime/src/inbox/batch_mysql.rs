@@ -6,13 +6,14 @@
 //! and statements would be two small files here), shaped by what InnoDB does differently:
 //!
 //! - **Straight first.** A batch runs every handler straight in its transaction, behind one
-//!   savepoint set after its dedup rows and released with the commit: one round trip for the
-//!   dedup rows' read, one for their insert, one for the commit, whatever the batch's size.
+//!   savepoint set as it begins and released with its `COMMIT`: a round trip to begin, one to
+//!   read which pairs are recorded already, and one for the commit, which inserts the dedup rows
+//!   of the pairs that ran (after them: see below), whatever the batch's size.
 //! - **Then a savepoint per handler, after a failure.** A failed statement undoes itself only
 //!   (PostgreSQL aborts the transaction), so there is no ladder: a handler that fails gives the
 //!   straight pass up, and the batch is done again with each handler behind
-//!   `SAVEPOINT _outbox_h`, set in the round trip that releases the one before; a handler that
-//!   fails is rolled back to it (and its dedup row deleted) in one round trip, and the pass goes
+//!   `SAVEPOINT _outbox_h`, set (with the pair's dedup row) in the round trip that releases the
+//!   one before; a handler that fails is rolled back to it, its row with it, and the pass goes
 //!   on, its failure known (not run again). A handler may so run twice for one delivery.
 //! - **A deadlock rolls the whole transaction back**, and the session goes on outside it. A
 //!   batch runs with autocommit off, so what a handler that caught the deadlock (and those after
@@ -20,14 +21,22 @@
 //!   release of the batch's savepoint at the commit fails then (1305, no such savepoint), the
 //!   implicit transaction is rolled back, and the savepoint pass finds the handler (its own
 //!   savepoint gone at its release): the batch is done again without it, its message failed.
-//!   The connection goes back to the pool only with autocommit on again (else it is closed), and
-//!   `@outbox_consumer_batch`, set meanwhile, lets `mysql::emit` in a handler write in a session
-//!   whose autocommit is off.
+//!   A failure seen after such a rollback (a row it took away) is not its handler's: the
+//!   straight pass checks the batch's savepoint before it blames one.
+//! - **A handler that commits on its own** (DDL, `COMMIT`, `LOCK TABLES`) is found the same way.
+//!   As no dedup row is written before its handler has run, nothing is recorded handled that
+//!   did not run: the handlers before it in the straight pass committed without their rows and
+//!   run again (their effects repeat), the rest once. Such statements have no place in a handler.
+//! - **The session** goes back to the pool only with autocommit on again (else the connection
+//!   is closed), and `@outbox_consumer_batch`, set meanwhile, lets `mysql::emit` in a handler
+//!   write in a session whose autocommit is off.
 //! - **No transaction-scoped named locks**: none are needed. `processed_event`'s primary key is
 //!   `(event_id, handler)` (not partitioned), so a pair inserted by another transaction still
-//!   open makes this insert wait, and fail with a duplicate key (1062) once it commits: the pass
-//!   reads the pairs again and skips it. Rows are inserted in key order, so two batches of the
-//!   same messages wait for each other rather than deadlock.
+//!   open makes this insert wait, and fail with a duplicate key (1062) once it commits: the
+//!   pair is a duplicate (the straight pass is done again, its reads fresh). Rows are inserted
+//!   in key order, so two batches of the same messages wait for each other rather than
+//!   deadlock; a batch's statements stay far below `max_allowed_packet` at the batch sizes
+//!   consumers read (500 messages; 2 KiB a pair at most).
 //!
 //! A batch runs at READ COMMITTED (its reads see what committed before each statement), set for
 //! its transaction only.
@@ -57,8 +66,6 @@ const SAVEPOINT: &str = "SAVEPOINT _outbox_h";
 const NO_SAVEPOINT: u16 = 1305;
 /// A duplicate key: another transaction inserted the pair and committed.
 const DUPLICATE_KEY: u16 = 1062;
-/// Times a pass reads the pairs again after a duplicate key before it gives the batch up.
-const DUPLICATE_RETRIES: usize = 8;
 
 /// What `build` refuses of a consumer on MariaDB/MySQL: what is built on PostgreSQL only so
 /// far, and handler keys longer than `processed_event.handler` holds.
@@ -77,6 +84,14 @@ pub(crate) fn check(settings: &Settings, routes: &Routes, reads_under_lease: boo
              RabbitMQ"
                 .into(),
         ));
+    }
+    // `utf8mb4_bin` pads: keys that differ by trailing spaces would be one key.
+    if let Some(route) = routes.all().find(|r| r.key.ends_with(' ')) {
+        return Err(Error::Config(format!(
+            "the deduplication key `{}` ends with a space, which MariaDB/MySQL's comparison \
+             ignores: rename the handler or the group",
+            route.key
+        )));
     }
     if let Some(route) = routes.all().find(|r| r.key.chars().count() > HANDLER_CHARS) {
         return Err(Error::Config(format!(
@@ -164,53 +179,68 @@ enum Straight {
     Failed(Option<((usize, usize), Failure)>),
 }
 
-/// The first pass: every handler straight in the transaction, no savepoint but the batch's
-/// own (set after the dedup rows, released with the commit: gone if the server rolled the
-/// transaction back under a handler). Any failure gives it up for [`pass`].
+/// The first pass: every handler straight in the transaction, behind the batch's savepoint (set
+/// as it begins, released with its `COMMIT`: gone if the server rolled the transaction back
+/// under a handler). The dedup rows of the pairs it ran are inserted with the commit, after
+/// them: if a handler committed the transaction on its own (DDL, `COMMIT`, `LOCK TABLES`), what
+/// it and those before it wrote committed without their rows, and they run again in the next
+/// pass, rather than the pairs after it being recorded as handled without having run. Any
+/// failure gives the pass up for [`pass`].
 async fn straight(
     session: &mut Session,
     pairs: &[Pair<'_, '_>],
     mut outcome: Handled,
 ) -> std::result::Result<Straight, Unhandled> {
-    let mut tx = Connection::begin_with(session.begin(), BEGIN).await?;
+    let mut tx = Connection::begin_with(session.begin(), BEGIN_MARKED).await?;
     let candidates: Vec<(Uuid, &str)> = pairs
         .iter()
         .map(|(_, _, route, incoming)| (incoming.meta.event_id, route.key.as_str()))
         .collect();
-    let mut new = insert_new(&mut tx, &candidates).await?;
-    let mut ran = false;
+    let mut new = unrecorded(&mut tx, &candidates).await?;
+    let mut ran = Vec::new();
     for &(i, h, route, incoming) in pairs {
-        let meta = &incoming.meta;
-        if !new.remove(&(meta.event_id, route.key.as_str())) {
+        let pair = (incoming.meta.event_id, route.key.as_str());
+        if !new.remove(&pair) {
             outcome.duplicates += 1;
             continue;
         }
-        ran = true;
         match call(route, incoming, &mut tx).await {
-            Ok(()) => outcome.processed += 1,
+            Ok(()) => {
+                outcome.processed += 1;
+                ran.push(pair);
+            }
             Err(failure) => {
+                // A failure after the server rolled the transaction back (a deadlock another
+                // handler swallowed) may be that rollback's doing (a row gone): not this
+                // handler's to bear.
+                let alive = run(&mut tx, "ROLLBACK TO SAVEPOINT _outbox_h").await;
                 discard(tx).await;
-                let known = !matches!(failure, Failure::Transaction(_));
+                let ended = alive
+                    .as_ref()
+                    .is_err_and(|e| number(e) == Some(NO_SAVEPOINT));
+                let known = !ended && !matches!(failure, Failure::Transaction(_));
                 return Ok(Straight::Failed(known.then_some(((i, h), failure))));
             }
         }
     }
-    let commit = if ran {
-        "RELEASE SAVEPOINT _outbox_h; COMMIT"
-    } else {
-        "COMMIT"
-    };
-    match run(&mut tx, commit).await {
+    let mut commit = String::new();
+    if !ran.is_empty() {
+        push_insert(&mut commit, &ran);
+        commit.push_str("; ");
+    }
+    commit.push_str("RELEASE SAVEPOINT _outbox_h; COMMIT");
+    match run(&mut tx, &commit).await {
         Ok(()) => Ok(Straight::Done(outcome)),
         Err(e) => {
             discard(tx).await;
-            if number(&e) == Some(NO_SAVEPOINT) {
-                tracing::debug!(
-                    "a batch's transaction was rolled back under a handler; finding which"
-                );
-                Ok(Straight::Failed(None))
-            } else {
-                Err(e.into())
+            match number(&e) {
+                Some(NO_SAVEPOINT) => {
+                    tracing::debug!("a batch's transaction ended under a handler; finding which");
+                    Ok(Straight::Failed(None))
+                }
+                // Another consumer recorded a pair since the read: the next pass reads again.
+                Some(DUPLICATE_KEY) => Ok(Straight::Failed(None)),
+                _ => Err(e.into()),
             }
         }
     }
@@ -219,13 +249,15 @@ async fn straight(
 /// What became of one pass over a batch.
 enum Pass {
     Done(Handled),
-    /// The transaction was lost (or given up after a panic) at pair `(message, handler)`,
+    /// The transaction ended (or was given up after a panic) at pair `(message, handler)`,
     /// which failed so: start over with it known.
     Again((usize, usize), Failure),
 }
 
-/// A pass after a failure: the pairs in one transaction, a savepoint each; `known` failures
-/// not run again.
+/// A pass after a failure: the pairs in one transaction, each behind a savepoint of its own,
+/// its dedup row inserted in the round trip that sets it (so that a handler's rollback takes
+/// its row too, and a transaction a handler committed on its own holds the rows of the pairs
+/// that ran, no others); `known` failures not run again.
 async fn pass(
     session: &mut Session,
     pairs: &[Pair<'_, '_>],
@@ -239,26 +271,41 @@ async fn pass(
         .filter(|(i, h, ..)| !known.contains_key(&(*i, *h)))
         .map(|(_, _, route, incoming)| (incoming.meta.event_id, route.key.as_str()))
         .collect();
-    let mut new = insert_new(&mut tx, &candidates).await?;
+    let mut new = unrecorded(&mut tx, &candidates).await?;
     // The handler that ran last returned `Ok` behind the savepoint, not yet released: the
     // release says whether the transaction is still there.
     let mut unreleased: Option<((usize, usize), &Route)> = None;
     for &(i, h, route, incoming) in pairs {
-        let meta = &incoming.meta;
+        let pair = (incoming.meta.event_id, route.key.as_str());
         let failure = if let Some(failure) = known.get(&(i, h)) {
             failure.clone()
-        } else if !new.remove(&(meta.event_id, route.key.as_str())) {
+        } else if !new.remove(&pair) {
             outcome.duplicates += 1;
             continue;
         } else {
-            if let Some((key, before)) = unreleased.take() {
-                if let Err(e) = run(
-                    &mut tx,
-                    &format!("RELEASE SAVEPOINT _outbox_h; {SAVEPOINT}"),
-                )
-                .await
-                {
-                    return lost(tx, e, key, before).await;
+            let mut step = String::new();
+            if unreleased.is_some() {
+                step.push_str("RELEASE SAVEPOINT _outbox_h; ");
+            }
+            let _ = write!(step, "{SAVEPOINT}; ");
+            push_insert(&mut step, &[pair]);
+            let stepped = run(&mut tx, &step).await;
+            let before = unreleased.take();
+            if let Err(e) = stepped {
+                match (number(&e), before) {
+                    (Some(NO_SAVEPOINT), Some((key, before))) => {
+                        return lost(tx, e, key, before).await
+                    }
+                    // Another consumer recorded it since the read: a duplicate now (the
+                    // savepoint is set; the failed insert undid only itself).
+                    (Some(DUPLICATE_KEY), _) => {
+                        outcome.duplicates += 1;
+                        continue;
+                    }
+                    _ => {
+                        discard(tx).await;
+                        return Err(e.into());
+                    }
                 }
             }
             match call(route, incoming, &mut tx).await {
@@ -273,21 +320,19 @@ async fn pass(
                     return Ok(Pass::Again((i, h), failure));
                 }
                 Err(failure) => {
-                    let mut undo = String::from("ROLLBACK TO SAVEPOINT _outbox_h; ");
-                    undo.push_str("DELETE FROM processed_event WHERE event_id = X'");
-                    push_hex(&mut undo, meta.event_id.as_bytes());
-                    undo.push_str("' AND handler = ");
-                    push_text(&mut undo, &route.key);
-                    // Set again after the delete, so that the next handler's rollback keeps it.
-                    let _ = write!(undo, "; {SAVEPOINT}");
-                    if let Err(e) = run(&mut tx, &undo).await {
-                        if number(&e) == Some(NO_SAVEPOINT) {
-                            // A deadlock (the handler's error) rolled everything back.
-                            discard(tx).await;
-                            return Ok(Pass::Again((i, h), failure));
-                        }
+                    // Undoes its work and its dedup row.
+                    if let Err(e) = run(&mut tx, "ROLLBACK TO SAVEPOINT _outbox_h").await {
                         discard(tx).await;
-                        return Err(e.into());
+                        if number(&e) != Some(NO_SAVEPOINT) {
+                            return Err(e.into());
+                        }
+                        // The transaction ended under this handler: what it reported may be
+                        // that ending's doing (a row gone), and is retried as such.
+                        let failure = match failure {
+                            Failure::Transaction(_) => failure,
+                            _ => ended_under(route),
+                        };
+                        return Ok(Pass::Again((i, h), failure));
                     }
                     failure
                 }
@@ -301,24 +346,12 @@ async fn pass(
         }
         outcome.fail(i, failure);
     }
-    let mut commit = String::new();
-    if unreleased.is_some() {
-        commit.push_str("RELEASE SAVEPOINT _outbox_h; ");
-    }
-    if !new.is_empty() {
-        // Stopped in place: the pairs not run keep no dedup row.
-        commit.push_str("DELETE FROM processed_event WHERE (event_id, handler) IN (");
-        for (n, (id, key)) in new.iter().enumerate() {
-            commit.push_str(if n == 0 { "(X'" } else { ", (X'" });
-            push_hex(&mut commit, id.as_bytes());
-            commit.push_str("', ");
-            push_text(&mut commit, key);
-            commit.push(')');
-        }
-        commit.push_str("); ");
-    }
-    commit.push_str("COMMIT");
-    match run(&mut tx, &commit).await {
+    let commit = if unreleased.is_some() {
+        "RELEASE SAVEPOINT _outbox_h; COMMIT"
+    } else {
+        "COMMIT"
+    };
+    match run(&mut tx, commit).await {
         Ok(()) => Ok(Pass::Done(outcome)),
         Err(e) => match unreleased {
             Some((key, before)) => lost(tx, e, key, before).await,
@@ -343,71 +376,67 @@ async fn lost(
     if number(&error) != Some(NO_SAVEPOINT) {
         return Err(error.into());
     }
-    Ok(Pass::Again(
-        key,
-        Failure::Retryable(format!(
-            "handler `{}` returned Ok, but the server had rolled its transaction back (a \
-             deadlock or a lock wait timeout whose error it caught): what it wrote after that \
-             committed on its own; let such an error end the handler (`?`)",
-            before.handler.name()
-        )),
+    Ok(Pass::Again(key, ended_under(before)))
+}
+
+/// The failure of handler `route` under which the transaction ended: rolled back by the server
+/// (a deadlock or lock wait timeout whose error it caught), or committed on its own (DDL,
+/// `COMMIT`, `LOCK TABLES`, `SET autocommit = 1`).
+fn ended_under(route: &Route) -> Failure {
+    Failure::Retryable(format!(
+        "handler `{}` returned, but its transaction had ended under it: rolled back by the \
+         server (a deadlock or a lock wait timeout whose error it caught: let such an error \
+         end the handler, `?`), or committed by a statement that commits on its own (DDL, \
+         COMMIT, LOCK TABLES: not in a handler)",
+        route.handler.name()
     ))
 }
 
-/// Inserts the pairs `processed_event` does not hold yet, in key order, and sets the first
-/// handler's savepoint; returns the pairs it inserted (each once, however often the batch
-/// holds it).
-async fn insert_new<'k>(
+/// The pairs of `candidates` that `processed_event` does not hold (each once).
+async fn unrecorded<'k>(
     conn: &mut MySqlConnection,
     candidates: &[(Uuid, &'k str)],
 ) -> std::result::Result<HashSet<(Uuid, &'k str)>, Unhandled> {
-    let mut tries = 0;
-    loop {
-        let mut new: Vec<(Uuid, &str)> = candidates.to_vec();
-        new.sort_unstable();
-        new.dedup();
-        if new.is_empty() {
-            return Ok(HashSet::new());
-        }
-        let mut select = String::from(
-            "SELECT event_id, CAST(handler AS CHAR) FROM processed_event WHERE event_id IN (",
-        );
-        let mut ids: Vec<Uuid> = new.iter().map(|(id, _)| *id).collect();
-        ids.dedup();
-        for (n, id) in ids.iter().enumerate() {
-            select.push_str(if n == 0 { "X'" } else { ", X'" });
-            push_hex(&mut select, id.as_bytes());
-            select.push('\'');
-        }
-        select.push(')');
-        let seen: HashSet<(Uuid, String)> = conn
-            .fetch_all(sqlx::raw_sql(&select))
-            .await?
-            .iter()
-            .map(|row| Ok((row.try_get::<Uuid, _>(0)?, row.try_get::<String, _>(1)?)))
-            .collect::<std::result::Result<_, sqlx::Error>>()?;
-        new.retain(|(id, key)| !seen.contains(&(*id, (*key).to_owned())));
-        if new.is_empty() {
-            return Ok(HashSet::new());
-        }
-        let mut insert =
-            String::from("INSERT INTO processed_event (event_id, handler, processed_at) VALUES ");
-        for (n, (id, key)) in new.iter().enumerate() {
-            insert.push_str(if n == 0 { "(X'" } else { ", (X'" });
-            push_hex(&mut insert, id.as_bytes());
-            insert.push_str("', ");
-            push_text(&mut insert, key);
-            insert.push_str(", UTC_TIMESTAMP(6))");
-        }
-        let _ = write!(insert, "; {SAVEPOINT}");
-        match run(conn, &insert).await {
-            Ok(()) => return Ok(new.into_iter().collect()),
-            // Another transaction inserted one of them and committed since the read.
-            Err(e) if number(&e) == Some(DUPLICATE_KEY) && tries < DUPLICATE_RETRIES => {
-                tries += 1;
-            }
-            Err(e) => return Err(e.into()),
-        }
+    let mut ids: Vec<Uuid> = candidates.iter().map(|(id, _)| *id).collect();
+    ids.sort_unstable();
+    ids.dedup();
+    if ids.is_empty() {
+        return Ok(HashSet::new());
+    }
+    let mut select = String::from(
+        "SELECT event_id, CAST(handler AS CHAR) FROM processed_event WHERE event_id IN (",
+    );
+    for (n, id) in ids.iter().enumerate() {
+        select.push_str(if n == 0 { "X'" } else { ", X'" });
+        push_hex(&mut select, id.as_bytes());
+        select.push('\'');
+    }
+    select.push(')');
+    let seen: HashSet<(Uuid, String)> = conn
+        .fetch_all(sqlx::raw_sql(&select))
+        .await?
+        .iter()
+        .map(|row| Ok((row.try_get::<Uuid, _>(0)?, row.try_get::<String, _>(1)?)))
+        .collect::<std::result::Result<_, sqlx::Error>>()?;
+    Ok(candidates
+        .iter()
+        .filter(|(id, key)| !seen.contains(&(*id, (*key).to_owned())))
+        .copied()
+        .collect())
+}
+
+/// Appends the `INSERT` of `pairs`' dedup rows, in key order (so that two batches of the same
+/// messages wait for each other rather than deadlock).
+fn push_insert(sql: &mut String, pairs: &[(Uuid, &str)]) {
+    let mut pairs = pairs.to_vec();
+    pairs.sort_unstable();
+    sql.push_str("INSERT INTO processed_event (event_id, handler, processed_at) VALUES ");
+    for (n, (id, key)) in pairs.iter().enumerate() {
+        sql.push_str(if n == 0 { "(X'" } else { ", (X'" });
+        push_hex(sql, id.as_bytes());
+        sql.push_str("', ");
+        push_text(sql, key);
+        sql.push_str(", UTC_TIMESTAMP(6))");
     }
 }
 
@@ -419,8 +448,14 @@ async fn insert_new<'k>(
 const BEGIN: &str = "SET autocommit = 0, @outbox_consumer_batch = 1; \
                      SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION";
 
+/// [`BEGIN`], then the batch's savepoint (the straight pass's).
+const BEGIN_MARKED: &str = "SET autocommit = 0, @outbox_consumer_batch = 1; \
+                            SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION; \
+                            SAVEPOINT _outbox_h";
+
 /// The session as the pool gave it, once the batch is done.
-const RESTORE: &str = "SET autocommit = 1, @outbox_consumer_batch = NULL";
+/// Rolls back first: `SET autocommit = 1` would commit a transaction still open.
+const RESTORE: &str = "ROLLBACK; SET autocommit = 1, @outbox_consumer_batch = NULL";
 
 /// A batch's connection, which goes back to the pool only with its session restored
 /// ([`RESTORE`]): a batch dropped half way (its consumer cancelled) or whose connection failed

@@ -99,6 +99,10 @@
 //!   its message (its retry says why) and commits the rest. The connection goes back to the pool
 //!   with `autocommit` on again, or is closed. `mysql::emit` works in a handler (the batch sets
 //!   `@outbox_consumer_batch`, which tells it the batch checks the transaction).
+//! - **A statement that commits on its own** (DDL, `COMMIT`, `LOCK TABLES`) has no place in a
+//!   handler: the batch finds it as above, and loses nothing (no dedup row is written before
+//!   its handler ran), but what the handlers before it in the batch did commits without their
+//!   rows, and runs again.
 //! - **Not yet on these databases**: the relay's periodic health checks (its health settings
 //!   are ignored); inbox mode and JetStream consumers (refused at `build`, saying so); and the
 //!   operator commands other than `migrate`, `relay`, `status` (its figures: [`status`]) and
