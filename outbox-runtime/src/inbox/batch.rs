@@ -67,13 +67,19 @@ impl Handled {
         }
         match part.stopped {
             Some(failure) => {
-                self.done = offset + part.done;
-                self.failed.retain(|(i, _)| *i < self.done);
-                self.stopped = Some(failure);
+                self.stop_at(offset + part.done, failure);
                 false
             }
             None => true,
         }
+    }
+
+    /// Retried in place: stops at the message at `index`, which failed retryably; what came
+    /// before it stays done, with its failures.
+    pub(crate) fn stop_at(&mut self, index: usize, failure: Failure) {
+        self.done = index;
+        self.stopped = Some(failure);
+        self.failed.retain(|(j, _)| *j < index);
     }
 
     /// Records a message's failure; of several, a retryable one wins (the others' handlers
@@ -531,9 +537,7 @@ async fn isolated_in(
                 }
             };
             if in_place && !failure.is_permanent() {
-                outcome.done = i;
-                outcome.stopped = Some(failure);
-                outcome.failed.retain(|(j, _)| *j < i);
+                outcome.stop_at(i, failure);
                 break 'messages;
             }
             outcome.fail(i, failure);
@@ -545,7 +549,7 @@ async fn isolated_in(
 /// Rolls back a transaction given up on, now: dropped, it would hold its locks (the rows it
 /// claimed or inserted) until its connection is next used, and the next attempt, on another
 /// connection, would skip or wait for them.
-pub(crate) async fn discard(tx: sqlx::Transaction<'_, sqlx::Postgres>) {
+pub(crate) async fn discard<DB: sqlx::Database>(tx: sqlx::Transaction<'_, DB>) {
     if let Err(e) = tx.rollback().await {
         tracing::debug!(error = %crate::error_chain(&e), "cannot roll back a transaction given up on; its connection is closed");
     }

@@ -49,7 +49,7 @@ use sqlx::{Connection, Executor, MySqlConnection, MySqlPool, Row};
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::batch::{Checked, Handled, Unhandled};
+use super::batch::{discard, Checked, Handled, Unhandled};
 use super::database::Conn;
 use super::failure::Failure;
 use super::message::Incoming;
@@ -339,9 +339,7 @@ async fn pass(
             }
         };
         if in_place && !failure.is_permanent() {
-            outcome.done = i;
-            outcome.stopped = Some(failure);
-            outcome.failed.retain(|(j, _)| *j < i);
+            outcome.stop_at(i, failure);
             break;
         }
         outcome.fail(i, failure);
@@ -534,14 +532,6 @@ fn number(error: &sqlx::Error) -> Option<u16> {
             .try_downcast_ref::<MySqlDatabaseError>()
             .map(|e| e.number()),
         _ => None,
-    }
-}
-
-/// Rolls a transaction given up on back now (dropped, it would be rolled back only when its
-/// connection is next used, holding its locks meanwhile).
-async fn discard(tx: sqlx::Transaction<'_, sqlx::MySql>) {
-    if let Err(e) = tx.rollback().await {
-        tracing::debug!(error = %crate::error_chain(&e), "cannot roll back a transaction given up on; its connection is closed");
     }
 }
 
