@@ -471,3 +471,135 @@ async fn a_missing_topic_holds_its_key_and_only_its_key_until_it_exists() {
     assert_eq!((status.held, status.parked, status.unpublished), (0, 0, 0));
     running.stop().await;
 }
+
+/// Parked rows on MariaDB: a listing narrowed by topic, event type, ids, event ids, time, page
+/// and limit; a retry and a drop change exactly the rows a listing with their filter shows; a
+/// retried row is published by the relay's next claim (no cursor skips it), keeping its last
+/// error and recording who retried it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_rows_are_listed_retried_and_dropped_by_filter() {
+    use outbox_runtime::admin::PoisonFilter;
+    use outbox_runtime::mysql::{count_parked, drop_parked, list_parked, retry_parked};
+
+    let db = MySqlTestDb::new().await;
+    let kafka = Kafka::mock();
+    kafka.create_topic(TOPIC, 1).await;
+    let mut uow = Uow::begin(&db.pool).await.unwrap();
+    let events: Vec<_> = (0..5).map(|k| deposit(k, 0)).collect();
+    let event_ids = uow.emit_all(&events).await.unwrap();
+    uow.commit().await.unwrap();
+    kafka.fail_produce_requests(&[RDKafkaRespErr::RD_KAFKA_RESP_ERR_INVALID_REQUEST; 50]);
+    let parking = relay(&db, &kafka).max_attempts(1).build().unwrap();
+    let running = Running::relay(&parking);
+    status_when(&parking, "all parked", |s| s.parked == 5).await;
+    running.stop().await;
+    kafka.clear_produce_errors();
+
+    let all = list_parked(&db.pool, &PoisonFilter::all()).await.unwrap();
+    let ids: Vec<i64> = all.iter().map(|r| r.id).collect();
+    assert_eq!(
+        all.iter().map(|r| r.event_id).collect::<Vec<_>>(),
+        event_ids,
+        "the oldest first"
+    );
+    let first = &all[0];
+    assert_eq!(
+        (first.topic.as_str(), first.partition_key.as_str()),
+        (TOPIC, "acct-0")
+    );
+    assert_eq!(
+        (first.event_type.as_str(), first.aggregate_type.as_str()),
+        ("Deposited", "Account")
+    );
+    assert_eq!(
+        (first.attempts, first.payload["seq"].as_u64()),
+        (1, Some(0))
+    );
+    assert!(
+        first
+            .last_error
+            .as_deref()
+            .unwrap()
+            .contains("Invalid request"),
+        "{first:?}"
+    );
+    assert!(first.parked_at >= first.created_at, "{first:?}");
+
+    let listed = |filter: PoisonFilter| {
+        let pool = db.pool.clone();
+        async move {
+            let rows = list_parked(&pool, &filter).await.unwrap();
+            let n = count_parked(&pool, &filter).await.unwrap();
+            assert_eq!(n as usize, rows.len(), "{filter:?}");
+            rows.iter().map(|r| r.id).collect::<Vec<_>>()
+        }
+    };
+    let by_ids = PoisonFilter::all().id(ids[1]).event_id(event_ids[3]);
+    assert_eq!(listed(by_ids).await, [ids[1], ids[3]]);
+    let page = PoisonFilter::all().after_id(ids[1]).limit(2);
+    assert_eq!(listed(page).await, [ids[2], ids[3]]);
+    let later = chrono::Utc::now() + chrono::Duration::hours(1);
+    assert_eq!(listed(PoisonFilter::all().since(later)).await, [0i64; 0]);
+    assert_eq!(listed(PoisonFilter::all().until(later)).await, ids);
+    assert_eq!(listed(PoisonFilter::all().topic("other")).await, [0i64; 0]);
+    assert_eq!(
+        listed(PoisonFilter::all().event_type("Withdrawn")).await,
+        [0i64; 0]
+    );
+    assert_eq!(
+        listed(PoisonFilter::all().topic(TOPIC).limit(3)).await,
+        ids[..3]
+    );
+
+    // A retry of the two oldest: un-parked, attempts reset, error kept, retry recorded.
+    let retried = retry_parked(&db.pool, &PoisonFilter::all().limit(2))
+        .await
+        .unwrap();
+    assert_eq!(retried, 2);
+    assert_eq!(listed(PoisonFilter::all()).await, ids[2..]);
+    let (attempts, error, by): (i32, String, String) = sqlx::query_as(
+        "SELECT attempts, CAST(last_error AS CHAR), CAST(retried_by AS CHAR) \
+         FROM outbox_event WHERE id = ? AND retried_at IS NOT NULL",
+    )
+    .bind(ids[0])
+    .fetch_one(&db.pool)
+    .await
+    .unwrap();
+    assert_eq!(
+        (attempts, by.as_str()),
+        (0, "outbox_runtime::mysql::retry_parked")
+    );
+    assert!(error.contains("Invalid request"), "{error}");
+    let too_long = "x".repeat(256);
+    let e = outbox_runtime::mysql::retry_parked_by(&db.pool, &PoisonFilter::all(), &too_long)
+        .await
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("255"), "{e}");
+    assert_eq!(
+        listed(PoisonFilter::all()).await,
+        ids[2..],
+        "nothing retried"
+    );
+
+    // The relay publishes the two retried rows and leaves the parked ones.
+    let relay = relay(&db, &kafka).build().unwrap();
+    assert_eq!(relay.publish_pending().await.unwrap(), 2);
+    let received = consume(&kafka.bootstrap(), TOPIC, 1, Duration::from_secs(30), |r| {
+        r.len() >= 2
+    })
+    .await;
+    let sent: Vec<&str> = received.iter().map(|r| r.header("event_id")).collect();
+    assert_eq!(sent, [event_ids[0].to_string(), event_ids[1].to_string()]);
+
+    // A drop of one row by its event id and type; the last parked row stays.
+    let one = PoisonFilter::all()
+        .event_type("Deposited")
+        .event_id(event_ids[3]);
+    assert_eq!(drop_parked(&db.pool, &one).await.unwrap(), 1);
+    assert_eq!(listed(PoisonFilter::all()).await, [ids[2], ids[4]]);
+    assert_eq!(
+        count(&db.pool, "SELECT COUNT(*) FROM outbox_event").await,
+        4
+    );
+}

@@ -72,8 +72,8 @@ fn is_mysql(url: &str) -> bool {
 async fn connect(db: &Db, max_connections: u32) -> Result<PgPool> {
     if is_mysql(&db.database_url) {
         return Err(
-            "MariaDB/MySQL: only `outbox migrate`, `outbox relay` and `outbox status` take a \
-             mysql:// URL so far; the other commands on it are not built yet"
+            "MariaDB/MySQL: only `outbox migrate`, `relay`, `status`, `cleanup`, `parked` and \
+             `replay` take a mysql:// URL so far; the other commands on it are not built yet"
                 .into(),
         );
     }
@@ -121,6 +121,23 @@ async fn connect_mysql_migrated(db: &Db, max_connections: u32) -> Result<sqlx::M
     let pending = outbox_runtime::mysql::pending(&pool).await.map_err(chain)?;
     migrated(pending.len(), outbox_runtime::mysql::MIGRATIONS.len())?;
     Ok(pool)
+}
+
+/// The outbox's database, PostgreSQL or MariaDB/MySQL by its URL, migrated: for the commands
+/// that work on either.
+enum OutboxDb {
+    Postgres(PgPool),
+    MySql(sqlx::MySqlPool),
+}
+
+impl OutboxDb {
+    async fn connect(db: &Db) -> Result<OutboxDb> {
+        Ok(if is_mysql(&db.database_url) {
+            OutboxDb::MySql(connect_mysql_migrated(db, 2).await?)
+        } else {
+            OutboxDb::Postgres(connect_migrated(db, 2).await?)
+        })
+    }
 }
 
 /// Refuses a database with migrations pending.

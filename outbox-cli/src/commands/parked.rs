@@ -1,20 +1,49 @@
 //! `outbox parked list | retry | drop`: outbox events the broker refused too often.
 
-use outbox_runtime::admin::{self, PoisonFilter};
+use outbox_runtime::admin::{self, ParkedEvent, PoisonFilter};
 
 use super::{
-    chain, connect_migrated, filter_of, print_breakdown, print_list, require_selection, when,
-    Result, DEFAULT_LIST_LIMIT,
+    chain, filter_of, print_breakdown, print_list, require_selection, when, OutboxDb, Result,
+    DEFAULT_LIST_LIMIT,
 };
 use crate::args::{List, ParkedAction};
 use crate::ui;
 
+/// The parked rows' operations on either database.
+impl OutboxDb {
+    async fn list(&self, filter: &PoisonFilter) -> Result<Vec<ParkedEvent>> {
+        match self {
+            OutboxDb::Postgres(pool) => admin::list_parked(pool, filter).await,
+            OutboxDb::MySql(pool) => outbox_runtime::mysql::list_parked(pool, filter).await,
+        }
+        .map_err(chain)
+    }
+
+    async fn retry(&self, filter: &PoisonFilter, action: &str) -> Result<u64> {
+        match self {
+            OutboxDb::Postgres(pool) => admin::retry_parked_by(pool, filter, action).await,
+            OutboxDb::MySql(pool) => {
+                outbox_runtime::mysql::retry_parked_by(pool, filter, action).await
+            }
+        }
+        .map_err(chain)
+    }
+
+    async fn drop(&self, filter: &PoisonFilter) -> Result<u64> {
+        match self {
+            OutboxDb::Postgres(pool) => admin::drop_parked(pool, filter).await,
+            OutboxDb::MySql(pool) => outbox_runtime::mysql::drop_parked(pool, filter).await,
+        }
+        .map_err(chain)
+    }
+}
+
 pub async fn run(action: ParkedAction) -> Result {
     let (act, retry) = match action {
         ParkedAction::List(List { db, select, json }) => {
-            let pool = connect_migrated(&db, 2).await?;
+            let outbox = OutboxDb::connect(&db).await?;
             let filter = filter_of(&select, true, Some(DEFAULT_LIST_LIMIT))?;
-            let rows = admin::list_parked(&pool, &filter).await.map_err(chain)?;
+            let rows = outbox.list(&filter).await?;
             return print_list(
                 &rows,
                 json,
@@ -48,10 +77,8 @@ pub async fn run(action: ParkedAction) -> Result {
         ParkedAction::Drop(act) => (act, false),
     };
     require_selection(&act.select, act.all)?;
-    let pool = connect_migrated(&act.db, 2).await?;
-    let rows = admin::list_parked(&pool, &filter_of(&act.select, true, None)?)
-        .await
-        .map_err(chain)?;
+    let outbox = OutboxDb::connect(&act.db).await?;
+    let rows = outbox.list(&filter_of(&act.select, true, None)?).await?;
     if rows.is_empty() {
         out!("no parked events match; nothing changed");
         return Ok(());
@@ -70,12 +97,10 @@ pub async fn run(action: ParkedAction) -> Result {
     // Exactly the rows listed to the user, even if more were parked meanwhile.
     let exact = rows.iter().fold(PoisonFilter::all(), |f, r| f.id(r.id));
     if retry {
-        let n = admin::retry_parked_by(&pool, &exact, "outbox parked retry")
-            .await
-            .map_err(chain)?;
+        let n = outbox.retry(&exact, "outbox parked retry").await?;
         out!("un-parked {n} events; running relays publish them now");
     } else {
-        let n = admin::drop_parked(&pool, &exact).await.map_err(chain)?;
+        let n = outbox.drop(&exact).await?;
         out!("dropped {n} parked events");
     }
     Ok(())

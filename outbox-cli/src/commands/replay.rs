@@ -3,10 +3,11 @@
 use std::time::Duration;
 
 use outbox_runtime::admin::{Replay, ReplayFilter};
+use outbox_runtime::relay::Database;
 use rdkafka::config::ClientConfig;
 use rdkafka::producer::{BaseProducer, Producer};
 
-use super::{chain, connect_migrated, Result, Target};
+use super::{chain, OutboxDb, Result, Target};
 use crate::args::ReplayArgs;
 use crate::ui::Progress;
 
@@ -38,20 +39,10 @@ pub async fn run(args: ReplayArgs) -> Result {
     }
     let to_topic = to_topic.as_deref();
     let broker = Target::connect(to).await?;
-    let pool = connect_migrated(&db, 2).await?;
+    let outbox = OutboxDb::connect(&db).await?;
     let topic = filter.source_topic();
-    let known: bool =
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM outbox_event WHERE topic = $1)")
-            .bind(topic)
-            .fetch_one(&pool)
-            .await
-            .map_err(chain)?;
-    if !known {
-        let topics: Vec<String> =
-            sqlx::query_scalar("SELECT DISTINCT topic FROM outbox_event ORDER BY 1 LIMIT 20")
-                .fetch_all(&pool)
-                .await
-                .map_err(chain)?;
+    if !outbox.has_topic(topic).await? {
+        let topics = outbox.topics(20).await?;
         let known = if topics.is_empty() {
             "the outbox is empty".to_owned()
         } else {
@@ -61,6 +52,10 @@ pub async fn run(args: ReplayArgs) -> Result {
             "unknown topic `{topic}`: no stored events ({known})"
         ));
     }
+    let pool: Database = match outbox {
+        OutboxDb::Postgres(pool) => pool.into(),
+        OutboxDb::MySql(pool) => pool.into(),
+    };
     let target = to_topic.unwrap_or(topic);
     let replay = match broker {
         Target::Kafka(config, _) => {
@@ -115,6 +110,43 @@ pub async fn run(args: ReplayArgs) -> Result {
             "{n} events of the range were not published yet (waiting for the relay, or parked) \
              and were not sent to `{target}`: check `outbox status`, then replay them with --since"
         )),
+    }
+}
+
+/// The outbox's topics, on either database.
+impl OutboxDb {
+    /// Whether the outbox holds an event of `topic`.
+    async fn has_topic(&self, topic: &str) -> Result<bool> {
+        let sql = "SELECT EXISTS (SELECT 1 FROM outbox_event WHERE topic = ";
+        match self {
+            OutboxDb::Postgres(pool) => sqlx::query_scalar(&format!("{sql}$1)"))
+                .bind(topic)
+                .fetch_one(pool)
+                .await
+                .map_err(chain),
+            OutboxDb::MySql(pool) => sqlx::query_scalar(&format!("{sql}?)"))
+                .bind(topic)
+                .fetch_one(pool)
+                .await
+                .map(|found: i64| found != 0)
+                .map_err(chain),
+        }
+    }
+
+    /// The first `n` of the outbox's topics, in order.
+    async fn topics(&self, n: u32) -> Result<Vec<String>> {
+        // On MariaDB/MySQL the column's binary collation reads as bytes unless cast.
+        let sql =
+            |topic: &str| format!("SELECT DISTINCT {topic} FROM outbox_event ORDER BY 1 LIMIT {n}");
+        match self {
+            OutboxDb::Postgres(pool) => sqlx::query_scalar(&sql("topic")).fetch_all(pool).await,
+            OutboxDb::MySql(pool) => {
+                sqlx::query_scalar(&sql("CAST(topic AS CHAR)"))
+                    .fetch_all(pool)
+                    .await
+            }
+        }
+        .map_err(chain)
     }
 }
 

@@ -36,19 +36,94 @@ async fn migrate_applies_the_mysql_migrations_and_other_commands_say_what_works(
         stdout(&again)
     );
     assert_error(
-        &run(
-            &db.url,
-            &[
-                "replay",
-                "--topic",
-                TOPIC,
-                "--dry-run",
-                "--brokers",
-                "127.0.0.1:1",
-            ],
+        &run(&db.url, &["inbox", "dead", "list"]).await,
+        "only `outbox migrate`, `relay`, `status`, `cleanup`, `parked` and `replay` take a mysql:// URL",
+    );
+}
+
+/// `outbox parked` on MariaDB: the parked rows listed (as text and JSON), one retried by id
+/// (un-parked, attempts reset, the retry recorded), the rest dropped by topic, each after the
+/// same refusals as on PostgreSQL; unparked rows untouched.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_events_are_listed_retried_and_dropped_on_mariadb() {
+    let db = MySqlTestDb::new().await;
+    emit_posted(&db.pool, 2, 5).await;
+    sqlx::query(
+        "UPDATE outbox_event SET parked_at = UTC_TIMESTAMP(6), attempts = 5, \
+             last_error = 'Message size too large' \
+         ORDER BY id LIMIT 3",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let parked: Vec<i64> =
+        sqlx::query_scalar("SELECT id FROM outbox_event WHERE parked_at IS NOT NULL ORDER BY id")
+            .fetch_all(&db.pool)
+            .await
+            .unwrap();
+
+    let list = run(&db.url, &["parked", "list"]).await;
+    assert_ok(&list);
+    let text = stdout(&list);
+    let lines = text
+        .lines()
+        .filter(|l| l.contains("Message size too large"));
+    assert_eq!(lines.count(), 3, "{text}");
+    let json = run(&db.url, &["parked", "list", "--topic", TOPIC, "--json"]).await;
+    assert_ok(&json);
+    let rows: Vec<serde_json::Value> = serde_json::from_str(&stdout(&json)).unwrap();
+    let ids: Vec<i64> = rows.iter().map(|r| r["id"].as_i64().unwrap()).collect();
+    assert_eq!(ids, parked);
+    assert_eq!(
+        (
+            rows[0]["attempts"].as_i64(),
+            rows[0]["payload"]["seq"].as_i64()
+        ),
+        (Some(5), Some(0))
+    );
+
+    assert_error(&run(&db.url, &["parked", "retry"]).await, "say which rows");
+    assert_error(
+        &run(&db.url, &["parked", "drop", "--topic", TOPIC]).await,
+        "pass --yes",
+    );
+    let first = parked[0].to_string();
+    let retry = run(&db.url, &["parked", "retry", "--id", &first, "--yes"]).await;
+    assert_ok(&retry);
+    assert!(
+        stdout(&retry).contains("un-parked 1 events"),
+        "{}",
+        stdout(&retry)
+    );
+    assert_eq!(
+        count(
+            &db.pool,
+            &format!(
+                "SELECT COUNT(*) FROM outbox_event WHERE id = {first} AND parked_at IS NULL \
+                 AND attempts = 0 AND retried_by = 'outbox parked retry'"
+            )
         )
         .await,
-        "only `outbox migrate`, `outbox relay` and `outbox status` take a mysql:// URL so far",
+        1
+    );
+    let dropped = run(&db.url, &["parked", "drop", "--topic", TOPIC, "--yes"]).await;
+    assert_ok(&dropped);
+    assert!(
+        stdout(&dropped).contains("dropped 2 parked events"),
+        "{}",
+        stdout(&dropped)
+    );
+    assert_eq!(
+        count(&db.pool, "SELECT COUNT(*) FROM outbox_event").await,
+        8,
+        "the unparked rows and the retried one kept"
+    );
+    let none = run(&db.url, &["parked", "list"]).await;
+    assert_ok(&none);
+    assert!(
+        stdout(&none).contains("no parked events"),
+        "{}",
+        stdout(&none)
     );
 }
 
@@ -75,6 +150,11 @@ async fn cleanup_deletes_what_is_past_the_retention_on_mariadb() {
     .execute(&db.pool)
     .await
     .unwrap();
+    // `status` counts the dedup rows, as on PostgreSQL.
+    let status = run(&db.url, &["status", "--json"]).await;
+    assert_ok(&status);
+    let status: serde_json::Value = serde_json::from_str(&stdout(&status)).unwrap();
+    assert_eq!(status["processed_event_rows"], 100, "{status}");
     let dry = run(
         &db.url,
         &[

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use outbox_runtime::Uow;
 use outbox_tests::kafka::{consume, Kafka};
+use outbox_tests::mysql::MySqlTestDb;
 use outbox_tests::TestDb;
 use uuid::Uuid;
 
@@ -12,44 +13,113 @@ use crate::support::{assert_error, assert_ok, emit_posted, run, stderr, stdout, 
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_delivers_every_event_with_its_original_id() {
-    replay_case(Kafka::mock()).await;
+    replay_case(Kafka::mock(), Outbox::Postgres(TestDb::new().await)).await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_delivers_every_event_on_a_broker_process_too() {
-    replay_case(Kafka::tansu().await).await;
+    replay_case(Kafka::tansu().await, Outbox::Postgres(TestDb::new().await)).await;
 }
 
-async fn replay_case(kafka: Kafka) {
-    let db = TestDb::new().await;
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_delivers_every_event_from_mariadb() {
+    replay_case(Kafka::mock(), Outbox::MySql(MySqlTestDb::new().await)).await;
+}
+
+/// The database a replay case runs on: the same case, each database's SQL for its setup.
+enum Outbox {
+    Postgres(TestDb),
+    MySql(MySqlTestDb),
+}
+
+impl Outbox {
+    fn url(&self) -> &str {
+        match self {
+            Outbox::Postgres(db) => &db.url,
+            Outbox::MySql(db) => &db.url,
+        }
+    }
+
+    /// 1,000 `Posted` events published earlier (the first half 3 hours ago, the rest 30
+    /// minutes ago), then 10 `Closed` events not published yet.
+    async fn emit(&self) {
+        match self {
+            Outbox::Postgres(db) => emit_posted(&db.pool, 50, 20).await,
+            Outbox::MySql(db) => emit_posted(&db.pool, 50, 20).await,
+        };
+        let closed: Vec<Closed> = (0..10)
+            .map(|l| Closed {
+                ledger: format!("l-{l}"),
+            })
+            .collect();
+        match self {
+            Outbox::Postgres(db) => {
+                let mut uow = Uow::begin(&db.pool).await.unwrap();
+                uow.emit_all(&closed).await.unwrap();
+                uow.commit().await.unwrap();
+                sqlx::query(
+                    "UPDATE outbox_event SET published_at = now(), created_at = now() - CASE \
+                         WHEN id <= (SELECT min(id) + 499 FROM outbox_event) \
+                         THEN interval '3 hours' ELSE interval '30 minutes' END \
+                     WHERE event_type = 'Posted'",
+                )
+                .execute(&db.pool)
+                .await
+                .unwrap();
+            }
+            Outbox::MySql(db) => {
+                let mut uow = Uow::begin(&db.pool).await.unwrap();
+                uow.emit_all(&closed).await.unwrap();
+                uow.commit().await.unwrap();
+                sqlx::query(
+                    "UPDATE outbox_event o JOIN (SELECT MIN(id) + 499 AS m FROM outbox_event) x \
+                     SET o.published_at = UTC_TIMESTAMP(6), \
+                         o.created_at = UTC_TIMESTAMP(6) \
+                             - INTERVAL (CASE WHEN o.id <= x.m THEN 180 ELSE 30 END) MINUTE \
+                     WHERE o.event_type = 'Posted'",
+                )
+                .execute(&db.pool)
+                .await
+                .unwrap();
+            }
+        }
+    }
+
+    /// The `Posted` rows: id, event id, key.
+    async fn posted(&self) -> Vec<(i64, Uuid, String)> {
+        match self {
+            Outbox::Postgres(db) => sqlx::query_as(
+                "SELECT id, event_id, partition_key FROM outbox_event \
+                 WHERE event_type = 'Posted'",
+            )
+            .fetch_all(&db.pool)
+            .await
+            .unwrap(),
+            Outbox::MySql(db) => {
+                let rows: Vec<(i64, Vec<u8>, String)> = sqlx::query_as(
+                    "SELECT id, event_id, CAST(partition_key AS CHAR) FROM outbox_event \
+                     WHERE event_type = 'Posted'",
+                )
+                .fetch_all(&db.pool)
+                .await
+                .unwrap();
+                rows.into_iter()
+                    .map(|(id, e, k)| (id, Uuid::from_slice(&e).unwrap(), k))
+                    .collect()
+            }
+        }
+    }
+}
+
+async fn replay_case(kafka: Kafka, db: Outbox) {
     kafka.create_topic(TOPIC, 4).await;
     kafka.create_topic("ledger.rebuild", 4).await;
-    emit_posted(&db.pool, 50, 20).await;
-    let mut uow = Uow::begin(&db.pool).await.unwrap();
-    for l in 0..10 {
-        uow.emit(&Closed {
-            ledger: format!("l-{l}"),
-        })
-        .await
-        .unwrap();
-    }
-    uow.commit().await.unwrap();
-    // Posted events were published earlier (the first half 3 hours ago, the rest 30 minutes
-    // ago); the 10 Closed events are not published yet.
-    sqlx::query(
-        "UPDATE outbox_event SET published_at = now(), created_at = now() - CASE \
-             WHEN id <= (SELECT min(id) + 499 FROM outbox_event) THEN interval '3 hours' \
-             ELSE interval '30 minutes' END \
-         WHERE event_type = 'Posted'",
-    )
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    db.emit().await;
     let bootstrap = kafka.bootstrap();
     let replay = |args: &[&str]| {
         let mut all = vec!["replay", "--topic", TOPIC, "--brokers", bootstrap.as_str()];
         all.extend_from_slice(args);
-        let url = db.url.clone();
+        let url = db.url().to_owned();
         let all: Vec<String> = all.into_iter().map(str::to_owned).collect();
         async move {
             let args: Vec<&str> = all.iter().map(String::as_str).collect();
@@ -106,12 +176,7 @@ async fn replay_case(kafka: Kafka) {
     )
     .await;
     assert_eq!(received.len(), 1_000);
-    let rows: Vec<(i64, Uuid, String)> = sqlx::query_as(
-        "SELECT id, event_id, partition_key FROM outbox_event WHERE event_type = 'Posted'",
-    )
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
+    let rows = db.posted().await;
     let by_id: HashMap<i64, (Uuid, String)> =
         rows.into_iter().map(|(id, e, k)| (id, (e, k))).collect();
     let mut seen = HashSet::new();
@@ -151,7 +216,7 @@ async fn replay_case(kafka: Kafka) {
     );
 
     let unknown = run(
-        &db.url,
+        db.url(),
         &[
             "replay",
             "--topic",

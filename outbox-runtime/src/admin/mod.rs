@@ -25,6 +25,8 @@ pub(crate) mod mysql;
 pub(crate) mod mysql_cleanup;
 pub(crate) mod partitions;
 mod poison;
+#[cfg(feature = "mysql")]
+pub(crate) mod poison_mysql;
 #[cfg(feature = "_broker")]
 mod replay;
 pub(crate) mod status;

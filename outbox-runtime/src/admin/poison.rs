@@ -15,15 +15,15 @@ use crate::error::Result;
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 #[must_use]
 pub struct PoisonFilter {
-    topic: Option<String>,
-    event_type: Option<String>,
-    ids: Vec<i64>,
-    event_ids: Vec<Uuid>,
-    limit: Option<i64>,
-    since: Option<DateTime<Utc>>,
-    until: Option<DateTime<Utc>>,
-    after_id: Option<i64>,
-    after_received: Option<(DateTime<Utc>, Uuid)>,
+    pub(super) topic: Option<String>,
+    pub(super) event_type: Option<String>,
+    pub(super) ids: Vec<i64>,
+    pub(super) event_ids: Vec<Uuid>,
+    pub(super) limit: Option<i64>,
+    pub(super) since: Option<DateTime<Utc>>,
+    pub(super) until: Option<DateTime<Utc>>,
+    pub(super) after_id: Option<i64>,
+    pub(super) after_received: Option<(DateTime<Utc>, Uuid)>,
 }
 
 impl PoisonFilter {

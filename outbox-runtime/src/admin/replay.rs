@@ -3,10 +3,11 @@
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use chrono::{DateTime, Utc};
-use sqlx::{PgPool, Row};
+use sqlx::Row;
 
 use crate::error::{Error, Result};
 use crate::publish::{CloudEvents, Options, Outcome, PerKey, Transport};
+use crate::store::database::{Database, Pool};
 use crate::store::record::{claimed_columns, Claimed};
 
 /// Which stored events a replay publishes: published rows of one topic, narrowed by creation
@@ -96,7 +97,9 @@ macro_rules! bind_filter {
     };
 }
 
-/// Publishes stored events again, in their original order (by outbox id), with their original
+/// Publishes stored events again, from PostgreSQL or MariaDB/MySQL (the constructors take
+/// either pool, as [`Relay::builder`](crate::relay::Relay::builder) does), in their original
+/// order (by outbox id), with their original
 /// `event_id`, key, payload and headers, so that deduplicating receivers handle each at most
 /// once. Records carry the replay's time as their Kafka timestamp (so the topic's time-based
 /// retention keeps them); a CloudEvent's `ce_time` stays when the event was emitted. Published
@@ -117,7 +120,7 @@ macro_rules! bind_filter {
 /// # Ok(()) }
 /// ```
 pub struct Replay {
-    pool: PgPool,
+    pool: Pool,
     transport: Box<dyn Transport>,
     batch_size: i64,
     publish_timeout: Duration,
@@ -136,9 +139,9 @@ impl std::fmt::Debug for Replay {
 impl Replay {
     /// A replay through `transport` (the brokers' constructors: `new`,
     /// `with_producer_config`, `jetstream`).
-    pub(crate) fn on(pool: PgPool, transport: Box<dyn Transport>) -> Replay {
+    pub(crate) fn on(pool: impl Into<Database>, transport: Box<dyn Transport>) -> Replay {
         Replay {
-            pool,
+            pool: pool.into().0,
             transport,
             batch_size: 1_000,
             publish_timeout: Duration::from_secs(30),
@@ -165,18 +168,69 @@ impl Replay {
 
     /// How many events the filter selects, published and not (what a dry run reports).
     pub async fn count(&self, filter: &ReplayFilter) -> Result<ReplayCounts> {
-        let sql = format!(
-            "SELECT count(*) FILTER (WHERE o.published_at IS NOT NULL), \
-                    count(*) FILTER (WHERE o.published_at IS NULL) \
-             FROM outbox_event o WHERE {WHERE_SQL}"
-        );
-        let (published, unpublished): (i64, i64) = bind_filter!(sqlx::query_as(&sql), filter)
-            .fetch_one(&self.pool)
-            .await?;
+        let (published, unpublished): (i64, i64) = match &self.pool {
+            Pool::Postgres(pool) => {
+                let sql = format!(
+                    "SELECT count(*) FILTER (WHERE o.published_at IS NOT NULL), \
+                            count(*) FILTER (WHERE o.published_at IS NULL) \
+                     FROM outbox_event o WHERE {WHERE_SQL}"
+                );
+                bind_filter!(sqlx::query_as(&sql), filter)
+                    .fetch_one(pool)
+                    .await?
+            }
+            #[cfg(feature = "mysql")]
+            Pool::MySql(pool) => mysql::count(pool, filter).await?,
+        };
         Ok(ReplayCounts {
             published: published.max(0) as u64,
             unpublished: unpublished.max(0) as u64,
         })
+    }
+
+    /// The newest outbox row's id (0 for an empty outbox).
+    async fn last_id(&self) -> Result<i64> {
+        let sql = "SELECT coalesce(max(id), 0) FROM outbox_event";
+        Ok(match &self.pool {
+            Pool::Postgres(pool) => sqlx::query_scalar(sql).fetch_one(pool).await?,
+            #[cfg(feature = "mysql")]
+            Pool::MySql(pool) => sqlx::query_scalar(sql).fetch_one(pool).await?,
+        })
+    }
+
+    /// The filter's rows after `after` up to `last`, at most a batch, each with whether it is
+    /// published.
+    async fn page(
+        &self,
+        filter: &ReplayFilter,
+        after: i64,
+        last: i64,
+    ) -> Result<Vec<(Claimed, bool)>> {
+        let pool = match &self.pool {
+            Pool::Postgres(pool) => pool,
+            #[cfg(feature = "mysql")]
+            Pool::MySql(pool) => {
+                return mysql::page(pool, filter, after, last, self.batch_size).await
+            }
+        };
+        // Unpublished rows are skipped by the caller rather than in SQL: with `published_at IS
+        // NOT NULL` in the query, stale statistics (a backlog just drained) make the planner
+        // read the whole retention index and sort it, for every page; without it, each page is
+        // a short walk of the primary key.
+        let sql = format!(
+            "SELECT {}, o.published_at IS NOT NULL AS published FROM outbox_event o \
+             WHERE {WHERE_SQL} AND o.id > $6 AND o.id <= $8 ORDER BY o.id LIMIT $7",
+            claimed_columns!()
+        );
+        let rows = bind_filter!(sqlx::query(&sql), filter)
+            .bind(after)
+            .bind(self.batch_size)
+            .bind(last)
+            .fetch_all(pool)
+            .await?;
+        rows.iter()
+            .map(|row| Ok((Claimed::from_row(row, 0)?, row.try_get("published")?)))
+            .collect()
     }
 
     /// Publishes the published events the filter selects, up to the newest row when it starts,
@@ -193,43 +247,28 @@ impl Replay {
         to_topic: Option<&str>,
         mut progress: impl FnMut(u64),
     ) -> Result<ReplayCounts> {
-        // Pages by `id` (`$6`: the last id seen). Unpublished rows are skipped here rather than
-        // in SQL: with `published_at IS NOT NULL` in the query, stale statistics (a backlog
-        // just drained) make the planner read the whole retention index and sort it, for every
-        // page; without it, each page is a short walk of the primary key.
-        let sql = format!(
-            "SELECT {}, o.published_at IS NOT NULL AS published FROM outbox_event o \
-             WHERE {WHERE_SQL} AND o.id > $6 AND o.id <= $8 ORDER BY o.id LIMIT $7",
-            claimed_columns!()
-        );
-        // The range ends at the newest row now: writes that go on do not extend it.
-        let last: i64 = sqlx::query_scalar("SELECT coalesce(max(id), 0) FROM outbox_event")
-            .fetch_one(&self.pool)
-            .await?;
+        // Pages by `id`, after the last id seen; the range ends at the newest row now: writes
+        // that go on do not extend it.
+        let last = self.last_id().await?;
         let mut after = 0i64;
         let mut sent = 0u64;
         let mut unpublished = 0u64;
         loop {
-            let rows = bind_filter!(sqlx::query(&sql), filter)
-                .bind(after)
-                .bind(self.batch_size)
-                .bind(last)
-                .fetch_all(&self.pool)
-                .await?;
-            if rows.is_empty() {
+            let rows = self.page(filter, after, last).await?;
+            let Some((last_row, _)) = rows.last() else {
                 return Ok(ReplayCounts {
                     published: sent,
                     unpublished,
                 });
-            }
+            };
             let now_ms = SystemTime::now()
                 .duration_since(UNIX_EPOCH)
                 .map_or(0, |d| d.as_millis() as i64);
-            after = rows[rows.len() - 1].try_get("id")?;
+            after = last_row.id;
             let mut batch = Vec::with_capacity(rows.len());
-            for row in &rows {
-                if row.try_get::<bool, _>("published")? {
-                    batch.push(Claimed::from_row(row, 0)?);
+            for (row, published) in rows {
+                if published {
+                    batch.push(row);
                 } else {
                     unpublished += 1;
                 }
@@ -265,5 +304,71 @@ impl Replay {
             }
             progress(sent);
         }
+    }
+}
+
+/// The replay's reads on MariaDB/MySQL: the same filter, `?` placeholders, and the columns
+/// cast as the relay reads them there.
+#[cfg(feature = "mysql")]
+mod mysql {
+    use sqlx::{MySql, MySqlPool, QueryBuilder, Row};
+
+    use super::ReplayFilter;
+    use crate::error::Result;
+    use crate::store::record::{Claimed, MYSQL_CLAIMED_COLUMNS};
+
+    /// Appends the filter's conditions (`WHERE` included).
+    fn push_filter(sql: &mut QueryBuilder<'_, MySql>, filter: &ReplayFilter) {
+        sql.push(" WHERE o.topic = ")
+            .push_bind(filter.topic.clone());
+        if let Some(since) = filter.since {
+            sql.push(" AND o.created_at >= ")
+                .push_bind(since.naive_utc());
+        }
+        if let Some(until) = filter.until {
+            sql.push(" AND o.created_at < ")
+                .push_bind(until.naive_utc());
+        }
+        if let Some(aggregate_type) = &filter.aggregate_type {
+            sql.push(" AND o.aggregate_type = ")
+                .push_bind(aggregate_type.clone());
+        }
+        if let Some(event_type) = &filter.event_type {
+            sql.push(" AND o.event_type = ")
+                .push_bind(event_type.clone());
+        }
+    }
+
+    pub(super) async fn count(pool: &MySqlPool, filter: &ReplayFilter) -> Result<(i64, i64)> {
+        let mut sql = QueryBuilder::new(
+            "SELECT CAST(COUNT(o.published_at) AS SIGNED), \
+                    CAST(COUNT(*) - COUNT(o.published_at) AS SIGNED) FROM outbox_event o",
+        );
+        push_filter(&mut sql, filter);
+        let row = sql.build().fetch_one(pool).await?;
+        Ok((row.try_get(0)?, row.try_get(1)?))
+    }
+
+    pub(super) async fn page(
+        pool: &MySqlPool,
+        filter: &ReplayFilter,
+        after: i64,
+        last: i64,
+        limit: i64,
+    ) -> Result<Vec<(Claimed, bool)>> {
+        let mut sql = QueryBuilder::new(format!(
+            "SELECT {MYSQL_CLAIMED_COLUMNS}, o.published_at IS NOT NULL FROM outbox_event o"
+        ));
+        push_filter(&mut sql, filter);
+        sql.push(" AND o.id > ").push_bind(after);
+        sql.push(" AND o.id <= ").push_bind(last);
+        sql.push(" ORDER BY o.id LIMIT ").push_bind(limit);
+        let rows = sql.build().fetch_all(pool).await?;
+        rows.iter()
+            .map(|row| {
+                let published: i64 = row.try_get(11)?;
+                Ok((Claimed::from_mysql_row(row)?, published != 0))
+            })
+            .collect()
     }
 }

@@ -1,14 +1,13 @@
 //! The Kafka builder methods of the relay, the consumer and replay.
 
 use rdkafka::config::ClientConfig;
-use sqlx::PgPool;
 
 use super::config::Config;
 use crate::admin::Replay;
 use crate::error::{Error, Result};
 use crate::inbox::source::source_of;
 use crate::inbox::ConsumerBuilder;
-use crate::relay::RelayBuilder;
+use crate::relay::{Database, RelayBuilder};
 
 /// Sets every setting of `from` on `to`: those given win.
 fn merge(to: &mut ClientConfig, from: &ClientConfig) {
@@ -90,7 +89,7 @@ impl<S: Send + Sync + 'static, D: crate::inbox::ConsumerDatabase> ConsumerBuilde
 impl Replay {
     /// A replay to the Kafka cluster at `brokers`.
     #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
-    pub fn new(pool: PgPool, brokers: &str) -> Result<Replay> {
+    pub fn new(pool: impl Into<Database>, brokers: &str) -> Result<Replay> {
         let mut config = ClientConfig::new();
         config.set("bootstrap.servers", brokers);
         Self::with_producer_config(pool, config)
@@ -99,7 +98,7 @@ impl Replay {
     /// A replay with these producer settings (`bootstrap.servers`, security, ...); they must
     /// allow an idempotent producer, like the relay's.
     #[cfg_attr(docsrs, doc(cfg(feature = "kafka")))]
-    pub fn with_producer_config(pool: PgPool, config: ClientConfig) -> Result<Replay> {
+    pub fn with_producer_config(pool: impl Into<Database>, config: ClientConfig) -> Result<Replay> {
         if config.get("bootstrap.servers").is_none_or(str::is_empty) {
             return Err(Error::Config("no Kafka brokers for the replay".into()));
         }

@@ -27,6 +27,11 @@ pub const MIGRATIONS: &[Migration] = &[
         description: "consumer",
         sql: include_str!("../../migrations/mysql/20261207000003_consumer.sql"),
     },
+    Migration {
+        version: 20261207000004,
+        description: "operator_retries",
+        sql: include_str!("../../migrations/mysql/20261207000004_operator_retries.sql"),
+    },
 ];
 
 /// How long a runner waits for another to finish, in seconds.

@@ -103,10 +103,18 @@
 //!   handler: the batch finds it as above, and loses nothing (no dedup row is written before
 //!   its handler ran), but what the handlers before it in the batch did commits without their
 //!   rows, and runs again.
+//! - **Operators**: parked rows are listed, retried and dropped with the same [`PoisonFilter`]
+//!   as on PostgreSQL ([`list_parked`], [`retry_parked`], [`drop_parked`]; `outbox parked` with
+//!   a `mysql://` URL): a retried row is claimed by the relays' next claim (no cursor passes
+//!   it); relays of another process find it within their poll interval. A
+//!   [`Replay`](crate::admin::Replay) takes a `MySqlPool` as it takes a `PgPool` (`outbox
+//!   replay` with a `mysql://` URL).
 //! - **Not yet on these databases**: the relay's periodic health checks (its health settings
 //!   are ignored); inbox mode and JetStream consumers (refused at `build`, saying so); and the
-//!   operator commands other than `migrate`, `relay`, `status` (its figures: [`status`]) and
-//!   `cleanup`.
+//!   operator commands other than `migrate`, `relay`, `status` (its figures: [`status`]),
+//!   `cleanup`, `parked` and `replay` (the console, `inbox dead`, `partitions`).
+//!
+//! [`PoisonFilter`]: crate::admin::PoisonFilter
 //! - **Retention** ([`Cleanup`], `outbox cleanup` with a `mysql://` URL, or beside the relay:
 //!   [`RelayBuilder::retention`](crate::relay::RelayBuilder::retention), one relay of the
 //!   database at a time through `GET_LOCK`): published outbox rows and dedup rows past a
@@ -126,6 +134,9 @@ use uuid::Uuid;
 
 pub use crate::admin::mysql::{health, status};
 pub use crate::admin::mysql_cleanup::MySqlCleanup as Cleanup;
+pub use crate::admin::poison_mysql::{
+    count_parked, drop_parked, list_parked, retry_parked, retry_parked_by,
+};
 pub use migrate::{migrate, migrate_on, pending, MIGRATIONS};
 
 use crate::event::{IntoRecord, OutboxEvent, OutboxRecord};

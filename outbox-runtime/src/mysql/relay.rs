@@ -25,7 +25,7 @@ use std::time::Duration;
 use sqlx::{Connection, Executor, MySqlConnection, MySqlPool, Row};
 
 use crate::error::{Error, Result};
-use crate::store::record::Claimed;
+use crate::store::record::{Claimed, MYSQL_CLAIMED_COLUMNS};
 use crate::store::relay::Refused;
 use crate::store::shards::{Plan, SHARDS};
 
@@ -198,14 +198,6 @@ async fn shard_locks(session: &mut Session, function: &str, shards: &[i32]) -> R
         .collect())
 }
 
-/// The columns a [`Claimed`] is read from (alias `o`), text cast to the connection's character
-/// set (sqlx reads the `_bin` columns, and MariaDB's JSON, as bytes otherwise).
-const CLAIMED_COLUMNS: &str = "o.id, o.event_id, CAST(o.topic AS CHAR), \
-    CAST(o.partition_key AS CHAR), CAST(o.aggregate_type AS CHAR), \
-    CAST(o.aggregate_id AS CHAR), CAST(o.event_type AS CHAR), CAST(o.payload AS CHAR), \
-    o.attempts, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', o.created_at) DIV 1000, \
-    CAST(o.headers AS CHAR)";
-
 /// Begins the batch's transaction and claims up to `limit` rows of the owned shards, in `id`
 /// order from the first unpublished: not parked, not waiting for a retry, and not behind a row
 /// of their key that waits for one (`ix_outbox_event_waiting`: the waiting rows alone). One
@@ -231,7 +223,7 @@ pub(crate) async fn claim(
         format!(" AND ({mask} >> (f.key_bucket & 63)) & 1 = 1")
     };
     // The index hints keep the plain read on its indexes whatever the statistics say.
-    let columns = CLAIMED_COLUMNS.replace('\'', "''");
+    let columns = MYSQL_CLAIMED_COLUMNS.replace('\'', "''");
     let sql = format!(
         "START TRANSACTION; \
          SELECT GROUP_CONCAT(c.id ORDER BY c.id) INTO @outbox_claim FROM ( \
@@ -251,28 +243,7 @@ pub(crate) async fn claim(
          DEALLOCATE PREPARE outbox_claim"
     );
     let rows = session.conn.fetch_all(sqlx::raw_sql(&sql)).await?;
-    rows.iter().map(claimed).collect()
-}
-
-/// A row of [`CLAIMED_COLUMNS`].
-fn claimed(r: &sqlx::mysql::MySqlRow) -> Result<Claimed> {
-    let event_id: Vec<u8> = r.try_get(1)?;
-    let event_id = uuid::Uuid::from_slice(&event_id)
-        .map_err(|e| Error::Database(sqlx::Error::Decode(Box::new(e))))?;
-    Ok(Claimed {
-        id: r.try_get(0)?,
-        event_id,
-        topic: r.try_get(2)?,
-        partition_key: r.try_get(3)?,
-        aggregate_type: r.try_get(4)?,
-        aggregate_id: r.try_get(5)?,
-        event_type: r.try_get(6)?,
-        payload: r.try_get(7)?,
-        attempts: r.try_get(8)?,
-        created_at_ms: r.try_get(9)?,
-        headers: r.try_get(10)?,
-        replayed_at_ms: None,
-    })
+    rows.iter().map(Claimed::from_mysql_row).collect()
 }
 
 /// Records the batch's outcome and commits: `published` rows get `published_at`, `failed`

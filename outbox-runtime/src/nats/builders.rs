@@ -2,14 +2,12 @@
 
 use std::time::Duration;
 
-use sqlx::PgPool;
-
 use super::settings::JetStream;
 use crate::admin::Replay;
 use crate::error::{Error, Result};
 use crate::inbox::source::source_of;
 use crate::inbox::ConsumerBuilder;
-use crate::relay::RelayBuilder;
+use crate::relay::{Database, RelayBuilder};
 
 impl RelayBuilder {
     /// Publishes to NATS JetStream instead of Kafka: see [`JetStream`] for the mapping (a
@@ -43,7 +41,7 @@ impl Replay {
     /// A replay to JetStream, with the relay's mapping (see [`JetStream`]); a topic no stream
     /// captures stops it.
     #[cfg_attr(docsrs, doc(cfg(feature = "nats")))]
-    pub fn jetstream(pool: PgPool, jetstream: JetStream) -> Result<Replay> {
+    pub fn jetstream(pool: impl Into<Database>, jetstream: JetStream) -> Result<Replay> {
         jetstream.check().map_err(Error::Config)?;
         let timeout = Duration::from_secs(30);
         Ok(Self::on(

@@ -2,14 +2,12 @@
 
 use std::time::Duration;
 
-use sqlx::PgPool;
-
 use super::settings::RabbitMq;
 use crate::admin::Replay;
 use crate::error::{Error, Result};
 use crate::inbox::source::source_of;
 use crate::inbox::ConsumerBuilder;
-use crate::relay::RelayBuilder;
+use crate::relay::{Database, RelayBuilder};
 
 impl RelayBuilder {
     /// Publishes to RabbitMQ: see [`RabbitMq`] for the mapping (a topic is an exchange, a
@@ -39,7 +37,7 @@ impl Replay {
     /// A replay to RabbitMQ, with the relay's mapping (see [`RabbitMq`]); an unroutable topic
     /// stops it.
     #[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
-    pub fn rabbitmq(pool: PgPool, rabbitmq: RabbitMq) -> Result<Replay> {
+    pub fn rabbitmq(pool: impl Into<Database>, rabbitmq: RabbitMq) -> Result<Replay> {
         rabbitmq.check().map_err(Error::Config)?;
         let timeout = Duration::from_secs(30);
         Ok(Self::on(pool, super::relay::transport(&rabbitmq, timeout)))

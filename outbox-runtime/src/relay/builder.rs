@@ -2,7 +2,6 @@
 
 use std::time::Duration;
 
-use super::database::Database;
 use super::run::Relay;
 use super::settings::Settings;
 use crate::admin::{HealthThresholds, Retention};
@@ -10,6 +9,7 @@ use crate::broker::Brokers;
 use crate::config::Backoff;
 use crate::error::Result;
 use crate::publish::{CloudEvents, PerKey};
+use crate::store::database::Database;
 
 /// Configures a [`Relay`]. Start with [`Relay::builder`].
 #[derive(Debug, Clone)]

@@ -237,8 +237,6 @@ macro_rules! bounded {
 #[cfg(feature = "_broker")]
 mod builder;
 #[cfg(feature = "_broker")]
-mod database;
-#[cfg(feature = "_broker")]
 mod floor;
 #[cfg(feature = "_broker")]
 mod gauges;
@@ -277,9 +275,9 @@ pub use crate::publish::CloudEvents;
 #[cfg_attr(docsrs, doc(cfg(feature = "rabbitmq")))]
 pub use crate::rabbitmq::RabbitMq;
 #[cfg(feature = "_broker")]
-pub use builder::RelayBuilder;
+pub use crate::store::database::Database;
 #[cfg(feature = "_broker")]
-pub use database::Database;
+pub use builder::RelayBuilder;
 /// Hooks of this project's own benchmarks (features `testing` and `mysql`); not API.
 #[cfg(all(feature = "testing", feature = "mysql"))]
 #[doc(hidden)]

@@ -135,7 +135,9 @@ async fn report(pool: &MySqlPool) {
 
 /// The backlog figures; see [`super::Relay::status`].
 pub(super) async fn status(pool: &MySqlPool) -> Result<RelayStatus> {
-    Ok(crate::admin::mysql::status(pool).await?.outbox_total())
+    Ok(crate::admin::mysql::outbox_status(pool)
+        .await?
+        .outbox_total())
 }
 
 /// One relay instance on MariaDB/MySQL: its session (connection, member slot), its shards.

@@ -8,7 +8,6 @@ use sqlx::PgPool;
 use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
-use super::database::{Database, Pool};
 use super::gauges::{report_backlog, Owning, GAUGES_EVERY};
 use super::health::HealthChecks;
 use super::instance::{Instance, Step, REBALANCE_EVERY};
@@ -18,6 +17,7 @@ use super::wakeup::Wakeups;
 use super::{status, RelayStatus};
 use crate::error::{Error, Result};
 use crate::publish::Transport;
+use crate::store::database::{Database, Pool};
 
 /// Publishes the outbox to Kafka or JetStream. Cheap to clone; every [`run`](Self::run) or
 /// [`spawn`](Self::spawn) is one more instance sharing the producer. See the

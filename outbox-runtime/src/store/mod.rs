@@ -1,4 +1,5 @@
-//! The SQL of each subsystem, on PostgreSQL: what the relay reads and writes of the outbox
+//! The SQL of each subsystem, on PostgreSQL (and which database a relay or replay reads:
+//! [`database`]): what the relay reads and writes of the outbox
 //! ([`relay`]), and the row it claims and a replay reads ([`record`]); the consumers':
 //! dedup mode's `processed_event` rows ([`dedup`]), inbox mode's `inbox_event` rows
 //! ([`inbox`]), the JetStream consumers' leases ([`lease`]), the source locks a dedup batch
@@ -6,6 +7,8 @@
 //! ([`shards`]). The modules above it (the relay, the consumers,
 //! the operator's tools) call these functions and name no table layout of their own here.
 
+#[cfg(feature = "_broker")]
+pub(crate) mod database;
 #[cfg(feature = "_broker")]
 pub(crate) mod dedup;
 #[cfg_attr(not(feature = "_broker"), allow(dead_code, unused_imports))]

@@ -58,3 +58,37 @@ impl Claimed {
         })
     }
 }
+
+/// The columns a [`Claimed`] is read from on MariaDB/MySQL (alias `o`), in the order
+/// [`Claimed::from_mysql_row`] reads them, text cast to the connection's character set (sqlx
+/// reads the `_bin` columns, and MariaDB's JSON, as bytes otherwise).
+#[cfg(feature = "mysql")]
+pub(crate) const MYSQL_CLAIMED_COLUMNS: &str = "o.id, o.event_id, CAST(o.topic AS CHAR), \
+    CAST(o.partition_key AS CHAR), CAST(o.aggregate_type AS CHAR), \
+    CAST(o.aggregate_id AS CHAR), CAST(o.event_type AS CHAR), CAST(o.payload AS CHAR), \
+    o.attempts, TIMESTAMPDIFF(MICROSECOND, '1970-01-01 00:00:00', o.created_at) DIV 1000, \
+    CAST(o.headers AS CHAR)";
+
+#[cfg(feature = "mysql")]
+impl Claimed {
+    /// Reads a row whose first columns are [`MYSQL_CLAIMED_COLUMNS`].
+    pub(crate) fn from_mysql_row(r: &sqlx::mysql::MySqlRow) -> Result<Claimed> {
+        let event_id: Vec<u8> = r.try_get(1)?;
+        let event_id = uuid::Uuid::from_slice(&event_id)
+            .map_err(|e| crate::error::Error::Database(sqlx::Error::Decode(Box::new(e))))?;
+        Ok(Claimed {
+            id: r.try_get(0)?,
+            event_id,
+            topic: r.try_get(2)?,
+            partition_key: r.try_get(3)?,
+            aggregate_type: r.try_get(4)?,
+            aggregate_id: r.try_get(5)?,
+            event_type: r.try_get(6)?,
+            payload: r.try_get(7)?,
+            attempts: r.try_get(8)?,
+            created_at_ms: r.try_get(9)?,
+            headers: r.try_get(10)?,
+            replayed_at_ms: None,
+        })
+    }
+}
