@@ -10,6 +10,7 @@
 //! cargo run --example quickstart -- --console 127.0.0.1:3001  # and the operator console
 //! cargo run --example quickstart -- --transport nats       # through nats-server -js (NATS_URL)
 //! cargo run --example quickstart -- --transport rabbitmq   # through RabbitMQ (RABBITMQ_URL)
+//! cargo run --example quickstart -- --database mariadb     # on MariaDB or MySQL (mariadb.rs)
 //! ```
 //!
 //! It prints the address it listens on and `curl` commands to try.
@@ -46,7 +47,8 @@
 //! Configuration (all optional):
 //!
 //! - `DATABASE_URL`: the orders database, default
-//!   `postgres://postgres@127.0.0.1:5432/outbox_quickstart`. The payments service uses the
+//!   `postgres://postgres@127.0.0.1:5432/outbox_quickstart` (with `--database mariadb`:
+//!   `mysql://outbox:outbox@127.0.0.1:3306/outbox_quickstart`). The payments service uses the
 //!   database of the same name plus `_payments` on the same server. Both are created if they do
 //!   not exist, and both get the outbox migrations and their own tables.
 //! - `KAFKA_BROKERS`: a Kafka to use; by default an embedded one (librdkafka's mock cluster,
@@ -63,10 +65,12 @@
 //! Ctrl-C shuts down gracefully: the HTTP server finishes the requests in flight, then the
 //! relays and consumers finish their batch in hand and stop.
 //!
-//! This file is the lesson: the events, the two services and their wiring. `support/` holds
+//! This file is the lesson: the events, the two services and their wiring; `mariadb.rs` is the
+//! two services' database code on MariaDB (`--database mariadb`). `support/` holds
 //! what it does not teach: the command line, the databases, where Kafka comes from, the span
 //! printer, the `--demo` client, HTTP plumbing, the provider's stand-in, and stopping.
 
+mod mariadb;
 mod support;
 
 use axum::extract::rejection::JsonRejection;
@@ -80,6 +84,7 @@ use outbox_runtime::relay::Relay;
 use outbox_runtime::{inbox_handler, trace, OutboxEvent, Uow};
 use serde::{Deserialize, Serialize};
 use sqlx::{PgConnection, PgPool};
+use support::db::{Databases, OrdersDb};
 use tokio_util::sync::CancellationToken;
 use tracing::Instrument as _;
 use tracing_opentelemetry::OpenTelemetrySpanExt as _;
@@ -150,7 +155,7 @@ struct OrderView {
     payment_status: String,
 }
 
-fn orders_api(orders_db: PgPool) -> Router {
+fn orders_api(orders_db: OrdersDb) -> Router {
     Router::new()
         .route("/orders", post(create_order))
         .route("/orders/{id}", get(get_order))
@@ -166,7 +171,7 @@ fn orders_api(orders_db: PgPool) -> Router {
 /// `POST /orders`: 201 `{"order_id": ...}`. Runs in a span of its own, the child of the
 /// caller's trace context if the request carries one; the order's event carries it on.
 async fn create_order(
-    State(db): State<PgPool>,
+    State(db): State<OrdersDb>,
     headers: HeaderMap,
     body: Result<Json<NewOrder>, JsonRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
@@ -179,7 +184,7 @@ async fn create_order(
 }
 
 async fn create_order_in_span(
-    db: PgPool,
+    db: OrdersDb,
     body: Result<Json<NewOrder>, JsonRejection>,
 ) -> Result<impl IntoResponse, ApiError> {
     // Bad JSON is a 400, JSON of the wrong shape a 422 (axum's rejection knows which).
@@ -192,7 +197,10 @@ async fn create_order_in_span(
         let message = "customer_id and product_id must not be empty";
         return Err(ApiError::new(StatusCode::UNPROCESSABLE_ENTITY, message));
     }
-    let order_id = place_order(&db, order).await?;
+    let order_id = match &db {
+        OrdersDb::Postgres(db) => place_order(db, order).await?,
+        OrdersDb::MariaDb(db) => mariadb::place_order(db, order).await?,
+    };
     let location = format!("/orders/{order_id}");
     let body = Json(serde_json::json!({ "order_id": order_id }));
     Ok((StatusCode::CREATED, [(header::LOCATION, location)], body))
@@ -223,19 +231,23 @@ async fn place_order(db: &PgPool, order: NewOrder) -> outbox_runtime::Result<Uui
 
 /// `GET /orders/{id}`: the order and its payment status.
 async fn get_order(
-    State(db): State<PgPool>,
+    State(db): State<OrdersDb>,
     Path(id): Path<String>,
 ) -> Result<Json<OrderView>, ApiError> {
     let order_id = Uuid::parse_str(&id).map_err(|_| {
         let message = format!("`{id}` is not an order id (a UUID)");
         ApiError::new(StatusCode::BAD_REQUEST, message)
     })?;
-    let row: Option<(String, String, i64, String)> = sqlx::query_as(
-        "SELECT customer_id, product_id, amount, payment_status FROM orders WHERE id = $1",
-    )
-    .bind(order_id)
-    .fetch_optional(&db)
-    .await?;
+    let row: Option<(String, String, i64, String)> =
+        match &db {
+            OrdersDb::Postgres(db) => sqlx::query_as(
+                "SELECT customer_id, product_id, amount, payment_status FROM orders WHERE id = $1",
+            )
+            .bind(order_id)
+            .fetch_optional(db)
+            .await?,
+            OrdersDb::MariaDb(db) => mariadb::find_order(db, order_id).await?,
+        };
     let (customer_id, product_id, amount, payment_status) =
         row.ok_or_else(|| ApiError::new(StatusCode::NOT_FOUND, format!("no order {order_id}")))?;
     Ok(Json(OrderView {
@@ -345,39 +357,70 @@ async fn main() -> Result<(), Report> {
 
 async fn run(args: Args) -> Result<()> {
     // Both databases, created if need be, with the outbox migrations and their tables.
-    let (orders_db, payments_db) = support::db::databases().await?;
+    let databases = Databases::open(args.database).await?;
 
     // The broker: Kafka, with the topics, the payments consumer's retry topic and the
     // dead-letter topics; or NATS JetStream (`--transport nats`), whose streams are created as
     // needed. `broker.relay(...)` and `broker.consumer(...)` set `.brokers(...)` or
     // `.jetstream(...)`: nothing else depends on the broker.
-    let topics = [
+    // (On MariaDB the orders consumer runs in dedup mode too, with a retry topic of its own.)
+    let mut topics = vec![
         OrderCreated::TOPIC,
         "order.events.retry",
         "order.events.dlq",
         PaymentSucceeded::TOPIC,
         "payment.events.dlq",
     ];
+    if matches!(databases, Databases::MariaDb { .. }) {
+        topics.push("payment.events.retry");
+    }
     let broker = Broker::start(args.transport, &topics).await?;
 
-    // Background workers: one relay per outbox, one consumer per service.
-    let orders_relay = broker.relay(Relay::builder(orders_db.clone())).build()?;
-    let payments_relay = broker.relay(Relay::builder(payments_db.clone())).build()?;
-    let payments_consumer = broker
-        .consumer(Consumer::builder(payments_db.clone()))
-        .group_id("quickstart-payments")
-        .state(Payments {
-            provider: PaymentProvider::default(),
-        })
-        .handler(charge_order) // Mode::Dedup, the default
-        .build()?;
-    let orders_consumer = broker
-        .consumer(Consumer::builder(orders_db.clone()))
-        .group_id("quickstart-orders")
-        .handler(mark_order_paid)
-        .mode(Mode::Inbox)
-        .processors(2)
-        .build()?;
+    // Background workers: one relay per outbox, one consumer per service. A relay takes
+    // either database's pool; a consumer's handlers take its database's connection.
+    let (orders_outbox, payments_outbox) = databases.outboxes();
+    let orders_relay = broker.relay(Relay::builder(orders_outbox)).build()?;
+    let payments_relay = broker.relay(Relay::builder(payments_outbox)).build()?;
+    let payments = Payments {
+        provider: PaymentProvider::default(),
+    };
+    let (payments_consumer, orders_consumer) = match &databases {
+        Databases::Postgres {
+            orders: orders_db,
+            payments: payments_db,
+        } => (
+            broker
+                .consumer(Consumer::builder(payments_db.clone()))
+                .group_id("quickstart-payments")
+                .state(payments)
+                .handler(charge_order) // Mode::Dedup, the default
+                .build()?,
+            broker
+                .consumer(Consumer::builder(orders_db.clone()))
+                .group_id("quickstart-orders")
+                .handler(mark_order_paid)
+                .mode(Mode::Inbox)
+                .processors(2)
+                .build()?,
+        ),
+        // The same on MariaDB, both in dedup mode (inbox mode is not built there yet).
+        Databases::MariaDb {
+            orders: orders_db,
+            payments: payments_db,
+        } => (
+            broker
+                .consumer(Consumer::builder(payments_db.clone()))
+                .group_id("quickstart-payments")
+                .state(payments)
+                .handler(mariadb::charge_order)
+                .build()?,
+            broker
+                .consumer(Consumer::builder(orders_db.clone()))
+                .group_id("quickstart-orders")
+                .handler(mariadb::mark_order_paid)
+                .build()?,
+        ),
+    };
 
     // `shutdown` stops the server (on Ctrl-C, at the end of `--demo`, or when a worker failed);
     // `stop` then stops the workers.
@@ -393,19 +436,20 @@ async fn run(args: Args) -> Result<()> {
     tokio::spawn(shutdown_on_ctrl_c(shutdown.clone()));
 
     // The HTTP server, until `shutdown`.
-    let server = Server::start(args.listen, orders_api(orders_db.clone()), &shutdown).await?;
+    let server = Server::start(args.listen, orders_api(databases.orders()), &shutdown).await?;
     let addr = server.addr();
     println!("orders API listening on http://{addr}");
     // The operator console of both databases, beside the API, if asked for.
-    let console = match args.console {
-        Some(listen) => {
-            let app = support::console::router(&orders_db, &payments_db)?;
+    let console = match (args.console, &databases) {
+        (Some(listen), Databases::Postgres { orders, payments }) => {
+            let app = support::console::router(orders, payments)?;
             let console = Server::start(listen, app, &shutdown).await?;
             let at = console.addr();
             println!("outbox console on http://{at}/orders and http://{at}/payments");
             Some(console)
         }
-        None => None,
+        // `--console` with `--database mariadb` is refused with the arguments.
+        _ => None,
     };
 
     // Serve until Ctrl-C, or run the demo and stop.
@@ -417,7 +461,7 @@ async fn run(args: Args) -> Result<()> {
         }
         Some(n) => {
             tokio::select! {
-                result = support::demo::run(addr, &orders_db, n) => {
+                result = support::demo::run(addr, databases.orders(), n) => {
                     if let Err(e) = result {
                         problems.push(format!("demo: {e}"));
                     }

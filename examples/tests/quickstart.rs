@@ -232,6 +232,133 @@ async fn demo_runs_on_rabbitmq() {
     }
 }
 
+/// The same on MariaDB (`--database mariadb`): the services' tables and outboxes there, both
+/// consumers in dedup mode, one payment per order, the timed-out charges paid on their second
+/// attempt, one trace per order across both services.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn demo_runs_on_mariadb() {
+    use outbox_tests::mysql::{count, MySqlTestDb};
+
+    let n = 40;
+    let db = MySqlTestDb::empty().await;
+    // The quickstart creates it; dropped with the guard, also when the test panics.
+    let payments = MySqlTestDb {
+        name: format!("{}_payments", db.name),
+        url: url_with_database(
+            &outbox_tests::mysql::mysql_url(),
+            &format!("{}_payments", db.name),
+        ),
+        pool: sqlx::MySqlPool::connect_lazy(&db.url).expect("valid database URL"),
+    };
+    let demo = n.to_string();
+    let args = [
+        "--demo",
+        &demo,
+        "--listen",
+        "127.0.0.1:0",
+        "--trace",
+        "--database",
+        "mariadb",
+    ];
+    let mut quickstart = Running::start("quickstart", Some(&db.url), &args);
+    let status = quickstart.wait(Duration::from_secs(120));
+    let output = quickstart.transcript();
+    assert!(
+        status.success(),
+        "quickstart failed: {status}; output:\n{output}"
+    );
+    assert!(
+        output.contains(&format!("demo: {n}/{n} orders paid in ")),
+        "no demo result line; output:\n{output}"
+    );
+    assert!(
+        output.contains("orders handler, the round trip (then dedup mode): p50 "),
+        "{output}"
+    );
+
+    let orders = &db.pool;
+    let paid = "SELECT COUNT(*) FROM orders WHERE payment_status = 'paid'";
+    assert_eq!(count(orders, paid).await, n);
+    let published = "SELECT COUNT(*) FROM outbox_event \
+                     WHERE event_type = 'OrderCreated' AND published_at IS NOT NULL";
+    assert_eq!(count(orders, published).await, n);
+    let handled = "SELECT COUNT(*) FROM processed_event";
+    assert_eq!(
+        count(orders, handled).await,
+        n,
+        "the orders consumer's dedup rows"
+    );
+
+    let payments_pool = sqlx::MySqlPool::connect(&payments.url).await.unwrap();
+    let p = &payments_pool;
+    assert_eq!(
+        count(p, "SELECT COUNT(DISTINCT order_id) FROM payments").await,
+        n
+    );
+    assert_eq!(count(p, "SELECT COUNT(*) FROM payments").await, n);
+    let published = "SELECT COUNT(*) FROM outbox_event \
+                     WHERE event_type = 'PaymentSucceeded' AND published_at IS NOT NULL";
+    assert_eq!(count(p, published).await, n);
+    assert_eq!(
+        count(p, "SELECT COUNT(DISTINCT provider_charge) FROM payments").await,
+        n
+    );
+    assert_eq!(
+        count(p, "SELECT COUNT(*) FROM payments WHERE attempt = 2").await,
+        n / 10
+    );
+
+    // One trace per order, across both services' outboxes.
+    let traces = |pool: sqlx::MySqlPool, event_type: &'static str| async move {
+        sqlx::query_as::<_, (String, String)>(
+            "SELECT CAST(JSON_UNQUOTE(JSON_EXTRACT(payload, '$.order_id')) AS CHAR), \
+                    CAST(JSON_UNQUOTE(JSON_EXTRACT(headers, '$.traceparent')) AS CHAR) \
+             FROM outbox_event WHERE event_type = ?",
+        )
+        .bind(event_type)
+        .fetch_all(&pool)
+        .await
+        .unwrap()
+        .into_iter()
+        .collect::<std::collections::BTreeMap<String, String>>()
+    };
+    let created = traces(orders.clone(), "OrderCreated").await;
+    let succeeded = traces(payments_pool.clone(), "PaymentSucceeded").await;
+    assert_eq!(created.len() as i64, n);
+    let trace_of = |tp: &String| tp.split('-').nth(1).unwrap().to_owned();
+    for (order, tp) in &created {
+        assert_eq!(trace_of(tp), trace_of(&succeeded[order]), "order {order}");
+    }
+    payments_pool.close().await;
+    drop(payments);
+}
+
+/// `--database mariadb` refuses what is not built there yet, saying so, before it touches a
+/// database.
+#[test]
+fn mariadb_refuses_jetstream_and_the_console() {
+    for (args, expected) in [
+        (
+            &["--database", "mariadb", "--transport", "nats"][..],
+            "JetStream consumers are not built on MariaDB",
+        ),
+        (
+            &["--database", "mariadb", "--console", "127.0.0.1:0"][..],
+            "`--console` is not built on MariaDB",
+        ),
+        (
+            &["--database", "oracle"][..],
+            "`--database oracle`: postgres or mariadb",
+        ),
+    ] {
+        let mut run = Running::start("quickstart", Some("mysql://nobody@127.0.0.1:1/none"), args);
+        let status = run.wait(Duration::from_secs(30));
+        let output = run.transcript();
+        assert!(!status.success(), "{args:?}: {output}");
+        assert!(output.contains(expected), "{args:?}: {output}");
+    }
+}
+
 /// `--demo n`: exits successfully with every order paid, and the databases agree.
 async fn demo(n: i64, env: &[(&str, &str)], args: &[&str]) {
     let db = TestDb::empty().await;

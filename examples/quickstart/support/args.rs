@@ -1,10 +1,12 @@
-//! The command line: `--listen`, `--demo`, `--trace`, `--help`.
+//! The command line: `--listen`, `--demo`, `--trace`, `--console`, `--transport`,
+//! `--database`, `--help`.
 
 use std::net::{Ipv4Addr, SocketAddr};
 
 pub const USAGE: &str = "\
 usage: cargo run --example quickstart -- [--listen ADDR] [--demo N] [--trace] [--console ADDR]
                                          [--transport kafka|nats|rabbitmq]
+                                         [--database postgres|mariadb]
 
   --listen ADDR   serve the orders API on ADDR (default 127.0.0.1:3000; port 0: a free port)
   --demo N        post N orders to the API, wait until all are paid, print the time, stop
@@ -14,10 +16,14 @@ usage: cargo run --example quickstart -- [--listen ADDR] [--demo N] [--trace] [-
   --transport T   the broker between the services: kafka (default), nats (NATS JetStream at
                   NATS_URL; the streams are created) or rabbitmq (at RABBITMQ_URL; the
                   exchanges and queues are declared)
+  --database D    the services' databases: postgres (default) or mariadb (MariaDB 10.6+ or
+                  MySQL 8.0.1+; with kafka or rabbitmq, the orders consumer in dedup mode, and
+                  no --console: inbox mode and the console are not built there yet)
   --help          this text
 
 environment:
-  DATABASE_URL    orders database (default postgres://postgres@127.0.0.1:5432/outbox_quickstart);
+  DATABASE_URL    orders database (default postgres://postgres@127.0.0.1:5432/outbox_quickstart,
+                  or with --database mariadb mysql://outbox:outbox@127.0.0.1:3306/outbox_quickstart);
                   the payments service uses the same name + `_payments`; both are created
   KAFKA_BROKERS   a Kafka to use (default: an embedded mock cluster)
   NATS_URL        with --transport nats: the nats-server (default nats://127.0.0.1:4222),
@@ -38,6 +44,15 @@ pub struct Args {
     pub console: Option<SocketAddr>,
     /// `--transport`: the broker between the services.
     pub transport: Transport,
+    /// `--database`: the services' databases.
+    pub database: Database,
+}
+
+/// The services' databases.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Database {
+    Postgres,
+    MariaDb,
 }
 
 /// The broker between the services.
@@ -57,6 +72,7 @@ impl Args {
             trace: false,
             console: None,
             transport: Transport::Kafka,
+            database: Database::Postgres,
         };
         while let Some(arg) = args.next() {
             let (flag, inline) = match arg.split_once('=') {
@@ -98,6 +114,13 @@ impl Args {
                         }
                     };
                 }
+                "--database" => {
+                    parsed.database = match value()?.as_str() {
+                        "postgres" | "postgresql" => Database::Postgres,
+                        "mariadb" | "mysql" => Database::MariaDb,
+                        other => return Err(format!("`--database {other}`: postgres or mariadb")),
+                    };
+                }
                 "--console" => {
                     let value = value()?;
                     parsed.console = Some(value.parse().map_err(|_| {
@@ -106,6 +129,22 @@ impl Args {
                 }
                 "-h" | "--help" => return Ok(None),
                 _ => return Err(format!("unknown argument `{arg}`")),
+            }
+        }
+        if parsed.database == Database::MariaDb {
+            if parsed.transport == Transport::Nats {
+                return Err(
+                    "`--database mariadb` takes `--transport kafka` or `rabbitmq`: \
+                            JetStream consumers are not built on MariaDB yet"
+                        .to_owned(),
+                );
+            }
+            if parsed.console.is_some() {
+                return Err(
+                    "`--console` is not built on MariaDB yet: leave it out with `--database \
+                     mariadb` (`outbox status` and `outbox parked` take its mysql:// URL)"
+                        .to_owned(),
+                );
             }
         }
         Ok(Some(parsed))

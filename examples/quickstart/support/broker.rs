@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use outbox_runtime::inbox::ConsumerBuilder;
+use outbox_runtime::inbox::{ConsumerBuilder, ConsumerDatabase};
 use outbox_runtime::rabbitmq::RabbitMq;
 use outbox_runtime::relay::{JetStream, RelayBuilder};
 
@@ -63,11 +63,11 @@ impl Broker {
         }
     }
 
-    /// A consumer reading from this broker.
-    pub fn consumer<S: Send + Sync + 'static>(
+    /// A consumer reading from this broker, on either database.
+    pub fn consumer<S: Send + Sync + 'static, D: ConsumerDatabase>(
         &self,
-        consumer: ConsumerBuilder<S>,
-    ) -> ConsumerBuilder<S> {
+        consumer: ConsumerBuilder<S, D>,
+    ) -> ConsumerBuilder<S, D> {
         match self {
             Broker::Kafka(kafka) => consumer.consumer_config(kafka.consumer_config()),
             Broker::JetStream(jetstream) => consumer.jetstream(jetstream.clone()),

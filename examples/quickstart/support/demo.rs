@@ -9,9 +9,9 @@ use http_body_util::{BodyExt, Full};
 use hyper::body::Bytes;
 use hyper_util::rt::TokioIo;
 use serde::Deserialize;
-use sqlx::PgPool;
 use uuid::Uuid;
 
+use super::db::OrdersDb;
 use super::Result;
 
 /// How long `--demo` waits for every order to be paid.
@@ -20,7 +20,7 @@ const DEMO_TIMEOUT: Duration = Duration::from_secs(60);
 const DEMO_CONNECTIONS: usize = 4;
 
 /// Posts `n` orders to the API at `addr`, then waits until all are paid.
-pub async fn run(addr: SocketAddr, orders_db: &PgPool, n: usize) -> Result<()> {
+pub async fn run(addr: SocketAddr, orders_db: OrdersDb, n: usize) -> Result<()> {
     let started = Instant::now();
     let connections = DEMO_CONNECTIONS.min(n);
     let mut clients = Vec::with_capacity(connections);
@@ -40,16 +40,15 @@ pub async fn run(addr: SocketAddr, orders_db: &PgPool, n: usize) -> Result<()> {
 
     let deadline = started + DEMO_TIMEOUT;
     loop {
-        let paid: i64 = sqlx::query_scalar(
-            "SELECT count(*) FROM orders WHERE id = ANY($1) AND payment_status = 'paid'",
-        )
-        .bind(&ids)
-        .fetch_one(orders_db)
-        .await?;
+        let paid = orders_db.paid(&ids).await?;
         let elapsed = started.elapsed().as_secs_f64();
         if paid as usize == n {
             println!("demo: {paid}/{n} orders paid in {elapsed:.2} s");
-            for line in super::latency::report(&ids) {
+            let orders_mode = match orders_db {
+                OrdersDb::Postgres(_) => "inbox",
+                OrdersDb::MariaDb(_) => "dedup",
+            };
+            for line in super::latency::report(&ids, orders_mode) {
                 println!("{line}");
             }
             return Ok(());
