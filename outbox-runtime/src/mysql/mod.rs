@@ -109,8 +109,11 @@
 //!   it); relays of another process find it within their poll interval. A
 //!   [`Replay`](crate::admin::Replay) takes a `MySqlPool` as it takes a `PgPool` (`outbox
 //!   replay` with a `mysql://` URL).
-//! - **Not yet on these databases**: the relay's periodic health checks (its health settings
-//!   are ignored); inbox mode and JetStream consumers (refused at `build`, saying so); and the
+//! - **The relay's health checks** run on its schedule as on PostgreSQL
+//!   ([`RelayBuilder::health_interval`](crate::relay::RelayBuilder::health_interval)): [`health`]
+//!   without counting `processed_event`, each warning logged and counted in
+//!   `outbox_health_warnings{kind}`.
+//! - **Not yet on these databases**: inbox mode and JetStream consumers (refused at `build`, saying so); and the
 //!   operator commands other than `migrate`, `relay`, `status` (its figures: [`status`]),
 //!   `cleanup`, `parked` and `replay` (the console, `inbox dead`, `partitions`).
 //!

@@ -147,7 +147,8 @@ impl RelayBuilder {
     }
 
     /// How often the relay checks the outbox's health (default 30 s; `Duration::ZERO`: never):
-    /// [`admin::health`](crate::admin::health), each warning logged when it appears (again
+    /// [`admin::health`](crate::admin::health) (on MariaDB/MySQL, `mysql::health`, its
+    /// `processed_event` rows not counted), each warning logged when it appears (again
     /// every 10 minutes while it stands, and once when it clears) and counted in the
     /// `outbox_health_warnings{kind}` gauge, beside `outbox_table_dead_rows{table}`,
     /// `outbox_autovacuum_enabled` and `outbox_oldest_transaction_age_seconds`. One instance of

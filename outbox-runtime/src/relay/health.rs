@@ -1,6 +1,6 @@
 //! A running relay's health checks: [`admin::health`](crate::admin::health) on a schedule (with
-//! `processed_event`'s rows estimated, not counted), its warnings in the log and its figures as
-//! gauges.
+//! `processed_event`'s rows estimated, not counted; on MariaDB/MySQL `mysql::health` without
+//! that figure), its warnings in the log and its figures as gauges.
 
 use std::collections::HashMap;
 use std::time::{Duration, Instant};
@@ -9,7 +9,10 @@ use sqlx::PgPool;
 
 use super::periodic::Schedule;
 use crate::admin::health::health_estimated;
+#[cfg(feature = "mysql")]
+use crate::admin::health::mysql_health_uncounted;
 use crate::admin::{Health, HealthThresholds, WarningKind};
+use crate::error::Result;
 
 /// A standing warning is logged again this often, so the log shows it still stands.
 const RELOG_EVERY: Duration = Duration::from_secs(10 * 60);
@@ -51,17 +54,25 @@ impl HealthChecks {
     /// appears, every 10 minutes while it stands, and once when it clears; every figure is a
     /// gauge. A check that fails is logged once, until one succeeds.
     pub(super) async fn check(&self, pool: &PgPool) {
+        self.check_with(health_estimated(pool, &self.thresholds))
+            .await;
+    }
+
+    /// [`check`](Self::check) on MariaDB/MySQL (`processed_event` not counted).
+    #[cfg(feature = "mysql")]
+    pub(super) async fn check_mysql(&self, pool: &sqlx::MySqlPool) {
+        self.check_with(mysql_health_uncounted(pool, &self.thresholds))
+            .await;
+    }
+
+    async fn check_with(&self, find: impl std::future::Future<Output = Result<Health>>) {
         // One check at a time: while one hangs (the database away), the next ones are skipped
         // rather than queued.
         let Ok(mut state) = self.state.try_lock() else {
             return;
         };
         let State { logged, failing } = &mut *state;
-        let found = tokio::time::timeout(
-            self.schedule.every(),
-            health_estimated(pool, &self.thresholds),
-        )
-        .await;
+        let found = tokio::time::timeout(self.schedule.every(), find).await;
         let health = match found {
             Ok(Ok(health)) => health,
             Ok(Err(e)) => {

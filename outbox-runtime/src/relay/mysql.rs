@@ -34,8 +34,9 @@ pub(super) struct Parts<'a> {
     pub(super) transport: Option<&'a dyn Transport>,
     /// Instances owning shards now.
     pub(super) owning: &'a AtomicUsize,
-    /// Starts the relay's retention if it is due (on a task of its own).
-    pub(super) retention: &'a (dyn Fn() + Sync),
+    /// Starts the relay's health check and retention if they are due (each on a task of its
+    /// own).
+    pub(super) periodic: &'a (dyn Fn() + Sync),
 }
 
 /// Runs one instance until `cancel` fires; see [`super::Relay::run`].
@@ -48,7 +49,7 @@ pub(super) async fn run(
         settings,
         transport,
         owning,
-        retention,
+        periodic,
     } = parts;
     let mut instance = Instance::new(pool, settings, transport);
     let mut commits = crate::mysql::wake::subscribe();
@@ -70,7 +71,7 @@ pub(super) async fn run(
                 let _ = tokio::time::timeout(aside, report(&pool)).await;
             });
         }
-        retention();
+        periodic();
         // Commits from here on may be of rows this step's claim does not see.
         commits.borrow_and_update();
         let step = instance.step().await;

@@ -101,8 +101,13 @@ impl Relay {
             Pool::MySql(pool) => {
                 let shared = &*self.shared;
                 let transport = shared.transport.as_deref();
-                // Retention, when due, on a task of its own (as on PostgreSQL).
-                let retention = || {
+                // The health checks and retention, when due, each on a task of its own (as on
+                // PostgreSQL).
+                let periodic = || {
+                    if shared.health.claim_due() {
+                        let (shared, pool) = (Arc::clone(&self.shared), pool.clone());
+                        tokio::spawn(async move { shared.health.check_mysql(&pool).await });
+                    }
                     if shared
                         .retention
                         .as_ref()
@@ -120,7 +125,7 @@ impl Relay {
                     settings: &shared.settings,
                     transport,
                     owning: &shared.owning,
-                    retention: &retention,
+                    periodic: &periodic,
                 };
                 super::mysql::run(parts, pool, cancel).await
             }

@@ -32,6 +32,8 @@ use sqlx::PgPool;
 
 #[cfg(feature = "mysql")]
 pub use mysql::health as mysql_health;
+#[cfg(all(feature = "mysql", feature = "_broker"))]
+pub(crate) use mysql::health_uncounted as mysql_health_uncounted;
 pub use report::{Health, TableHealth};
 pub use thresholds::{HealthThresholds, VACUUM_OVERDUE_MIN_DEAD_ROWS};
 pub use warning::{Warning, WarningKind};
