@@ -603,3 +603,102 @@ async fn parked_rows_are_listed_retried_and_dropped_by_filter() {
         4
     );
 }
+
+/// `mysql::health` warns of a transaction waiting for a lock longer than `lock_wait`, naming
+/// the connection that waits and the one whose transaction holds the lock (what `KILL` ends);
+/// the warning goes once the holder ends its transaction.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_transaction_waiting_for_a_lock_is_warned_of_with_its_holder() {
+    use outbox_runtime::admin::{HealthThresholds, Warning, WarningKind};
+
+    let db = MySqlTestDb::new().await;
+    let thresholds = HealthThresholds::default().lock_wait(Duration::from_secs(1));
+    let mut holder = db.connection().await;
+    sqlx::raw_sql("BEGIN; SELECT bucket FROM outbox_key_lock WHERE bucket = 7 FOR UPDATE")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    let holder_id: i64 = sqlx::query_scalar("SELECT CAST(CONNECTION_ID() AS SIGNED)")
+        .fetch_one(&mut holder)
+        .await
+        .unwrap();
+    let mut waiter = db.connection().await;
+    let waiter_id: i64 = sqlx::query_scalar("SELECT CAST(CONNECTION_ID() AS SIGNED)")
+        .fetch_one(&mut waiter)
+        .await
+        .unwrap();
+    let waiting = tokio::spawn(async move {
+        use sqlx::Executor;
+        let lock = "BEGIN; SELECT bucket FROM outbox_key_lock WHERE bucket = 7 FOR UPDATE";
+        waiter.execute(sqlx::raw_sql(lock)).await.unwrap();
+        waiter.execute(sqlx::raw_sql("ROLLBACK")).await.unwrap();
+    });
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    let warning = loop {
+        let health = outbox_runtime::mysql::health(&db.pool, &thresholds)
+            .await
+            .unwrap();
+        if let Some(w) = health
+            .warnings
+            .iter()
+            .find(|w| w.kind() == WarningKind::LockWait)
+        {
+            break w.clone();
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never warned: {:?}",
+            health.warnings
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    };
+    let Warning::LockWait {
+        thread_id,
+        waited_secs,
+        blocking_thread_id,
+        ..
+    } = &warning
+    else {
+        panic!("{warning:?}")
+    };
+    assert_eq!(
+        (*thread_id, *blocking_thread_id),
+        (waiter_id, Some(holder_id))
+    );
+    assert!(*waited_secs >= 1.0, "{warning:?}");
+    assert!(warning.to_string().contains("user outbox"), "{warning}");
+    let text = warning.to_string();
+    assert!(text.contains(&format!("KILL {holder_id}")), "{text}");
+    sqlx::raw_sql("ROLLBACK")
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    waiting.await.unwrap();
+    // (InnoDB's transaction tables are a snapshot, refreshed by a read only when none was made
+    // in the last 0.1 s: polled any faster, it would never change.)
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let health = outbox_runtime::mysql::health(&db.pool, &thresholds)
+            .await
+            .unwrap();
+        if health
+            .warnings
+            .iter()
+            .all(|w| w.kind() != WarningKind::LockWait)
+        {
+            break;
+        }
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never cleared: {:?}",
+            health.warnings
+        );
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    let default = HealthThresholds::default();
+    assert_eq!(
+        default.clone(),
+        default.lock_wait(Duration::from_secs(10)),
+        "10 s by default"
+    );
+}

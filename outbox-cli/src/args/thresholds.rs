@@ -30,6 +30,10 @@ pub struct Thresholds {
     /// the cleanup horizon while it waits) [default: 30s]
     #[arg(long, value_parser = parse::duration, value_name = "DURATION")]
     pub warn_idle_transaction_age: Option<Duration>,
+    /// MariaDB/MySQL: warn when a transaction has waited for a row lock longer than this,
+    /// naming the connection that holds it [default: 10s]
+    #[arg(long, value_parser = parse::duration, value_name = "DURATION")]
+    pub warn_lock_wait: Option<Duration>,
     /// Warn when a partitioned table's partitions reach less than this past now [default: 1d,
     /// or half the layout's ahead if less]
     #[arg(long, value_parser = parse::duration, value_name = "DURATION")]
@@ -66,6 +70,9 @@ impl Thresholds {
         }
         if let Some(age) = self.warn_idle_transaction_age {
             t = t.idle_transaction_age(age);
+        }
+        if let Some(wait) = self.warn_lock_wait {
+            t = t.lock_wait(wait);
         }
         if let Some(ahead) = self.warn_partitions_ahead {
             t = t.partitions_ahead(ahead);

@@ -153,6 +153,27 @@ impl fmt::Display for Warning {
                 }
                 write!(f, " (KILL {thread_id} ends it)")
             }
+            Warning::LockWait {
+                thread_id,
+                host,
+                user,
+                waited_secs,
+                blocking_thread_id,
+            } => {
+                write!(
+                    f,
+                    "connection {thread_id} (host `{host}`, user {user}) has waited {} for a \
+                     row lock",
+                    human(*waited_secs)
+                )?;
+                match blocking_thread_id {
+                    Some(b) => write!(
+                        f,
+                        " held by connection {b}'s transaction (KILL {b} ends it)"
+                    ),
+                    None => write!(f, " (INNODB_TRX shows who holds it)"),
+                }
+            }
             Warning::ReplicationSlot {
                 slot_name,
                 active,

@@ -1,7 +1,9 @@
 //! [`health`] on MariaDB/MySQL: the backlog's warnings, as on PostgreSQL (old unpublished rows,
-//! held keys, parked rows), and the transactions that hold InnoDB's purge back, with the
-//! history list length; and the retry and dead-letter topics consumers found missing. Needs the `PROCESS` privilege (to see other connections'
+//! held keys, parked rows), the transactions that hold InnoDB's purge back, with the history
+//! list length, and those waiting long for a lock, with the connection that holds it; and the retry and dead-letter topics consumers found missing. Needs the `PROCESS` privilege (to see other connections'
 //! transactions); without it, it says so.
+
+use std::collections::HashMap;
 
 use sqlx::{MySqlConnection, MySqlPool, Row};
 
@@ -40,6 +42,26 @@ async fn assess_on(
     let oldest_transaction_age_secs = transactions.first().map(|t| t.age_secs);
     let history_list_length = history_list_length(&mut conn).await;
     let mut warnings = Vec::new();
+    let waits_long = |t: &Transaction| {
+        t.waiting_secs
+            .is_some_and(|w| w >= thresholds.lock_wait.as_secs_f64())
+    };
+    let blockers = if transactions.iter().any(waits_long) {
+        blockers(&mut conn).await
+    } else {
+        HashMap::new()
+    };
+    for t in &transactions {
+        if let (true, Some(waited_secs)) = (waits_long(t), t.waiting_secs) {
+            warnings.push(Warning::LockWait {
+                thread_id: t.thread_id,
+                host: t.host.clone(),
+                user: t.user.clone(),
+                waited_secs,
+                blocking_thread_id: blockers.get(&t.thread_id).copied(),
+            });
+        }
+    }
     for t in transactions {
         let idle = Some(t.idle_secs).filter(|_| t.command == "Sleep");
         if assess::held_too_long(t.age_secs, idle, thresholds) {
@@ -80,6 +102,8 @@ struct Transaction {
     age_secs: f64,
     /// Seconds in its current command (`Sleep`: idle).
     idle_secs: f64,
+    /// Seconds it has waited for a lock, if it waits for one.
+    waiting_secs: Option<f64>,
 }
 
 /// Every other connection's open transaction, the oldest first.
@@ -88,7 +112,9 @@ async fn transactions(conn: &mut MySqlConnection) -> Result<Vec<Transaction>> {
         "SELECT CAST(t.trx_mysql_thread_id AS SIGNED), CAST(COALESCE(p.HOST, '') AS CHAR), \
                 CAST(COALESCE(p.USER, '') AS CHAR), CAST(COALESCE(p.COMMAND, '') AS CHAR), \
                 CAST(TIMESTAMPDIFF(SECOND, t.trx_started, NOW()) AS DOUBLE), \
-                CAST(COALESCE(p.TIME, 0) AS DOUBLE) \
+                CAST(COALESCE(p.TIME, 0) AS DOUBLE), \
+                CASE WHEN t.trx_state = 'LOCK WAIT' THEN CAST(TIMESTAMPDIFF(MICROSECOND, \
+                    t.trx_wait_started, NOW()) / 1e6 AS DOUBLE) END \
          FROM information_schema.INNODB_TRX t \
          LEFT JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id \
          WHERE t.trx_mysql_thread_id <> CONNECTION_ID() \
@@ -115,9 +141,41 @@ async fn transactions(conn: &mut MySqlConnection) -> Result<Vec<Transaction>> {
                 command: r.try_get(3)?,
                 age_secs: r.try_get(4)?,
                 idle_secs: r.try_get(5)?,
+                waiting_secs: r.try_get(6)?,
             })
         })
         .collect()
+}
+
+/// Which connection's transaction each waiting connection waits for: MariaDB's
+/// `information_schema.INNODB_LOCK_WAITS`, or MySQL 8's `performance_schema.data_lock_waits`
+/// (MariaDB has no such table, MySQL 8 no longer the first); empty when neither can be read.
+async fn blockers(conn: &mut MySqlConnection) -> HashMap<i64, i64> {
+    for (waits, requesting, blocking) in [
+        (
+            "information_schema.INNODB_LOCK_WAITS",
+            "requesting_trx_id",
+            "blocking_trx_id",
+        ),
+        (
+            "performance_schema.data_lock_waits",
+            "REQUESTING_ENGINE_TRANSACTION_ID",
+            "BLOCKING_ENGINE_TRANSACTION_ID",
+        ),
+    ] {
+        let pairs: sqlx::Result<Vec<(i64, i64)>> = sqlx::query_as(&format!(
+            "SELECT CAST(r.trx_mysql_thread_id AS SIGNED), CAST(b.trx_mysql_thread_id AS SIGNED) \
+             FROM {waits} w \
+             JOIN information_schema.INNODB_TRX r ON r.trx_id = w.{requesting} \
+             JOIN information_schema.INNODB_TRX b ON b.trx_id = w.{blocking}"
+        ))
+        .fetch_all(&mut *conn)
+        .await;
+        if let Ok(pairs) = pairs {
+            return pairs.into_iter().collect();
+        }
+    }
+    HashMap::new()
 }
 
 /// InnoDB's history list length (MariaDB's status variable; MySQL has it only in

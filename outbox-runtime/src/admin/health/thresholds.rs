@@ -20,6 +20,7 @@ pub struct HealthThresholds {
     pub(super) vacuum_age: Duration,
     pub(super) transaction_age: Duration,
     pub(super) idle_transaction_age: Duration,
+    pub(super) lock_wait: Duration,
     pub(super) slot_xmin_age: i64,
     pub(super) partitions_ahead: Duration,
     pub(super) max_partitions: usize,
@@ -35,6 +36,7 @@ impl Default for HealthThresholds {
             vacuum_age: Duration::from_secs(60 * 60),
             transaction_age: Duration::from_secs(5 * 60),
             idle_transaction_age: Duration::from_secs(30),
+            lock_wait: Duration::from_secs(10),
             slot_xmin_age: 1_000_000,
             partitions_ahead: Duration::from_secs(24 * 60 * 60),
             max_partitions: 60,
@@ -88,6 +90,16 @@ impl HealthThresholds {
     /// A busy transaction may rightly run for minutes.
     pub fn idle_transaction_age(mut self, age: Duration) -> Self {
         self.idle_transaction_age = age;
+        self
+    }
+
+    /// On MariaDB/MySQL, warns when a transaction has waited for a row lock longer than this
+    /// (default 10 s), naming the connection whose transaction holds it: an emitter waiting
+    /// for its key's lock row behind a long transaction of the same key, or a statement
+    /// waiting behind an operator's. InnoDB gives up on a wait after `innodb_lock_wait_timeout`
+    /// (50 s by default).
+    pub fn lock_wait(mut self, wait: Duration) -> Self {
+        self.lock_wait = wait;
         self
     }
 

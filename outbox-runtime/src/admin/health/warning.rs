@@ -46,11 +46,13 @@ pub enum WarningKind {
     ManyPartitions,
     /// See [`Warning::ConversionInterrupted`].
     ConversionInterrupted,
+    /// See [`Warning::LockWait`].
+    LockWait,
 }
 
 impl WarningKind {
     /// Every kind, in the order `outbox status` lists them.
-    pub const ALL: [WarningKind; 17] = [
+    pub const ALL: [WarningKind; 18] = [
         WarningKind::AutovacuumOff,
         WarningKind::DeadRows,
         WarningKind::VacuumOverdue,
@@ -68,6 +70,7 @@ impl WarningKind {
         WarningKind::PartitionNotDropped,
         WarningKind::ManyPartitions,
         WarningKind::ConversionInterrupted,
+        WarningKind::LockWait,
     ];
 
     /// The kind's name, as JSON and the gauge's label spell it.
@@ -90,6 +93,7 @@ impl WarningKind {
             WarningKind::PartitionNotDropped => "partition_not_dropped",
             WarningKind::ManyPartitions => "many_partitions",
             WarningKind::ConversionInterrupted => "conversion_interrupted",
+            WarningKind::LockWait => "lock_wait",
         }
     }
 }
@@ -217,6 +221,21 @@ pub enum Warning {
         age_secs: f64,
         /// InnoDB's history list length (undo logs not purged yet), when it could be read.
         history_list_length: Option<i64>,
+    },
+    /// On MariaDB/MySQL, a transaction has waited for a row lock longer than
+    /// [`HealthThresholds::lock_wait`](super::HealthThresholds::lock_wait).
+    LockWait {
+        /// The waiting connection's id.
+        thread_id: i64,
+        /// Its client's host.
+        host: String,
+        /// The user it connected as.
+        user: String,
+        /// Seconds it has waited.
+        waited_secs: f64,
+        /// The connection whose transaction holds the lock (`KILL <id>` ends it), when the
+        /// server tells (MariaDB's `INNODB_LOCK_WAITS`, MySQL's `data_lock_waits`).
+        blocking_thread_id: Option<i64>,
     },
     /// A replication slot holds the cleanup horizon: it is inactive, or its `xmin` is more
     /// than [`HealthThresholds::slot_xmin_age`](super::HealthThresholds::slot_xmin_age) transactions old.
@@ -381,6 +400,7 @@ impl Warning {
             Warning::PartitionNotDropped { .. } => WarningKind::PartitionNotDropped,
             Warning::ManyPartitions { .. } => WarningKind::ManyPartitions,
             Warning::ConversionInterrupted { .. } => WarningKind::ConversionInterrupted,
+            Warning::LockWait { .. } => WarningKind::LockWait,
         }
     }
 
@@ -394,7 +414,9 @@ impl Warning {
                 table, partition, ..
             } => partition.clone().unwrap_or_else(|| table.clone()),
             Warning::LongTransaction { pid, .. } => pid.to_string(),
-            Warning::InnodbTransaction { thread_id, .. } => thread_id.to_string(),
+            Warning::InnodbTransaction { thread_id, .. } | Warning::LockWait { thread_id, .. } => {
+                thread_id.to_string()
+            }
             Warning::StandbyFeedback {
                 application_name, ..
             } => application_name.clone(),
