@@ -61,7 +61,11 @@ pub struct Emitted {
 impl Emitted {
     /// Emits `events` in one unit of work and records how it ended; `false` if it failed (the
     /// caller should not spin: the server may be away).
-    pub async fn unit_of_work(&mut self, pool: &PgPool, events: &[Deposited]) -> bool {
+    pub async fn unit_of_work<DB: outbox_runtime::EmitDatabase>(
+        &mut self,
+        pool: &sqlx::Pool<DB>,
+        events: &[Deposited],
+    ) -> bool {
         let ids = events.iter().map(|e| (e.account.clone(), e.seq));
         let result = async {
             let mut uow = Uow::begin(pool).await?;

@@ -232,6 +232,11 @@ impl MariaDbServer {
         }
     }
 
+    /// The URL of `database` on this server, as the tests' user.
+    pub fn url(&self, database: &str) -> String {
+        format!("mysql://outbox:outbox@127.0.0.1:{}/{database}", self.port)
+    }
+
     /// A fresh database on this server, migrated, and a pool of `connections` to it.
     pub async fn database(&self, name: &str, connections: u32) -> MySqlPool {
         let mut root = self.root().await;
@@ -242,10 +247,7 @@ impl MariaDbServer {
         let pool = MySqlPoolOptions::new()
             .max_connections(connections)
             .acquire_timeout(std::time::Duration::from_secs(5))
-            .connect(&format!(
-                "mysql://outbox:outbox@127.0.0.1:{}/{name}",
-                self.port
-            ))
+            .connect(&self.url(name))
             .await
             .expect("connect to the test server");
         outbox_runtime::mysql::migrate(&pool)

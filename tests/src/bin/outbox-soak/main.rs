@@ -11,12 +11,16 @@
 //! they publish to a RabbitMQ node of the soak's own, killed with SIGKILL and started again;
 //! the check reads one durable queue per shard (`readers.rs`).
 //!
+//! With `--database mariadb` the outbox is on a MariaDB server of the soak's own (`mariadbd`,
+//! its own data directory and port): the server is killed with SIGKILL and started again in
+//! place of the PostgreSQL restart, and the relays' sessions are killed with `KILL CONNECTION`.
+//!
 //! ```text
-//! cargo run --release -p outbox-tests --bin outbox-soak -- --seconds 60 [--seed N] [--transport kafka|nats|rabbitmq]
+//! cargo run --release -p outbox-tests --bin outbox-soak -- --seconds 60 [--seed N] [--transport kafka|nats|rabbitmq] [--database postgres|mariadb]
 //! ```
 //!
-//! Prints one line and exits non-zero on any loss, phantom or order violation. It restarts
-//! the machine's PostgreSQL server: run it alone.
+//! Prints one line and exits non-zero on any loss, phantom or order violation. On PostgreSQL
+//! it restarts the machine's server: run it alone.
 
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::process::{Command, Stdio};
@@ -30,10 +34,12 @@ use outbox_runtime::rabbitmq::RabbitMq;
 use outbox_runtime::relay::{JetStream, Relay};
 use outbox_tests::deposits::{deposit, Emitted};
 use outbox_tests::kafka::Kafka;
+use outbox_tests::mysql::MariaDbServer;
 use outbox_tests::nats::NatsServer;
 use outbox_tests::rabbitmq::{declare_queue_bound, RabbitNode};
 use outbox_tests::{restart_postgres, ChildGuard, TestDb};
 use rdkafka::types::RDKafkaRespErr;
+use tokio::task::JoinHandle;
 use tokio_util::sync::CancellationToken;
 
 const TOPIC: &str = "account.events";
@@ -81,12 +87,14 @@ struct Options {
     to: To,
     seconds: u64,
     seed: u64,
+    mariadb: bool,
 }
 
 fn options() -> Options {
     let mut args = std::env::args().skip(1);
     let mut seconds = 60;
     let mut to = To::Kafka;
+    let mut mariadb = false;
     let mut seed = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(1, |d| d.as_nanos() as u64)
@@ -99,15 +107,23 @@ fn options() -> Options {
             "--transport" if value == "kafka" => to = To::Kafka,
             "--transport" if value == "nats" => to = To::Nats,
             "--transport" if value == "rabbitmq" => to = To::RabbitMq,
+            "--database" if value == "postgres" => mariadb = false,
+            "--database" if value == "mariadb" => mariadb = true,
             _ => {
                 eprintln!(
-                    "usage: outbox-soak [--seconds N] [--seed N] [--transport kafka|nats|rabbitmq]"
+                    "usage: outbox-soak [--seconds N] [--seed N] [--transport kafka|nats|rabbitmq] \
+                     [--database postgres|mariadb]"
                 );
                 std::process::exit(2);
             }
         }
     }
-    Options { to, seconds, seed }
+    Options {
+        to,
+        seconds,
+        seed,
+        mariadb,
+    }
 }
 
 /// `outbox-soak relay DATABASE_URL BROKERS`: one relay process, until killed (BROKERS a
@@ -123,10 +139,19 @@ async fn relay_process(url: &str, brokers: &str) {
             .with_max_level(tracing::Level::TRACE)
             .init();
     }
-    let pool = sqlx::postgres::PgPoolOptions::new()
-        .max_connections(4)
-        .connect_lazy(url)
-        .expect("database url");
+    let pool: outbox_runtime::relay::Database = if url.starts_with("mysql://") {
+        sqlx::mysql::MySqlPoolOptions::new()
+            .max_connections(4)
+            .connect_lazy(url)
+            .expect("database url")
+            .into()
+    } else {
+        sqlx::postgres::PgPoolOptions::new()
+            .max_connections(4)
+            .connect_lazy(url)
+            .expect("database url")
+            .into()
+    };
     // Kafka refuses produce requests whose idempotent sequence numbers do not follow on from
     // the last one it wrote, so nothing is written past a refused record; the mock cluster does
     // not check them, and the relay sends one record per key at a time instead.
@@ -169,7 +194,12 @@ fn start_relay(url: &str, brokers: &str) -> ChildGuard {
 
 /// Emits units of work of 1 to 3 events over its own keys until `stop`, numbering each key's
 /// events in order; a unit of work that fails is recorded, not retried.
-async fn emitter(pool: sqlx::PgPool, task: usize, seed: u64, stop: Arc<AtomicBool>) -> Emitted {
+async fn emitter<DB: outbox_runtime::EmitDatabase>(
+    pool: sqlx::Pool<DB>,
+    task: usize,
+    seed: u64,
+    stop: Arc<AtomicBool>,
+) -> Emitted {
     let mut rng = Rng(seed);
     let mut ledger = Emitted::default();
     let mut seq = [0u64; KEYS_PER_EMITTER];
@@ -217,16 +247,102 @@ const PRODUCE_ERRORS: [RDKafkaRespErr; 5] = [
     RDKafkaRespErr::RD_KAFKA_RESP_ERR_OUT_OF_ORDER_SEQUENCE_NUMBER,
 ];
 
-async fn terminate_relay_connections(pool: &sqlx::PgPool, all: bool) {
-    let sql = if all {
-        "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity \
-         WHERE application_name = 'outbox-relay' AND datname = current_database()"
-    } else {
-        "SELECT count(pg_terminate_backend(pid)) FROM (SELECT pid FROM pg_stat_activity \
-         WHERE application_name = 'outbox-relay' AND datname = current_database() \
-         ORDER BY random() LIMIT 1) AS one"
-    };
-    let _ = sqlx::query(sql).execute(pool).await;
+/// The outbox's database: the machine's PostgreSQL (a fresh database), or a MariaDB server of
+/// the soak's own.
+enum Store {
+    Postgres(TestDb, sqlx::PgPool),
+    MariaDb(MariaDbServer, sqlx::MySqlPool),
+}
+
+impl Store {
+    async fn open(mariadb: bool) -> Store {
+        if mariadb {
+            let server = MariaDbServer::start().await;
+            let pool = server.database("soak", 10).await;
+            Store::MariaDb(server, pool)
+        } else {
+            let db = TestDb::new().await;
+            let pool = db.pool(10).await;
+            Store::Postgres(db, pool)
+        }
+    }
+
+    fn url(&self) -> String {
+        match self {
+            Store::Postgres(db, _) => db.url.clone(),
+            Store::MariaDb(server, _) => server.url("soak"),
+        }
+    }
+
+    /// The emitter of task `task`.
+    fn emitter(&self, task: usize, seed: u64, stop: Arc<AtomicBool>) -> JoinHandle<Emitted> {
+        match self {
+            Store::Postgres(_, pool) => tokio::spawn(emitter(pool.clone(), task, seed, stop)),
+            Store::MariaDb(_, pool) => tokio::spawn(emitter(pool.clone(), task, seed, stop)),
+        }
+    }
+
+    /// Ends one relay session (or all) from the server's side.
+    async fn terminate_relay_connections(&self, all: bool) {
+        let limit = if all { "" } else { " LIMIT 1" };
+        match self {
+            Store::Postgres(_, pool) => {
+                let sql = format!(
+                    "SELECT count(pg_terminate_backend(pid)) FROM (SELECT pid FROM \
+                     pg_stat_activity WHERE application_name = 'outbox-relay' \
+                     AND datname = current_database() ORDER BY random(){limit}) AS chosen"
+                );
+                let _ = sqlx::query(&sql).execute(pool).await;
+            }
+            Store::MariaDb(_, pool) => {
+                // A relay's session holds its member lock (`outbox:r:<MD5 of the database>:m:
+                // <slot>`): the connection holding it is the session.
+                let sql = format!(
+                    "SELECT CAST(IS_USED_LOCK(CONCAT('outbox:r:', MD5(DATABASE()), ':m:', \
+                         bucket)) AS SIGNED) AS id \
+                     FROM outbox_key_lock WHERE bucket < 256 \
+                       AND IS_USED_LOCK(CONCAT('outbox:r:', MD5(DATABASE()), ':m:', bucket)) \
+                           IS NOT NULL \
+                     ORDER BY RAND(){limit}"
+                );
+                let sessions: Vec<i64> = sqlx::query_scalar(&sql)
+                    .fetch_all(pool)
+                    .await
+                    .unwrap_or_default();
+                for id in sessions {
+                    let _ = sqlx::query(&format!("KILL CONNECTION {id}"))
+                        .execute(pool)
+                        .await;
+                }
+            }
+        }
+    }
+
+    /// The database's server restarted (PostgreSQL, gracefully) or killed with SIGKILL and
+    /// started again (MariaDB). Returns the fault's name.
+    async fn restart(&mut self, rng: &mut Rng) -> &'static str {
+        match self {
+            Store::Postgres(..) => {
+                restart_postgres().await;
+                "postgres restart"
+            }
+            Store::MariaDb(server, _) => {
+                server.kill();
+                tokio::time::sleep(rng.millis(200, 1_500)).await;
+                server.restart().await;
+                "mariadb SIGKILL"
+            }
+        }
+    }
+
+    /// Unpublished outbox rows; `None` while the server does not answer.
+    async fn unpublished(&self) -> Option<i64> {
+        let sql = "SELECT count(*) FROM outbox_event WHERE published_at IS NULL";
+        match self {
+            Store::Postgres(_, pool) => sqlx::query_scalar(sql).fetch_one(pool).await.ok(),
+            Store::MariaDb(_, pool) => sqlx::query_scalar(sql).fetch_one(pool).await.ok(),
+        }
+    }
 }
 
 #[tokio::main(flavor = "multi_thread", worker_threads = 2)]
@@ -272,11 +388,11 @@ async fn main() {
             rabbitmq = Some(node);
         }
     }
-    let db = TestDb::new().await;
-    let pool = db.pool(10).await;
+    let mut store = Store::open(options.mariadb).await;
+    let url = store.url();
 
     let mut relays: Vec<Option<ChildGuard>> = (0..RELAYS)
-        .map(|_| Some(start_relay(&db.url, &bootstrap)))
+        .map(|_| Some(start_relay(&url, &bootstrap)))
         .collect();
     let received: Received = Arc::default();
     let cancel = CancellationToken::new();
@@ -300,10 +416,10 @@ async fn main() {
     };
     let stop = Arc::new(AtomicBool::new(false));
     let emitters: Vec<_> = (0..EMITTERS)
-        .map(|t| tokio::spawn(emitter(pool.clone(), t, rng.next() | 1, stop.clone())))
+        .map(|t| store.emitter(t, rng.next() | 1, stop.clone()))
         .collect();
 
-    // Faults, one every 0.5 to 2 s; the PostgreSQL restart once, near the middle.
+    // Faults, one every 0.5 to 2 s; the database server's restart once, near the middle.
     let mut faults = Faults::default();
     let started = Instant::now();
     let run_for = Duration::from_secs(options.seconds);
@@ -316,15 +432,14 @@ async fn main() {
         let now = Instant::now();
         for (i, at) in std::mem::take(&mut down) {
             if now >= at {
-                relays[i] = Some(start_relay(&db.url, &bootstrap));
+                relays[i] = Some(start_relay(&url, &bootstrap));
             } else {
                 down.push((i, at));
             }
         }
         if !restarted && started.elapsed() >= restart_at {
             restarted = true;
-            faults.add("postgres restart");
-            restart_postgres().await;
+            faults.add(store.restart(&mut rng).await);
             continue;
         }
         match rng.below(5) {
@@ -338,7 +453,7 @@ async fn main() {
             }
             1 => {
                 let all = rng.below(4) == 0;
-                terminate_relay_connections(&pool, all).await;
+                store.terminate_relay_connections(all).await;
                 faults.add(if all {
                     "all relay sessions terminated"
                 } else {
@@ -388,15 +503,11 @@ async fn main() {
     }
     // Every relay back up; the outbox drains, and the consumer catches up.
     for (i, _) in down.drain(..) {
-        relays[i] = Some(start_relay(&db.url, &bootstrap));
+        relays[i] = Some(start_relay(&url, &bootstrap));
     }
     let drained_by = Instant::now() + Duration::from_secs(180);
     loop {
-        let left: Option<i64> =
-            sqlx::query_scalar("SELECT count(*) FROM outbox_event WHERE published_at IS NULL")
-                .fetch_one(&pool)
-                .await
-                .ok();
+        let left = store.unpublished().await;
         let got: HashSet<(String, u64)> = received
             .lock()
             .unwrap()
@@ -453,13 +564,17 @@ async fn main() {
     }
     let lost: Vec<&(String, u64)> = ledger.committed.difference(&first).collect();
     for (key, seq) in lost.iter().take(10) {
+        let Store::Postgres(_, pool) = &store else {
+            eprintln!("lost: {key} seq {seq}");
+            continue;
+        };
         let row: Option<(i64, Option<chrono::DateTime<chrono::Utc>>)> = sqlx::query_as(
             "SELECT id, published_at FROM outbox_event \
              WHERE partition_key = $1 AND (payload->>'seq')::int8 = $2",
         )
         .bind(key)
         .bind(*seq as i64)
-        .fetch_optional(&pool)
+        .fetch_optional(pool)
         .await
         .unwrap_or(None);
         eprintln!("lost: {key} seq {seq}: outbox row (id, published_at) {row:?}");
