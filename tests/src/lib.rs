@@ -16,6 +16,7 @@ pub mod deposits;
 pub mod fixtures;
 pub mod kafka;
 pub mod log;
+pub mod metrics;
 pub mod mysql;
 pub mod nats;
 pub mod payments;

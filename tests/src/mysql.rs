@@ -23,6 +23,60 @@ pub async fn count<'e>(executor: impl sqlx::MySqlExecutor<'e>, sql: &str) -> i64
         .unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
+/// `sql`'s count, asked again while the server does not answer (within 60 s): for a test that
+/// kills its server.
+pub async fn count_when_up(pool: &MySqlPool, sql: &str) -> i64 {
+    let deadline = tokio::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        match sqlx::query_scalar(sql).fetch_one(pool).await {
+            Ok(n) => return n,
+            Err(e) => {
+                assert!(tokio::time::Instant::now() < deadline, "{sql}: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await;
+            }
+        }
+    }
+}
+
+/// Records the step of a deposit in `steps` (`n` AUTO_INCREMENT, `account`, `seq`: see
+/// [`create_steps`]), in the consumer's transaction.
+#[outbox_runtime::inbox_handler]
+pub async fn record_step(
+    event: crate::deposits::Deposited,
+    tx: &mut MySqlConnection,
+) -> Result<(), outbox_runtime::inbox::HandlerError> {
+    sqlx::query("INSERT INTO steps (account, seq) VALUES (?, ?)")
+        .bind(&event.account)
+        .bind(event.seq as i64)
+        .execute(tx)
+        .await?;
+    Ok(())
+}
+
+/// The `steps` table [`record_step`] writes.
+pub async fn create_steps(pool: &MySqlPool) {
+    sqlx::query(
+        "CREATE TABLE steps (n BIGINT AUTO_INCREMENT PRIMARY KEY, account VARCHAR(64) NOT NULL, \
+         seq BIGINT NOT NULL)",
+    )
+    .execute(pool)
+    .await
+    .expect("create steps");
+}
+
+/// Each account's steps, in the order they were handled.
+pub async fn steps(pool: &MySqlPool) -> std::collections::BTreeMap<String, Vec<i64>> {
+    let rows: Vec<(String, i64)> = sqlx::query_as("SELECT account, seq FROM steps ORDER BY n")
+        .fetch_all(pool)
+        .await
+        .expect("read steps");
+    let mut by_account = std::collections::BTreeMap::<String, Vec<i64>>::new();
+    for (account, seq) in rows {
+        by_account.entry(account).or_default().push(seq);
+    }
+    by_account
+}
+
 /// A database of its own for one test, dropped when the value drops, also on a panic.
 #[derive(Debug)]
 pub struct MySqlTestDb {

@@ -11,10 +11,10 @@ use std::time::Duration;
 use outbox_runtime::inbox::{Consumer, HandlerError, Mode, RetryPolicy};
 use outbox_runtime::inbox_handler;
 use outbox_runtime::relay::RabbitMq;
-use outbox_tests::deposits::{interleaved, Deposited, TOPIC};
+use outbox_tests::deposits::{interleaved, TOPIC};
 use outbox_tests::fixtures::{PaymentRefunded, PaymentSucceeded, PAYMENTS};
 use outbox_tests::kafka::{committed_total, produce, Kafka, Outgoing};
-use outbox_tests::mysql::{count, MySqlTestDb};
+use outbox_tests::mysql::{count, create_steps, record_step, steps, MySqlTestDb};
 use outbox_tests::payments::{dead_letters, no_auto_created_topics, retried, wait_for, PARTITIONS};
 use outbox_tests::rabbitmq as mq;
 use outbox_tests::Running;
@@ -433,17 +433,6 @@ async fn build_refuses_what_is_not_built_on_mysql_yet() {
     );
 }
 
-/// Records the step of a deposit in `steps`, in the handler's transaction.
-#[inbox_handler]
-async fn record_step(event: Deposited, tx: &mut MySqlConnection) -> Result<(), HandlerError> {
-    sqlx::query("INSERT INTO steps (account, seq) VALUES (?, ?)")
-        .bind(&event.account)
-        .bind(event.seq as i64)
-        .execute(tx)
-        .await?;
-    Ok(())
-}
-
 /// The consumer on MariaDB is the same on every broker it is built for: RabbitMQ here (the
 /// machine's node, a vhost of its own), each event's effect once over duplicates, each key's
 /// order kept.
@@ -453,13 +442,7 @@ async fn reads_rabbitmq_each_event_once_in_each_keys_order() {
     let vhost = mq::Vhost::new("rc-mysql");
     let url = vhost.url();
     let db = MySqlTestDb::new().await;
-    sqlx::query(
-        "CREATE TABLE steps (n BIGINT AUTO_INCREMENT PRIMARY KEY, account VARCHAR(64) NOT NULL, \
-         seq BIGINT NOT NULL)",
-    )
-    .execute(&db.pool)
-    .await
-    .unwrap();
+    create_steps(&db.pool).await;
     let rabbit = RabbitMq::new(&url).shards(SHARDS);
     rabbit.ensure_topology(TOPIC, "ledger").await.unwrap();
     // 8 accounts' events interleaved, then every one again (same event ids) behind them.
@@ -479,14 +462,7 @@ async fn reads_rabbitmq_each_event_once_in_each_keys_order() {
     })
     .await;
     running.stop().await;
-    let rows: Vec<(String, i64)> = sqlx::query_as("SELECT account, seq FROM steps ORDER BY n")
-        .fetch_all(&db.pool)
-        .await
-        .unwrap();
-    let mut steps: std::collections::BTreeMap<String, Vec<i64>> = Default::default();
-    for (account, seq) in rows {
-        steps.entry(account).or_default().push(seq);
-    }
+    let steps = steps(&db.pool).await;
     assert_eq!(steps.len(), 8);
     for (account, seqs) in steps {
         assert_eq!(seqs, (0..20).collect::<Vec<i64>>(), "account {account}");

@@ -3,42 +3,14 @@
 //! for a commit whose answer never came), each key's order kept, and the consumer going on by
 //! itself once the server is back.
 
-use std::collections::BTreeMap;
 use std::time::Duration;
 
-use outbox_runtime::inbox::{Consumer, HandlerError};
-use outbox_runtime::inbox_handler;
-use outbox_tests::deposits::{interleaved, Deposited, PARTITIONS, TOPIC};
+use outbox_runtime::inbox::Consumer;
+use outbox_tests::deposits::{interleaved, PARTITIONS, TOPIC};
 use outbox_tests::kafka::{committed_total, produce, Kafka};
-use outbox_tests::mysql::MariaDbServer;
+use outbox_tests::mysql::{count_when_up, create_steps, record_step, steps, MariaDbServer};
 use outbox_tests::Running;
 use rdkafka::ClientConfig;
-use sqlx::{MySqlConnection, MySqlPool};
-
-/// Records the step of a deposit, in the consumer's transaction.
-#[inbox_handler]
-async fn record_step(event: Deposited, tx: &mut MySqlConnection) -> Result<(), HandlerError> {
-    sqlx::query("INSERT INTO steps (account, seq) VALUES (?, ?)")
-        .bind(&event.account)
-        .bind(event.seq as i64)
-        .execute(tx)
-        .await?;
-    Ok(())
-}
-
-/// `sql`'s count, asked again while the server does not answer (within 60 s).
-async fn count_when_up(pool: &MySqlPool, sql: &str) -> i64 {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        match sqlx::query_scalar(sql).fetch_one(pool).await {
-            Ok(n) => return n,
-            Err(e) => {
-                assert!(tokio::time::Instant::now() < deadline, "{sql}: {e}");
-                tokio::time::sleep(Duration::from_millis(50)).await;
-            }
-        }
-    }
-}
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_server_killed_under_a_consumer_loses_and_repeats_nothing() {
@@ -47,13 +19,7 @@ async fn the_server_killed_under_a_consumer_loses_and_repeats_nothing() {
     let total = ACCOUNTS as i64 * SEQS as i64;
     let mut server = MariaDbServer::start().await;
     let pool = server.database("outbox_consumer_fault", 8).await;
-    sqlx::query(
-        "CREATE TABLE steps (n BIGINT AUTO_INCREMENT PRIMARY KEY, account VARCHAR(64) NOT NULL, \
-         seq BIGINT NOT NULL)",
-    )
-    .execute(&pool)
-    .await
-    .unwrap();
+    create_steps(&pool).await;
     let kafka = Kafka::mock();
     kafka.create_topic(TOPIC, PARTITIONS).await;
     kafka
@@ -100,14 +66,7 @@ async fn the_server_killed_under_a_consumer_loses_and_repeats_nothing() {
     }
     running.stop().await;
 
-    let rows: Vec<(String, i64)> = sqlx::query_as("SELECT account, seq FROM steps ORDER BY n")
-        .fetch_all(&pool)
-        .await
-        .unwrap();
-    let mut steps: BTreeMap<String, Vec<i64>> = BTreeMap::new();
-    for (account, seq) in rows {
-        steps.entry(account).or_default().push(seq);
-    }
+    let steps = steps(&pool).await;
     assert_eq!(steps.len(), ACCOUNTS);
     let expected: Vec<i64> = (0..SEQS as i64).collect();
     for (account, seqs) in steps {

@@ -13,6 +13,7 @@ use outbox_runtime::Uow;
 use outbox_tests::fixtures::{self, PaymentSucceeded, PAYMENTS};
 use outbox_tests::kafka::{produce, Kafka, Outgoing};
 use outbox_tests::log::Log;
+use outbox_tests::metrics::labelled_gauge;
 use outbox_tests::{Running, TestDb};
 use uuid::Uuid;
 
@@ -41,20 +42,7 @@ async fn relay_and_consumer_report_their_counters_and_gauges() {
     };
 
     // A labelled gauge's value.
-    let labelled = |name: &str, label: (&str, &str)| -> Option<f64> {
-        snapshotter
-            .snapshot()
-            .into_vec()
-            .into_iter()
-            .find(|(key, _, _, _)| {
-                key.key().name() == name
-                    && key.key().labels().any(|l| (l.key(), l.value()) == label)
-            })
-            .and_then(|(_, _, _, value)| match value {
-                DebugValue::Gauge(g) => Some(g.into_inner()),
-                _ => None,
-            })
-    };
+    let labelled = |name: &str, label: (&str, &str)| labelled_gauge(&snapshotter, name, label);
 
     let db = TestDb::new().await;
     fixtures::create_orders(&db.pool).await;

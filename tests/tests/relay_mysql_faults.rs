@@ -10,7 +10,7 @@ use outbox_runtime::relay::{Relay, RelayBuilder};
 use outbox_runtime::Uow;
 use outbox_tests::deposits::{consume_all, deposit, Deposited, PARTITIONS, TOPIC};
 use outbox_tests::kafka::Kafka;
-use outbox_tests::mysql::{check_delivery, MariaDbServer};
+use outbox_tests::mysql::{check_delivery, count_when_up, MariaDbServer};
 use outbox_tests::Running;
 use sqlx::MySqlPool;
 
@@ -21,20 +21,6 @@ fn relay(pool: &MySqlPool, kafka: &Kafka) -> RelayBuilder {
         .publish_timeout(Duration::from_secs(2))
         .failover_timeout(Duration::from_secs(5))
         .retry_backoff(Duration::from_millis(50), Duration::from_millis(500))
-}
-
-/// `sql`'s count, asked again while the server does not answer (within 60 s).
-async fn count_when_up(pool: &MySqlPool, sql: &str) -> i64 {
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(60);
-    loop {
-        match sqlx::query_scalar(sql).fetch_one(pool).await {
-            Ok(n) => return n,
-            Err(e) => {
-                assert!(tokio::time::Instant::now() < deadline, "{sql}: {e}");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-            }
-        }
-    }
 }
 
 /// What the writers did, per event `(key, seq)`.

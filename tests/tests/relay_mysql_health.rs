@@ -4,12 +4,13 @@
 
 use std::time::Duration;
 
-use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use metrics_util::debugging::DebuggingRecorder;
 use outbox_runtime::relay::Relay;
 use outbox_runtime::Uow;
 use outbox_tests::deposits::{deposit, TOPIC};
 use outbox_tests::kafka::Kafka;
 use outbox_tests::log::Log;
+use outbox_tests::metrics::labelled_gauge;
 use outbox_tests::mysql::MySqlTestDb;
 use outbox_tests::Running;
 
@@ -21,20 +22,7 @@ async fn a_running_relay_checks_the_outbox_health_and_logs_its_warnings() {
     recorder
         .install()
         .expect("the only recorder of this test binary");
-    let gauge = |name: &str, label: (&str, &str)| -> Option<f64> {
-        snapshotter
-            .snapshot()
-            .into_vec()
-            .into_iter()
-            .find(|(key, _, _, _)| {
-                key.key().name() == name
-                    && key.key().labels().any(|l| (l.key(), l.value()) == label)
-            })
-            .and_then(|(_, _, _, value)| match value {
-                DebugValue::Gauge(g) => Some(g.into_inner()),
-                _ => None,
-            })
-    };
+    let gauge = |name: &str, label: (&str, &str)| labelled_gauge(&snapshotter, name, label);
 
     let db = MySqlTestDb::new().await;
     let kafka = Kafka::mock();
