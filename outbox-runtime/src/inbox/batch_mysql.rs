@@ -138,6 +138,11 @@ pub(crate) async fn handle(
     let mut session = Session::open(pool).await?;
     let handled = passes(&mut session, &pairs, in_place, outcome).await;
     session.restore().await;
+    if handled.is_ok() && !pairs.is_empty() {
+        // Its handlers may have emitted (`mysql::emit`): the relays of this process claim now,
+        // as after a unit of work, rather than at their next poll.
+        crate::mysql::wake::committed();
+    }
     handled
 }
 

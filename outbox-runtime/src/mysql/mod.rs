@@ -77,7 +77,8 @@
 //!   (`KILL CONNECTION`) or goes silent frees them; the server rolls the session's transaction
 //!   back before it frees them, so its claimed rows are free first.
 //! - **Wake-up without `NOTIFY`.** A unit of work committed in the relay's process wakes it at
-//!   once; otherwise the relay polls, 5 ms after the last rows it found, doubling up to its
+//!   once, and so does a consumer's batch that ran handlers (which may have emitted with
+//!   [`emit`]); otherwise the relay polls, 5 ms after the last rows it found, doubling up to its
 //!   `poll_interval` while it finds none (2 claims a second per idle relay at the default
 //!   500 ms). Units of work of another process are seen within that interval.
 //! - **Health**: [`health`] (`outbox status --check`) warns of old unpublished rows, held keys
@@ -144,6 +145,14 @@ pub use migrate::{migrate, migrate_on, pending, MIGRATIONS};
 
 use crate::event::{IntoRecord, OutboxEvent, OutboxRecord};
 use crate::uow::{into_records, EmitDatabase, EmitFuture};
+
+/// How many times this process's relays on these databases were signalled that rows may have
+/// committed. A hook of this project's own tests (feature `testing`); not API.
+#[cfg(all(feature = "testing", feature = "_broker"))]
+#[doc(hidden)]
+pub fn relay_wakeups() -> u64 {
+    wake::signalled()
+}
 
 /// Inserts one event into the outbox on a MariaDB or MySQL connection the application manages,
 /// e.g. `outbox_runtime::mysql::emit(&mut tx, &event)` with `tx: sqlx::Transaction<'_, MySql>`.

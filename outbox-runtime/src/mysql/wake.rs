@@ -1,4 +1,5 @@
-//! Wake-up without `LISTEN`/`NOTIFY`: a unit of work that commits on MariaDB or MySQL bumps a
+//! Wake-up without `LISTEN`/`NOTIFY`: a unit of work that commits on MariaDB or MySQL, and a
+//! consumer's batch that ran handlers (which may have emitted with `mysql::emit`), bump a
 //! process-wide counter, and the relays of this process, waiting for work, claim at once. A
 //! relay in another process finds the rows by polling (`relay/mysql.rs`).
 //!
@@ -15,6 +16,12 @@ static COMMITS: LazyLock<watch::Sender<u64>> = LazyLock::new(|| watch::Sender::n
 /// A unit of work committed (outbox rows may have become visible).
 pub(crate) fn committed() {
     COMMITS.send_modify(|n| *n = n.wrapping_add(1));
+}
+
+/// How many times the relays were signalled so far.
+#[cfg(feature = "testing")]
+pub(crate) fn signalled() -> u64 {
+    *COMMITS.borrow()
 }
 
 /// A relay's view of the commits.
