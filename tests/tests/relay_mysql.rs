@@ -669,6 +669,29 @@ async fn a_transaction_waiting_for_a_lock_is_warned_of_with_its_holder() {
     assert!(warning.to_string().contains("user outbox"), "{warning}");
     let text = warning.to_string();
     assert!(text.contains(&format!("KILL {holder_id}")), "{text}");
+    // Ages are the same from a session in another time zone (InnoDB's times are the server's
+    // system zone's; sqlx sets its sessions to UTC, an application may set any).
+    let options: sqlx::mysql::MySqlConnectOptions = db.url.parse().unwrap();
+    let shifted = sqlx::mysql::MySqlPoolOptions::new()
+        .max_connections(1)
+        .connect_with(options.timezone(Some("+05:00".to_owned())))
+        .await
+        .unwrap();
+    let patient = HealthThresholds::default().lock_wait(Duration::from_secs(3600));
+    let health = outbox_runtime::mysql::health(&shifted, &patient)
+        .await
+        .unwrap();
+    assert!(
+        health
+            .warnings
+            .iter()
+            .all(|w| w.kind() != WarningKind::LockWait),
+        "{:?}",
+        health.warnings
+    );
+    let oldest = health.oldest_transaction_age_secs.unwrap();
+    assert!((0.0..600.0).contains(&oldest), "{oldest}");
+    shifted.close().await;
     sqlx::raw_sql("ROLLBACK")
         .execute(&mut holder)
         .await
@@ -700,5 +723,50 @@ async fn a_transaction_waiting_for_a_lock_is_warned_of_with_its_holder() {
         default.clone(),
         default.lock_wait(Duration::from_secs(10)),
         "10 s by default"
+    );
+}
+
+/// A retry or a drop of more parked rows than a prepared statement takes placeholders (65,535),
+/// each named, as `outbox parked retry --all` names the rows it listed: all of them changed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_rows_past_the_placeholder_limit_are_retried_and_dropped() {
+    use outbox_runtime::admin::PoisonFilter;
+    use outbox_runtime::mysql::{drop_parked, list_parked, retry_parked};
+
+    let db = MySqlTestDb::new().await;
+    sqlx::query(
+        "INSERT INTO outbox_event (event_id, aggregate_type, aggregate_id, event_type, payload, \
+             topic, partition_key, key_bucket, created_at, attempts, parked_at, last_error) \
+         SELECT UNHEX(REPLACE(UUID(), '-', '')), 'Account', 'a', 'Deposited', '{}', \
+                'account.events', CONCAT('k', a.bucket), a.bucket, UTC_TIMESTAMP(6), 5, \
+                UTC_TIMESTAMP(6), 'refused' \
+         FROM outbox_key_lock a CROSS JOIN (SELECT 0 AS n UNION ALL SELECT 1) b \
+         LIMIT 70000",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let rows = list_parked(&db.pool, &PoisonFilter::all()).await.unwrap();
+    assert_eq!(rows.len(), 70_000);
+    let (first, rest) = rows.split_at(36_000);
+    let by_id = first.iter().fold(PoisonFilter::all(), |f, r| f.id(r.id));
+    let by_event_id = rest
+        .iter()
+        .fold(PoisonFilter::all(), |f, r| f.event_id(r.event_id));
+    let all = rows
+        .iter()
+        .fold(PoisonFilter::all(), |f, r| f.id(r.id).event_id(r.event_id));
+    assert_eq!(retry_parked(&db.pool, &all).await.unwrap(), 70_000);
+    let parked = "SELECT COUNT(*) FROM outbox_event WHERE parked_at IS NOT NULL";
+    assert_eq!(count(&db.pool, parked).await, 0);
+    sqlx::query("UPDATE outbox_event SET parked_at = UTC_TIMESTAMP(6)")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(drop_parked(&db.pool, &by_id).await.unwrap(), 36_000);
+    assert_eq!(drop_parked(&db.pool, &by_event_id).await.unwrap(), 34_000);
+    assert_eq!(
+        count(&db.pool, "SELECT COUNT(*) FROM outbox_event").await,
+        0
     );
 }

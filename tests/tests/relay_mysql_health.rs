@@ -89,4 +89,63 @@ async fn a_running_relay_checks_the_outbox_health_and_logs_its_warnings() {
         Some(0.0)
     );
     running.stop().await;
+
+    // A relay whose user lacks the PROCESS privilege (InnoDB's transaction tables need it)
+    // still warns of the backlog, and says once which checks it leaves out.
+    let user = format!("nop_{}", std::process::id());
+    let created = std::process::Command::new("mariadb")
+        .args([
+            "-u",
+            "root",
+            "-e",
+            &format!(
+                "CREATE USER IF NOT EXISTS '{user}'@'127.0.0.1' IDENTIFIED BY 'nop'; \
+                 GRANT ALL PRIVILEGES ON `{}`.* TO '{user}'@'127.0.0.1'",
+                db.name
+            ),
+        ])
+        .status();
+    assert!(
+        created.is_ok_and(|s| s.success()),
+        "create a user without PROCESS"
+    );
+    sqlx::query(
+        "UPDATE outbox_event SET topic = 'noprocess.events', parked_at = UTC_TIMESTAMP(6), \
+             attempts = 10, last_error = 'refused' ORDER BY id LIMIT 1",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    let url = db.url.replace("outbox:outbox@", &format!("{user}:nop@"));
+    let limited = sqlx::MySqlPool::connect(&url).await.unwrap();
+    let relay = Relay::builder(limited.clone())
+        .brokers(kafka.bootstrap())
+        .health_interval(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    let running = Running::relay(&relay);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while !log
+        .text()
+        .lines()
+        .any(|l| l.contains("outbox health: ") && l.contains("noprocess.events"))
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no backlog warning without PROCESS:\n{}",
+            log.text()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert!(log.text().contains("PROCESS"), "{}", log.text());
+    running.stop().await;
+    limited.close().await;
+    let _ = std::process::Command::new("mariadb")
+        .args([
+            "-u",
+            "root",
+            "-e",
+            &format!("DROP USER IF EXISTS '{user}'@'127.0.0.1'"),
+        ])
+        .status();
 }

@@ -113,7 +113,8 @@
 //! - **The relay's health checks** run on its schedule as on PostgreSQL
 //!   ([`RelayBuilder::health_interval`](crate::relay::RelayBuilder::health_interval)): [`health`]
 //!   without counting `processed_event`, each warning logged and counted in
-//!   `outbox_health_warnings{kind}`.
+//!   `outbox_health_warnings{kind}`. A relay whose user lacks `PROCESS` leaves out the checks of
+//!   InnoDB's transactions (saying so once) and makes the backlog's.
 //! - **Not yet on these databases**: inbox mode and JetStream consumers (refused at `build`, saying so); and the
 //!   operator commands other than `migrate`, `relay`, `status` (its figures: [`status`]),
 //!   `cleanup`, `parked` and `replay` (the console, `inbox dead`, `partitions`).

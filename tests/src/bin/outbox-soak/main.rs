@@ -305,11 +305,16 @@ impl Store {
                            IS NOT NULL \
                      ORDER BY RAND(){limit}"
                 );
-                let sessions: Vec<i64> = sqlx::query_scalar(&sql)
-                    .fetch_all(pool)
-                    .await
-                    .unwrap_or_default();
-                for id in sessions {
+                // (A lock freed between the two reads of a row reads NULL the second time.)
+                let sessions: Vec<Option<i64>> =
+                    match sqlx::query_scalar(&sql).fetch_all(pool).await {
+                        Ok(sessions) => sessions,
+                        Err(e) => {
+                            eprintln!("cannot list the relay sessions: {e}");
+                            Vec::new()
+                        }
+                    };
+                for id in sessions.into_iter().flatten() {
                     let _ = sqlx::query(&format!("KILL CONNECTION {id}"))
                         .execute(pool)
                         .await;
