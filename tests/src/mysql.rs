@@ -23,6 +23,30 @@ pub async fn count<'e>(executor: impl sqlx::MySqlExecutor<'e>, sql: &str) -> i64
         .unwrap_or_else(|e| panic!("{sql}: {e}"))
 }
 
+/// MariaDB with an `orders` table (`id`, `paid`, `refunded`), and the mock cluster with the
+/// payments' topic, its retry topic and its dead-letter topic: what the MariaDB consumer tests
+/// start from.
+pub async fn payments_setup() -> (MySqlTestDb, crate::kafka::Kafka) {
+    use crate::fixtures::PAYMENTS;
+    use crate::payments::PARTITIONS;
+
+    let db = MySqlTestDb::new().await;
+    sqlx::query(
+        "CREATE TABLE orders (id BINARY(16) PRIMARY KEY, paid INT NOT NULL DEFAULT 0, \
+         refunded INT NOT NULL DEFAULT 0)",
+    )
+    .execute(&db.pool)
+    .await
+    .expect("create orders");
+    let kafka = crate::kafka::Kafka::mock();
+    kafka.create_topic(PAYMENTS, PARTITIONS).await;
+    kafka
+        .create_topic(&format!("{PAYMENTS}.retry"), PARTITIONS)
+        .await;
+    kafka.create_topic(&format!("{PAYMENTS}.dlq"), 1).await;
+    (db, kafka)
+}
+
 /// `sql`'s count, asked again while the server does not answer (within 60 s): for a test that
 /// kills its server.
 pub async fn count_when_up(pool: &MySqlPool, sql: &str) -> i64 {

@@ -14,32 +14,13 @@ use outbox_runtime::relay::RabbitMq;
 use outbox_tests::deposits::{interleaved, TOPIC};
 use outbox_tests::fixtures::{PaymentRefunded, PaymentSucceeded, PAYMENTS};
 use outbox_tests::kafka::{committed_total, produce, Kafka, Outgoing};
-use outbox_tests::mysql::{count, create_steps, record_step, steps, MySqlTestDb};
+use outbox_tests::mysql::{count, create_steps, payments_setup, record_step, steps, MySqlTestDb};
 use outbox_tests::payments::{dead_letters, no_auto_created_topics, retried, wait_for, PARTITIONS};
 use outbox_tests::rabbitmq as mq;
 use outbox_tests::Running;
 use rdkafka::ClientConfig;
 use sqlx::{Executor, MySqlConnection, MySqlPool};
 use uuid::Uuid;
-
-/// MariaDB with the orders table, and the mock cluster with the payments' topics.
-async fn setup() -> (MySqlTestDb, Kafka) {
-    let db = MySqlTestDb::new().await;
-    sqlx::query(
-        "CREATE TABLE orders (id BINARY(16) PRIMARY KEY, paid INT NOT NULL DEFAULT 0, \
-         refunded INT NOT NULL DEFAULT 0)",
-    )
-    .execute(&db.pool)
-    .await
-    .unwrap();
-    let kafka = Kafka::mock();
-    kafka.create_topic(PAYMENTS, PARTITIONS).await;
-    kafka
-        .create_topic(&format!("{PAYMENTS}.retry"), PARTITIONS)
-        .await;
-    kafka.create_topic(&format!("{PAYMENTS}.dlq"), 1).await;
-    (db, kafka)
-}
 
 /// `n` orders, each with its payment event (and the event's id).
 async fn orders_with_payments(pool: &MySqlPool, n: usize) -> Vec<(Uuid, PaymentSucceeded)> {
@@ -66,6 +47,23 @@ fn records(payments: &[(Uuid, PaymentSucceeded)]) -> Vec<Outgoing> {
         .iter()
         .map(|(id, e)| Outgoing::event(e, *id))
         .collect()
+}
+
+/// Produces every payment's record under one key, so that they are one partition's, read in
+/// order in one batch; returns them.
+async fn produce_in_one_partition(
+    kafka: &Kafka,
+    payments: &[(Uuid, PaymentSucceeded)],
+) -> Vec<Outgoing> {
+    let all: Vec<Outgoing> = records(payments)
+        .into_iter()
+        .map(|mut r| {
+            r.key = "one-partition".into();
+            r
+        })
+        .collect();
+    produce(&kafka.bootstrap(), PAYMENTS, &all).await;
+    all
 }
 
 /// `paid` of every order, in the order of `payments`.
@@ -133,7 +131,7 @@ async fn mark_refunded(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_event_delivered_twice_takes_effect_once() {
-    let (db, kafka) = setup().await;
+    let (db, kafka) = payments_setup().await;
     let payments = orders_with_payments(&db.pool, 100).await;
     let refunds: Vec<Outgoing> = payments
         .iter()
@@ -229,7 +227,7 @@ async fn a_failing_handler_undoes_only_its_own_work_retried_in_place() {
 }
 
 async fn failing_twice(policy: RetryPolicy) {
-    let (db, kafka) = setup().await;
+    let (db, kafka) = payments_setup().await;
     let payments = orders_with_payments(&db.pool, 3).await;
     let others = orders_with_payments(&db.pool, 20).await;
     // The flaky ones among others on one partition, so that they share batches.
@@ -287,7 +285,7 @@ async fn failing_twice(policy: RetryPolicy) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn poison_messages_are_dead_lettered_and_the_partition_flows() {
-    let (db, kafka) = setup().await;
+    let (db, kafka) = payments_setup().await;
     let payments = orders_with_payments(&db.pool, 2).await;
     let key = "one-partition".to_owned();
     let good = |i: usize| {
@@ -365,17 +363,10 @@ async fn rolls_back_once(
 /// unpaid, their offsets stored; and on one with autocommit on: the culprit is paid 3 times.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_transaction_rolled_back_under_a_handler_is_found_and_its_batch_done_again() {
-    let (db, kafka) = setup().await;
+    let (db, kafka) = payments_setup().await;
     let mut payments = orders_with_payments(&db.pool, 30).await;
     payments[10].1.amount = 7;
-    let all: Vec<Outgoing> = records(&payments)
-        .into_iter()
-        .map(|mut r| {
-            r.key = "one-partition".into();
-            r
-        })
-        .collect();
-    produce(&kafka.bootstrap(), PAYMENTS, &all).await;
+    let all = produce_in_one_partition(&kafka, &payments).await;
     let consumer = consumer(&db, &kafka)
         .handler(rolls_back_once)
         .build()
@@ -484,7 +475,7 @@ async fn pay_shared(event: PaymentSucceeded, tx: &mut MySqlConnection) -> Result
 /// waits for the other's transaction, and each effect happens once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_consumers_racing_on_the_same_pairs_apply_each_once() {
-    let (db, kafka) = setup().await;
+    let (db, kafka) = payments_setup().await;
     let payments = orders_with_payments(&db.pool, 300).await;
     produce(&kafka.bootstrap(), PAYMENTS, &records(&payments)).await;
     let running: Vec<Running> = ["a", "b"]
@@ -600,7 +591,7 @@ async fn pay_and_ship(
 /// connection the consumer gives back to the pool has its session as it was.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_emits_in_the_batch_and_the_pool_gets_its_sessions_back() {
-    let (db, kafka) = setup().await;
+    let (db, kafka) = payments_setup().await;
     let payments = orders_with_payments(&db.pool, 50).await;
     let mut twice = records(&payments);
     twice.extend(records(&payments));
@@ -667,19 +658,12 @@ async fn rolls_back_then_checked(
 /// seen after such a rollback is taken for the handler's own: its message is dead-lettered.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failure_caused_by_a_rollback_under_another_handler_is_not_blamed() {
-    let (db, kafka) = setup().await;
+    let (db, kafka) = payments_setup().await;
     let mut payments = orders_with_payments(&db.pool, 20).await;
     payments[10].1.amount = 7;
     payments[11].1.amount = 8;
     payments[11].1.payment_id = payments[10].1.order_id;
-    let all: Vec<Outgoing> = records(&payments)
-        .into_iter()
-        .map(|mut r| {
-            r.key = "one-partition".into();
-            r
-        })
-        .collect();
-    produce(&kafka.bootstrap(), PAYMENTS, &all).await;
+    let all = produce_in_one_partition(&kafka, &payments).await;
     let consumer = consumer(&db, &kafka)
         .handler(rolls_back_then_checked)
         .build()
@@ -731,17 +715,10 @@ async fn commits_on_its_own(
 /// the handler is taken for a duplicate, never paid.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_handler_committing_on_its_own_loses_no_message() {
-    let (db, kafka) = setup().await;
+    let (db, kafka) = payments_setup().await;
     let mut payments = orders_with_payments(&db.pool, 20).await;
     payments[10].1.amount = 9;
-    let all: Vec<Outgoing> = records(&payments)
-        .into_iter()
-        .map(|mut r| {
-            r.key = "one-partition".into();
-            r
-        })
-        .collect();
-    produce(&kafka.bootstrap(), PAYMENTS, &all).await;
+    let all = produce_in_one_partition(&kafka, &payments).await;
     let consumer = consumer(&db, &kafka)
         .handler(commits_on_its_own)
         .build()

@@ -7,9 +7,9 @@ use std::time::Duration;
 use outbox_runtime::inbox::{Consumer, HandlerError};
 use outbox_runtime::inbox_handler;
 use outbox_tests::fixtures::{PaymentSucceeded, PAYMENTS};
-use outbox_tests::kafka::{produce, Kafka, Outgoing};
-use outbox_tests::mysql::{count, MySqlTestDb};
-use outbox_tests::payments::{wait_for, PARTITIONS};
+use outbox_tests::kafka::{produce, Outgoing};
+use outbox_tests::mysql::{count, payments_setup};
+use outbox_tests::payments::wait_for;
 use outbox_tests::Running;
 use sqlx::MySqlConnection;
 use uuid::Uuid;
@@ -40,13 +40,7 @@ async fn ship(event: PaymentSucceeded, tx: &mut MySqlConnection) -> Result<(), H
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_that_ran_handlers_wakes_the_relays_of_its_process() {
-    let db = MySqlTestDb::new().await;
-    let kafka = Kafka::mock();
-    kafka.create_topic(PAYMENTS, PARTITIONS).await;
-    kafka
-        .create_topic(&format!("{PAYMENTS}.retry"), PARTITIONS)
-        .await;
-    kafka.create_topic(&format!("{PAYMENTS}.dlq"), 1).await;
+    let (db, kafka) = payments_setup().await;
     let records: Vec<Outgoing> = (0..5)
         .map(|_| {
             let event = PaymentSucceeded {
