@@ -215,6 +215,26 @@ pub async fn record_step(
     insert_step(tx, &event).await
 }
 
+/// The attempt (`MessageMeta::attempt`) at which [`record_step_and_attempt`] and its MariaDB
+/// twin last handled each event, by event id.
+pub static ATTEMPTS: std::sync::Mutex<std::collections::BTreeMap<uuid::Uuid, u32>> =
+    std::sync::Mutex::new(std::collections::BTreeMap::new());
+
+/// [`record_step`] (without its slow steps), noting the attempt in [`ATTEMPTS`].
+#[outbox_runtime::inbox_handler]
+pub async fn record_step_and_attempt(
+    event: Deposited,
+    tx: &mut sqlx::PgConnection,
+    meta: &outbox_runtime::inbox::MessageMeta<'_>,
+) -> Result<(), outbox_runtime::inbox::HandlerError> {
+    insert_step(tx, &event).await?;
+    ATTEMPTS
+        .lock()
+        .unwrap()
+        .insert(meta.event_id(), meta.attempt());
+    Ok(())
+}
+
 /// Records the step of `event` in `steps`, in the handler's transaction.
 pub async fn insert_step(
     tx: &mut sqlx::PgConnection,

@@ -77,6 +77,25 @@ pub async fn record_step(
     Ok(())
 }
 
+/// [`record_step`], noting the attempt in [`ATTEMPTS`](crate::deposits::ATTEMPTS).
+#[outbox_runtime::inbox_handler]
+pub async fn record_step_and_attempt(
+    event: crate::deposits::Deposited,
+    tx: &mut MySqlConnection,
+    meta: &outbox_runtime::inbox::MessageMeta<'_>,
+) -> Result<(), outbox_runtime::inbox::HandlerError> {
+    sqlx::query("INSERT INTO steps (account, seq) VALUES (?, ?)")
+        .bind(&event.account)
+        .bind(event.seq as i64)
+        .execute(tx)
+        .await?;
+    crate::deposits::ATTEMPTS
+        .lock()
+        .unwrap()
+        .insert(meta.event_id(), meta.attempt());
+    Ok(())
+}
+
 /// The `steps` table [`record_step`] writes.
 pub async fn create_steps(pool: &MySqlPool) {
     sqlx::query(

@@ -758,7 +758,7 @@ pub(crate) async fn take(
     let mut read = 0;
     if expected > 0 {
         let (tag, mut deliveries) = loop {
-            match consume(&channel, queue).await {
+            match consume(&channel, queue, 1).await {
                 Ok(consumer) => break consumer,
                 // The queue is missing: the node closed the channel. Another one, and wait.
                 Err(_) if closed.not_found() && tokio::time::Instant::now() < deadline => {
@@ -806,15 +806,50 @@ pub(crate) async fn take(
     close(connection, channel).await;
 }
 
-/// A consumer of `queue` on `channel`, of prefetch 1 and manual acknowledgements. A node
-/// answers at once; one that does not within 10 s is broken.
+/// Receives the first `n` messages of `queue` on a consumer of prefetch `n` and goes away
+/// without acknowledging any (its connection closed, as a consumer that crashed), so that the
+/// node returns them; waits until it has. Returns their `event_id` headers, in the order
+/// received.
+pub async fn hold_and_go_away(url: &str, vhost: &str, queue: &str, n: u16) -> Vec<String> {
+    let (connection, channel, closed) = open(url).await;
+    let (_, mut deliveries) = consume(&channel, queue, n)
+        .await
+        .unwrap_or_else(|e| panic!("consume {queue} at {url}: {}", closed.explain(&e)));
+    let mut held = Vec::new();
+    while held.len() < usize::from(n) {
+        let message = tokio::time::timeout(Duration::from_secs(10), deliveries.recv())
+            .await
+            .unwrap_or_else(|_| panic!("{queue} delivered {} of {n} in 10 s", held.len()));
+        let properties = message
+            .and_then(|m| m.basic_properties)
+            .unwrap_or_else(|| panic!("the consumer of {queue} ended: {:?}", closed.reason()));
+        held.push(header(&properties, "event_id").unwrap_or_default());
+    }
+    close(connection, channel).await;
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(30);
+    while ops::list_queues(None, vhost)
+        .iter()
+        .any(|q| q.name == queue && (q.unacked > 0 || q.consumers > 0))
+    {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "{queue} did not take back what its consumer held within 30 s"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    held
+}
+
+/// A consumer of `queue` on `channel`, of prefetch `prefetch` and manual acknowledgements. A
+/// node answers at once; one that does not within 10 s is broken.
 async fn consume(
     channel: &Channel,
     queue: &str,
+    prefetch: u16,
 ) -> Result<(String, UnboundedReceiver<ConsumerMessage>), amqprs::error::Error> {
     let answer = async {
         channel
-            .basic_qos(BasicQosArguments::new(0, 1, false))
+            .basic_qos(BasicQosArguments::new(0, prefetch, false))
             .await?;
         let mut args = BasicConsumeArguments::new(queue, "");
         args.manual_ack(true);

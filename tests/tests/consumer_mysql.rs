@@ -11,10 +11,12 @@ use std::time::Duration;
 use outbox_runtime::inbox::{Consumer, HandlerError, Mode, RetryPolicy};
 use outbox_runtime::inbox_handler;
 use outbox_runtime::relay::RabbitMq;
-use outbox_tests::deposits::{interleaved, TOPIC};
+use outbox_tests::deposits::{interleaved, ATTEMPTS, TOPIC};
 use outbox_tests::fixtures::{PaymentRefunded, PaymentSucceeded, PAYMENTS};
 use outbox_tests::kafka::{committed_total, produce, Kafka, Outgoing};
-use outbox_tests::mysql::{count, create_steps, payments_setup, record_step, steps, MySqlTestDb};
+use outbox_tests::mysql::{
+    count, create_steps, payments_setup, record_step, record_step_and_attempt, steps, MySqlTestDb,
+};
 use outbox_tests::payments::{dead_letters, no_auto_created_topics, retried, wait_for, PARTITIONS};
 use outbox_tests::rabbitmq as mq;
 use outbox_tests::Running;
@@ -458,6 +460,52 @@ async fn reads_rabbitmq_each_event_once_in_each_keys_order() {
     for (account, seqs) in steps {
         assert_eq!(seqs, (0..20).collect::<Vec<i64>>(), "account {account}");
     }
+}
+
+/// A quorum queue puts a message returned a second time behind what was returned before it
+/// (see `relayed_then_returned_out_of_order`); the consumer on MariaDB still handles the key's
+/// events in order, and handles at once what comes back after events handled before, as on
+/// PostgreSQL (`consumer_rabbitmq.rs`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_message_returned_twice_by_rabbitmq_is_handled_in_its_keys_order() {
+    const SHARDS: u16 = 4;
+    let vhost = mq::Vhost::new("rc-mysql-returned");
+    let db = MySqlTestDb::new().await;
+    create_steps(&db.pool).await;
+    let handle_until = |n: i64| {
+        let consumer = Consumer::builder(db.pool.clone())
+            .rabbitmq(RabbitMq::new(vhost.url()).shards(SHARDS))
+            .group_id("ledger")
+            .handler(record_step_and_attempt)
+            .build()
+            .unwrap();
+        let pool = db.pool.clone();
+        async move {
+            let running = Running::consumer(&consumer);
+            wait_for("the steps handled", Duration::from_secs(60), || async {
+                count(&pool, "SELECT COUNT(*) FROM processed_event").await == n
+            })
+            .await;
+            running.stop().await;
+        }
+    };
+    // One relay publishes all: each message names its key's previous one.
+    let relay = mq::relay_to(&db.pool, &vhost, SHARDS);
+    mq::relayed_then_returned_out_of_order(&db.pool, &relay, &vhost, SHARDS, "ledger").await;
+    handle_until(6).await;
+    assert_eq!(
+        steps(&db.pool).await["acct-1"],
+        (0..6).collect::<Vec<i64>>()
+    );
+    let held = mq::relayed_then_returned_once(&db.pool, &relay, &vhost, SHARDS, "ledger").await;
+    handle_until(11).await;
+    assert_eq!(
+        steps(&db.pool).await["acct-1"],
+        (0..11).collect::<Vec<i64>>()
+    );
+    let attempts = ATTEMPTS.lock().unwrap();
+    let attempts: Vec<u32> = held.iter().map(|id| attempts[id]).collect();
+    assert_eq!(attempts, [2; 5]);
 }
 
 /// Pays; its dedup key is the name as it stands, whatever the group.

@@ -11,7 +11,10 @@ use std::time::Duration;
 
 use outbox_runtime::inbox::{Consumer, ConsumerBuilder, HandlerError, MessageMeta, Mode};
 use outbox_runtime::relay::RabbitMq;
-use outbox_tests::deposits::{create_steps, interleaved, record_step, steps, TOPIC};
+use outbox_tests::deposits::{
+    create_steps, interleaved, record_step, record_step_and_attempt, steps,
+    ATTEMPTS as STEP_ATTEMPTS, TOPIC,
+};
 use outbox_tests::fixtures::{self, PaymentSucceeded, PAYMENTS};
 use outbox_tests::kafka::{Outgoing, Received};
 use outbox_tests::payments::{not_json, orders_with_payments, paid_counts, records, wait_for};
@@ -637,4 +640,60 @@ async fn a_stopped_consumer_finishes_the_batch_in_hand_and_no_more_of_its_backlo
             .group_id("orders")
     })
     .await;
+}
+
+/// A quorum queue puts a message returned a second time behind what was returned before it
+/// (see `relayed_then_returned_out_of_order`); the consumer still handles the key's events in
+/// order, in either mode. Messages returned in order, each after one handled in an earlier
+/// session, are handled at once, none sent back (in dedup mode each at attempt 2: returned
+/// once, not twice). (On MariaDB: `consumer_mysql.rs`.)
+async fn a_message_returned_twice_is_handled_in_its_keys_order(mode: Mode) {
+    let vhost = Vhost::new("rc-returned");
+    let db = TestDb::new().await;
+    create_steps(&db.pool).await;
+    // One relay publishes all: each message names its key's previous one.
+    let relay = mq::relay_to(&db.pool, &vhost, SHARDS);
+    mq::relayed_then_returned_out_of_order(&db.pool, &relay, &vhost, SHARDS, "ledger").await;
+    handle_steps_until(&db, &vhost, mode, 6).await;
+    assert_eq!(
+        steps(&db.pool).await["acct-1"],
+        (0..6).collect::<Vec<i64>>()
+    );
+    let held = mq::relayed_then_returned_once(&db.pool, &relay, &vhost, SHARDS, "ledger").await;
+    handle_steps_until(&db, &vhost, mode, 11).await;
+    assert_eq!(
+        steps(&db.pool).await["acct-1"],
+        (0..11).collect::<Vec<i64>>()
+    );
+    // In dedup mode a handler's attempt counts the message's returns; in inbox mode the row's.
+    let handled_at = STEP_ATTEMPTS.lock().unwrap();
+    let handled_at: Vec<u32> = held.iter().map(|id| handled_at[id]).collect();
+    let returned = u32::from(mode == Mode::Dedup);
+    assert_eq!(handled_at, [1 + returned; 5]);
+}
+
+/// Runs a consumer of group `ledger` in `mode` until `n` steps are recorded and its queues are
+/// settled.
+async fn handle_steps_until(db: &TestDb, vhost: &Vhost, mode: Mode, n: i64) {
+    let consumer = builder(db, &vhost.url(), "ledger")
+        .handler(record_step_and_attempt)
+        .mode(mode)
+        .build()
+        .unwrap();
+    let running = Running::consumer(&consumer);
+    wait_for("the steps handled", Duration::from_secs(60), || async {
+        count(&db.pool, "SELECT count(*) FROM steps").await >= n && settled(vhost, TOPIC, "ledger")
+    })
+    .await;
+    running.stop().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn dedup_a_message_returned_twice_is_handled_in_its_keys_order() {
+    a_message_returned_twice_is_handled_in_its_keys_order(Mode::Dedup).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn inbox_a_message_returned_twice_is_handled_in_its_keys_order() {
+    a_message_returned_twice_is_handled_in_its_keys_order(Mode::Inbox).await;
 }

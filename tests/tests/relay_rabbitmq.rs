@@ -171,6 +171,17 @@ async fn end_to_end_with_the_messages_properties() {
         assert_eq!(m.routing_key, shard(&r.key, SHARDS).to_string());
         assert_eq!(r.header("outbox_key"), r.key);
     }
+    // Each message of a key but its first names the one before it (for consumers to put
+    // redeliveries back in order).
+    let mut last: HashMap<&str, &str> = HashMap::new();
+    for r in messages.iter().map(|m| &m.record) {
+        let previous = r
+            .headers
+            .get("outbox_previous_event_id")
+            .map(String::as_str);
+        assert_eq!(previous, last.get(r.key.as_str()).copied(), "{}", r.key);
+        last.insert(&r.key, r.header("event_id"));
+    }
     let status = relay.status().await.unwrap();
     assert_eq!((status.unpublished, status.held, status.parked), (0, 0, 0));
     assert!(relay.ready().await.is_ok(), "{:?}", relay.ready().await);

@@ -395,6 +395,18 @@ fn ended_under(route: &Route) -> Failure {
     ))
 }
 
+/// Whether `processed_event` holds event `event_id`, for any handler: RabbitMQ's consumer asks
+/// it of a redelivered message's predecessor.
+#[cfg(feature = "rabbitmq")]
+pub(crate) async fn holds(pool: &MySqlPool, event_id: Uuid) -> Result<bool> {
+    let held: i64 =
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM processed_event WHERE event_id = ?)")
+            .bind(event_id)
+            .fetch_one(pool)
+            .await?;
+    Ok(held != 0)
+}
+
 /// The pairs of `candidates` that `processed_event` does not hold (each once).
 async fn unrecorded<'k>(
     conn: &mut MySqlConnection,

@@ -413,7 +413,15 @@
 //!   topic's exchange by its shard number, with a **single active consumer**: however many
 //!   instances of a group run, one reads a shard at a time, in the queue's order, and another
 //!   takes over (what was not acknowledged first) when it goes away. So a key's order holds in
-//!   dedup mode across instances, as a Kafka partition's does.
+//!   both modes across instances, as a Kafka partition's does.
+//! - **Redeliveries in order**: a quorum queue hands back what a departing consumer held, in
+//!   order and ahead of the rest, but puts a message handed back a second time behind the
+//!   others (two sessions in a row ending before it was settled: a node restart, two crashes).
+//!   So each message names its key's previous one (`outbox_previous_event_id`, set by the
+//!   relay for the keys it published since it started), and a redelivered message whose
+//!   predecessor the database does not hold yet goes back once behind the returns, where that
+//!   predecessor is ahead of it. That trip counts as a delivery (`x-delivery-count`, and so
+//!   the handler's `attempt`).
 //! - **Acknowledged after the commit**, with a bounded prefetch (two batches); a redelivered
 //!   message is a duplicate, skipped.
 //! - **Retries** wait in the shard's delay queue `<queue>.retry` (the backoff as the message's

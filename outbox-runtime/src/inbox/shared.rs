@@ -42,6 +42,19 @@ impl Shared {
             .expect("`build` refuses on MariaDB/MySQL what is built on PostgreSQL only")
     }
 
+    /// Whether this consumer's database holds event `event_id` already: its effect (dedup
+    /// mode: a `processed_event` row, for any handler) or its receipt (inbox mode).
+    #[cfg(feature = "rabbitmq")]
+    pub(crate) async fn holds(&self, event_id: uuid::Uuid) -> crate::error::Result<bool> {
+        use super::settings::Mode;
+        match (&self.db, self.settings.mode) {
+            (Db::Postgres(pool), Mode::Dedup) => crate::store::dedup::holds(pool, event_id).await,
+            (Db::Postgres(pool), Mode::Inbox) => crate::store::inbox::holds(pool, event_id).await,
+            #[cfg(feature = "mysql")]
+            (Db::MySql(pool), _) => super::batch_mysql::holds(pool, event_id).await,
+        }
+    }
+
     /// Wakes this process's processors.
     pub(crate) fn wake_processors(&self) {
         self.rows_waiting.send_modify(|n| *n = n.wrapping_add(1));

@@ -15,7 +15,9 @@
 //! is dead-lettered by the server after its delivery limit, with the server's `x-death`
 //! headers (`reason: delivery_limit`) instead of the `dlq_*` ones. A connection or channel that closes ends the shard's session: what was not acknowledged
 //! goes back to the queue (before anything newer) and to the next active consumer, this one
-//! included once it has connected again.
+//! included once it has connected again. A message that goes back a second time lands behind
+//! the others that went back: a session reading what came back sends each message whose key's
+//! previous one is not in yet behind it once (see [`Reader::ahead_of_its_key`]).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -23,7 +25,7 @@ use std::time::Duration;
 
 use amqprs::channel::{
     BasicAckArguments, BasicCancelArguments, BasicConsumeArguments, BasicQosArguments,
-    ConsumerMessage,
+    BasicRejectArguments, ConsumerMessage,
 };
 use amqprs::BasicProperties;
 use tokio::sync::mpsc::UnboundedReceiver;
@@ -353,6 +355,8 @@ impl Reader {
         let batch_size = self.shared.settings.batch_size;
         let mut careful = true;
         let mut handled = false;
+        // The returns this session sent back, and settled, while careful.
+        let mut returns = Returns::default();
         let mut check = tokio::time::interval(CHECK_EVERY);
         // After a long batch, one check, not one for each second it took.
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -387,6 +391,17 @@ impl Reader {
             if batch.is_empty() {
                 continue;
             }
+            if let (true, [msg]) = (careful, batch.as_slice()) {
+                if self.ahead_of_its_key(msg, &mut returns).await {
+                    if !self.send_back(msg.tag).await {
+                        return Ended::Lost {
+                            error: Some("the channel closed while a message was sent back".into()),
+                            handled,
+                        };
+                    }
+                    continue;
+                }
+            }
             // The careful consumer's first message no consumer held before: the last it takes.
             let last_careful = careful && batch.iter().all(|m| m.decoded.returned == 0);
             self.defer.store(last_careful, Ordering::SeqCst);
@@ -408,6 +423,11 @@ impl Reader {
                 };
             }
             handled = true;
+            if careful {
+                returns
+                    .settled
+                    .extend(batch.iter().filter_map(|m| m.decoded.event_id));
+            }
             if last_careful {
                 self.defer.store(false, Ordering::SeqCst);
                 let held = self.deferred.swap(0, Ordering::SeqCst);
@@ -422,6 +442,58 @@ impl Reader {
             }
         }
     }
+}
+
+impl Reader {
+    /// Whether `msg`, delivered again, came ahead of its key's previous message, which this
+    /// session did not settle and the database holds neither the effect nor the receipt of,
+    /// and this session has not sent `msg` back before.
+    ///
+    /// A quorum queue returns what a departing consumer held in order, ahead of everything
+    /// else, but puts a message returned again at the back of those returns: the careful
+    /// consumer of a session that ended too (see [`read`](Self::read)) takes a key's earliest
+    /// message behind its later ones. Each message names its key's previous one
+    /// ([`OUTBOX_PREVIOUS`](super::wire::OUTBOX_PREVIOUS)); one whose predecessor is not in
+    /// is sent back once, behind the returns, where the predecessor (returned too) is
+    /// ahead of it now. A predecessor that is not among the returns (retried through the
+    /// delay queue, dead-lettered, published before the group's queue existed) costs a message
+    /// one more trip, once per session.
+    async fn ahead_of_its_key(&self, msg: &Received, returns: &mut Returns) -> bool {
+        let decoded = &msg.decoded;
+        let (Some(event), Some(previous)) = (decoded.event_id, decoded.previous) else {
+            return false;
+        };
+        // A message the server is about to dead-letter for its returns is not sent back.
+        let limit = u32::try_from(super::topology::DELIVERY_LIMIT - 1).unwrap_or(u32::MAX);
+        if decoded.returned == 0
+            || decoded.returned >= limit
+            || returns.sent_back.contains(&event)
+            || returns.settled.contains(&previous)
+        {
+            return false;
+        }
+        match self.shared.holds(previous).await {
+            Ok(true) => false,
+            Ok(false) => {
+                returns.sent_back.insert(event);
+                true
+            }
+            Err(e) => {
+                // Handling it would fail the same way, and is waited out there.
+                tracing::debug!(error = %crate::error_chain(&e), "cannot look up a message's predecessor");
+                false
+            }
+        }
+    }
+}
+
+/// What a session's careful consumer did with the returns it took (see
+/// [`Reader::ahead_of_its_key`]): the messages it sent back, and those it settled (handled,
+/// retried or dead-lettered: a successor need not wait for them).
+#[derive(Default)]
+struct Returns {
+    sent_back: std::collections::HashSet<uuid::Uuid>,
+    settled: std::collections::HashSet<uuid::Uuid>,
 }
 
 /// A message off a shard queue, its headers read as the Kafka consumer reads a record's.

@@ -13,6 +13,7 @@ mod builders;
 mod confirm;
 mod consumer;
 mod link;
+mod previous;
 mod relay;
 mod report;
 mod settings;

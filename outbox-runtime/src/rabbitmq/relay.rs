@@ -16,6 +16,7 @@ use super::confirm::{self, Confirming};
 use super::link::{
     close_channel, open_channel, timed, ACCESS_REFUSED, NOT_FOUND, PRECONDITION_FAILED,
 };
+use super::previous::Previous;
 use super::settings::RabbitMq;
 use super::wire::{self, check_exchange, shard_of};
 use crate::error::PublishError;
@@ -33,6 +34,7 @@ pub(crate) fn transport(settings: &RabbitMq, timeout: Duration) -> Box<dyn Trans
         open: tokio::sync::Mutex::new(None),
         exchanges: Arc::new(Mutex::new(HashSet::new())),
         missing: Mutex::new(HashMap::new()),
+        previous: Arc::default(),
     })
 }
 
@@ -60,6 +62,8 @@ pub(crate) struct Publisher {
     /// Topics found without an exchange, and when: looked up again only after
     /// [`MISSING_KEPT`], so that a held topic's many keys cost one lookup, not one each.
     missing: Mutex<HashMap<String, Instant>>,
+    /// Each key's last published event, which its next message names.
+    previous: Arc<Previous>,
 }
 
 /// How long a topic found without an exchange is taken to have none.
@@ -175,7 +179,10 @@ impl Sender for Publisher {
     ) -> Result<Delivery, Outcome> {
         let rejected = |reason: String| Outcome::Rejected(PublishError::RabbitMq(reason));
         check_exchange(&row.topic).map_err(rejected)?;
-        let (properties, body) = wire::message(row, cloud_events).map_err(rejected)?;
+        let previous = self
+            .previous
+            .of(&row.topic, &row.partition_key, row.event_id);
+        let (properties, body) = wire::message(row, previous, cloud_events).map_err(rejected)?;
         if !self.exchange_known(&row.topic) {
             self.ensure_exchange(&row.topic).await?;
         }
@@ -190,10 +197,21 @@ impl Sender for Publisher {
             .publish(&row.topic, &shard, properties, body, self.within)
             .await
         {
-            Ok(confirmed) => Ok(Delivery {
-                confirmed: Box::pin(confirm::outcome(confirmed)),
-                stale: Some(Arc::clone(&channel.stale)),
-            }),
+            Ok(confirmed) => {
+                let keys = Arc::clone(&self.previous);
+                let (topic, key, event) =
+                    (row.topic.clone(), row.partition_key.clone(), row.event_id);
+                Ok(Delivery {
+                    confirmed: Box::pin(async move {
+                        let outcome = confirm::outcome(confirmed).await;
+                        if outcome == Outcome::Published {
+                            keys.published(&topic, &key, event, previous);
+                        }
+                        outcome
+                    }),
+                    stale: Some(Arc::clone(&channel.stale)),
+                })
+            }
             Err(e) => {
                 // The tag may or may not have been used: this channel's numbers are no longer
                 // known, so it is given up.

@@ -14,6 +14,12 @@ use crate::store::record::Claimed;
 pub(crate) const OUTBOX_KEY: &str = "outbox_key";
 /// When the event was emitted (or replayed), in milliseconds since the Unix epoch.
 pub(crate) const OUTBOX_TIMESTAMP_MS: &str = "outbox_timestamp_ms";
+/// The event id of the message the relay published before this one with the same topic and
+/// key, if it published one since it started: what a consumer holds a redelivered message
+/// back for (see `consumer.rs`).
+pub(crate) const OUTBOX_PREVIOUS: &str = "outbox_previous_event_id";
+/// The event's id.
+const EVENT_ID: &str = "event_id";
 /// The prefix of a CloudEvents attribute's header in the AMQP binding (`ce_` on Kafka).
 pub(crate) const CE_PREFIX: &str = "cloudEvents:";
 /// The server's count of a quorum queue's returned deliveries (a consumer that went away
@@ -79,10 +85,11 @@ fn insert(table: &mut FieldTable, name: &str, value: &str) -> Result<(), String>
 }
 
 /// The row as an AMQP message: its properties (persistent, `message_id` the event id,
-/// `content_type`, `timestamp`, the headers) and its body. `Err`: what AMQP cannot carry (a
-/// header name over 255 bytes), the data's fault.
+/// `content_type`, `timestamp`, the headers, [`OUTBOX_PREVIOUS`] if `previous` is known) and
+/// its body. `Err`: what AMQP cannot carry (a header name over 255 bytes), the data's fault.
 pub(crate) fn message(
     row: &Claimed,
+    previous: Option<uuid::Uuid>,
     cloud_events: Option<&CloudEvents>,
 ) -> Result<(BasicProperties, Vec<u8>), String> {
     let event_id = row.event_id.hyphenated().to_string();
@@ -110,7 +117,7 @@ pub(crate) fn message(
         }
     }
     let at_ms = row.replayed_at_ms.unwrap_or(row.created_at_ms);
-    insert(&mut headers, "event_id", &event_id)?;
+    insert(&mut headers, EVENT_ID, &event_id)?;
     insert(&mut headers, "event_type", &row.event_type)?;
     insert(&mut headers, "aggregate_type", &row.aggregate_type)?;
     insert(&mut headers, "aggregate_id", &row.aggregate_id)?;
@@ -118,6 +125,13 @@ pub(crate) fn message(
     insert(&mut headers, "outbox_id", &row.id.to_string())?;
     insert(&mut headers, OUTBOX_KEY, &row.partition_key)?;
     insert(&mut headers, OUTBOX_TIMESTAMP_MS, &at_ms.to_string())?;
+    if let Some(previous) = previous {
+        insert(
+            &mut headers,
+            OUTBOX_PREVIOUS,
+            &previous.hyphenated().to_string(),
+        )?;
+    }
     let mut properties = BasicProperties::default();
     properties
         .with_message_id(&event_id)
@@ -146,6 +160,9 @@ pub(crate) struct Decoded {
     pub(crate) headers: Vec<(String, Vec<u8>)>,
     /// Deliveries the server counted as returned before this one (`x-delivery-count`).
     pub(crate) returned: u32,
+    /// The event's id, and its key's previous one's ([`OUTBOX_PREVIOUS`]), if they are ids.
+    pub(crate) event_id: Option<uuid::Uuid>,
+    pub(crate) previous: Option<uuid::Uuid>,
 }
 
 /// Reads a delivered message's headers (see [`Decoded`]).
@@ -154,6 +171,8 @@ pub(crate) fn decode(properties: Option<&BasicProperties>) -> Decoded {
         key: None,
         headers: Vec::new(),
         returned: 0,
+        event_id: None,
+        previous: None,
     };
     let Some(table) = properties.and_then(BasicProperties::headers) else {
         return decoded;
@@ -173,8 +192,12 @@ pub(crate) fn decode(properties: Option<&BasicProperties>) -> Decoded {
             continue;
         }
         let bytes = value_bytes(value);
-        if name == OUTBOX_KEY {
-            decoded.key = Some(bytes.clone());
+        let id = || uuid::Uuid::try_parse_ascii(&bytes).ok();
+        match name.as_str() {
+            OUTBOX_KEY => decoded.key = Some(bytes.clone()),
+            EVENT_ID => decoded.event_id = id(),
+            OUTBOX_PREVIOUS => decoded.previous = id(),
+            _ => {}
         }
         let name = match name.strip_prefix(CE_PREFIX) {
             Some(attribute) => format!("ce_{attribute}"),

@@ -161,7 +161,10 @@
 //! on a confirm channel. A row is marked published only on the server's positive confirm with
 //! no return; a nack, a channel error or a confirm that does not come leaves it unpublished,
 //! and a topic no queue takes (no exchange, or nothing bound to the shard) is held, as a
-//! missing Kafka topic is. A key's next record goes only once the previous one is confirmed.
+//! missing Kafka topic is. A key's next record goes only once the previous one is confirmed,
+//! and names it (the `outbox_previous_event_id` header: the event id of the key's last message
+//! this process published on the topic, if it remembers one), so that a consumer can put
+//! redelivered messages back in their key's order.
 //!
 //! ```no_run
 //! # #[cfg(feature = "rabbitmq")]

@@ -24,6 +24,18 @@ macro_rules! recorded_by_now {
     };
 }
 
+/// Whether `processed_event` holds event `event_id`, for any handler: RabbitMQ's consumer asks
+/// it of a redelivered message's predecessor.
+#[cfg(feature = "rabbitmq")]
+pub(crate) async fn holds(pool: &sqlx::PgPool, event_id: Uuid) -> Result<bool> {
+    Ok(
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM processed_event WHERE event_id = $1)")
+            .bind(event_id)
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
 /// First key of the advisory locks [`lock_sources`] takes ("DEDU").
 const SOURCE_LOCK: i32 = 0x4445_4455;
 

@@ -282,6 +282,18 @@ pub(crate) async fn record_failures(
     Ok(())
 }
 
+/// Whether `inbox_event` holds event `event_id` (received, whatever became of it since):
+/// RabbitMQ's consumer asks it of a redelivered message's predecessor.
+#[cfg(feature = "rabbitmq")]
+pub(crate) async fn holds(pool: &PgPool, event_id: Uuid) -> Result<bool> {
+    Ok(
+        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM inbox_event WHERE event_id = $1)")
+            .bind(event_id)
+            .fetch_one(pool)
+            .await?,
+    )
+}
+
 /// A row's `attempts` so far.
 pub(crate) async fn attempts(conn: &mut sqlx::PgConnection, event_id: Uuid) -> Result<i32> {
     Ok(

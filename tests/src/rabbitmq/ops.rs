@@ -281,3 +281,87 @@ impl RabbitNode {
         assert!(synced.contains("ok"), "names.dets not synced: {synced}");
     }
 }
+
+/// A relay on `pool` to the vhost's RabbitMQ (`shards` shards).
+pub fn relay_to<DB>(
+    pool: &sqlx::Pool<DB>,
+    vhost: &Vhost,
+    shards: u16,
+) -> outbox_runtime::relay::Relay
+where
+    DB: sqlx::Database,
+    sqlx::Pool<DB>: Into<outbox_runtime::relay::Database>,
+{
+    outbox_runtime::relay::Relay::builder(pool.clone())
+        .rabbitmq(outbox_runtime::relay::RabbitMq::new(vhost.url()).shards(shards))
+        .build()
+        .unwrap()
+}
+
+/// Has account `acct-1`'s deposits `seqs` emitted on `pool` and published by `relay` to the
+/// vhost's `TOPIC` (`shards` shards, declared for `group`); returns `group`'s shard queue for
+/// them.
+pub async fn relay_deposits<DB>(
+    pool: &sqlx::Pool<DB>,
+    relay: &outbox_runtime::relay::Relay,
+    vhost: &Vhost,
+    shards: u16,
+    group: &str,
+    seqs: std::ops::Range<u64>,
+) -> String
+where
+    DB: outbox_runtime::EmitDatabase,
+{
+    use crate::deposits::{deposit, Deposited, TOPIC};
+    let rabbitmq = outbox_runtime::relay::RabbitMq::new(vhost.url()).shards(shards);
+    rabbitmq.ensure_topology(TOPIC, group).await.unwrap();
+    let events: Vec<Deposited> = seqs.map(|seq| deposit(1, seq)).collect();
+    let mut uow = outbox_runtime::Uow::begin(pool).await.unwrap();
+    uow.emit_all(&events).await.unwrap();
+    uow.commit().await.unwrap();
+    assert_eq!(relay.publish_pending().await.unwrap(), events.len() as u64);
+    format!("{TOPIC}.{group}.{}", shard_of("acct-1", shards))
+}
+
+/// [`relay_deposits`] 0..6, then leaves the shard queue as a quorum queue does when sessions
+/// end one after another holding what they took: a consumer went away holding all six
+/// (returned in order), then one holding deposit 0 (returned behind the rest), then one
+/// holding deposit 1. The queue delivers 2, 3, 4, 5, 0, 1 next.
+pub async fn relayed_then_returned_out_of_order<DB>(
+    pool: &sqlx::Pool<DB>,
+    relay: &outbox_runtime::relay::Relay,
+    vhost: &Vhost,
+    shards: u16,
+    group: &str,
+) where
+    DB: outbox_runtime::EmitDatabase,
+{
+    let url = vhost.url();
+    let queue = relay_deposits(pool, relay, vhost, shards, group, 0..6).await;
+    let held = super::hold_and_go_away(&url, &vhost.name, &queue, 6).await;
+    let first = super::hold_and_go_away(&url, &vhost.name, &queue, 1).await;
+    assert_eq!(first, held[..1], "returned in order the first time");
+    let second = super::hold_and_go_away(&url, &vhost.name, &queue, 1).await;
+    assert_eq!(
+        second,
+        held[1..2],
+        "deposit 0, returned twice, is now behind deposit 1"
+    );
+}
+
+/// [`relay_deposits`] 6..11, then a consumer goes away holding all five: the queue returns
+/// them in order, once each. Returns their event ids.
+pub async fn relayed_then_returned_once<DB>(
+    pool: &sqlx::Pool<DB>,
+    relay: &outbox_runtime::relay::Relay,
+    vhost: &Vhost,
+    shards: u16,
+    group: &str,
+) -> Vec<uuid::Uuid>
+where
+    DB: outbox_runtime::EmitDatabase,
+{
+    let queue = relay_deposits(pool, relay, vhost, shards, group, 6..11).await;
+    let held = super::hold_and_go_away(&vhost.url(), &vhost.name, &queue, 5).await;
+    held.iter().map(|id| id.parse().unwrap()).collect()
+}

@@ -33,6 +33,25 @@ impl Reader {
         }
     }
 
+    /// Sends delivery `tag` back to its queue (`basic.reject` with `requeue`), behind what is
+    /// there; `false` if the channel closed (the message then comes back anyway).
+    pub(super) async fn send_back(&self, tag: u64) -> bool {
+        let guard = self.channel.lock().await;
+        let Some(channel) = guard.as_ref() else {
+            return false;
+        };
+        crate::rabbitmq::link::timed(
+            ANSWER_WITHIN,
+            "cannot send a message back",
+            channel
+                .link
+                .channel
+                .basic_reject(BasicRejectArguments::new(tag, true)),
+        )
+        .await
+        .is_ok()
+    }
+
     /// Publishes `properties` and `msg`'s body to queue `queue` through the default exchange
     /// and waits until the server confirmed it, trying again (after the outage backoff) while
     /// it is refused; `false` if the channel closed or `cancel` fired first (the original is
