@@ -154,6 +154,40 @@ impl NatsServer {
         Some((info.num_pending, info.num_ack_pending))
     }
 
+    /// Fetches up to `n` messages for the durable consumer `durable` of stream `stream` and
+    /// goes away without acknowledging any, as a consumer that crashed; returns once the
+    /// server's wait for them (the consumer's `ack_wait`) ran out, so that it delivers them
+    /// again. Returns their stream sequences, in the order delivered.
+    pub async fn fetch_and_go_away(&self, stream: &str, durable: &str, n: usize) -> Vec<u64> {
+        use futures_util::StreamExt;
+        let js = self.jetstream().await;
+        let stream = js.get_stream(stream).await.expect("the stream");
+        let consumer: jetstream::consumer::PullConsumer = stream
+            .get_consumer(durable)
+            .await
+            .expect("the durable consumer");
+        let mut messages = consumer
+            .fetch()
+            .max_messages(n)
+            .messages()
+            .await
+            .expect("fetch");
+        let mut sequences = Vec::new();
+        while let Some(message) = messages.next().await {
+            sequences.push(
+                message
+                    .expect("a message")
+                    .info()
+                    .expect("its info")
+                    .stream_sequence,
+            );
+        }
+        let ack_wait = consumer.cached_info().config.ack_wait;
+        // The server looks for expired deliveries on a timer of its own: a margin past it.
+        tokio::time::sleep(ack_wait + ack_wait / 2).await;
+        sequences
+    }
+
     /// Every message the stream `name` holds, in its order, as the Kafka tests' records: the
     /// key from `outbox_key`, the timestamp from `outbox_timestamp_ms`, the stream sequence as
     /// the offset.

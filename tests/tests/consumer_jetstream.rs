@@ -880,3 +880,47 @@ async fn what_is_read_ahead_during_a_long_batch_is_not_delivered_again() {
         "messages delivered again while they waited for the batch before them"
     );
 }
+
+/// JetStream delivers again what a consumer did not acknowledge in time in the order the waits
+/// ran out, so a message delivered again and left unacknowledged once more comes back behind
+/// the others. Sessions ending one after another (a consumer gone holding a key's events 0..6,
+/// then one holding event 0, then one holding event 1) leave the server delivering 2, 3, 4, 5,
+/// 0, 1. The consumer still handles the key's events in order, two at a time.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_delivered_again_twice_are_handled_in_the_streams_order() {
+    let db = TestDb::new().await;
+    create_steps(&db.pool).await;
+    let server = NatsServer::start().await;
+    server.create_stream("ACCOUNTS", TOPIC, |_| {}).await;
+    let consumer = || async {
+        builder(&db, &server, "ledger")
+            .await
+            .handler(record_step)
+            .batch_size(2)
+            .build()
+            .unwrap()
+    };
+    // The group's durable consumer, as the consumer creates it.
+    let running = Running::consumer(&consumer().await);
+    let durable = "ledger_account_events";
+    wait_for("the durable consumer", Duration::from_secs(30), || async {
+        server.unsettled("ACCOUNTS", durable).await.is_some()
+    })
+    .await;
+    running.stop().await;
+    server.publish(TOPIC, &interleaved(1, 6)).await;
+    let mut fetched = Vec::new();
+    for n in [6, 1, 1] {
+        fetched.push(server.fetch_and_go_away("ACCOUNTS", durable, n).await);
+    }
+    assert_eq!(fetched, [vec![1, 2, 3, 4, 5, 6], vec![1], vec![2]]);
+    let running = Running::consumer(&consumer().await);
+    let pool = db.pool.clone();
+    wait_settled(&server, "ACCOUNTS", "ledger", TOPIC).await;
+    running.stop().await;
+    assert_eq!(count(&pool, "SELECT count(*) FROM steps").await, 6);
+    assert_eq!(
+        steps(&db.pool).await["acct-0"],
+        (0..6).collect::<Vec<i64>>()
+    );
+}

@@ -348,7 +348,10 @@
 //!   `outbox_consumer_missing_topic{topic}` at 1).
 //! - **Acknowledged after the commit**: a message is acknowledged once the transaction of its
 //!   handlers (or its inbox row) committed. One the server delivers again (a crash, an
-//!   acknowledgement lost with the server) is a duplicate, skipped as on Kafka. While a batch
+//!   acknowledgement lost with the server) is a duplicate, skipped as on Kafka. The server
+//!   delivers again in the order its waits ran out, not the stream's (a message delivered
+//!   again and left once more comes behind the others), so a reader that starts with messages
+//!   delivered before takes them all and handles them in the stream's order. While a batch
 //!   takes long (a slow handler, the database out), the consumer tells the server it is still at
 //!   it every third of [`ack_wait`](crate::relay::JetStream::ack_wait) (30 s by default).
 //! - **Retries are the server's redeliveries**: a retryable failure is refused (`nak`) with the

@@ -7,8 +7,10 @@
 //! Per-key order (dedup mode): one instance of a group reads a topic at a time, under its
 //! [`Lease`], and handles its batches one after the other. What a crashed or stalled instance
 //! held stays pending until `ack_wait` and is redelivered before anything newer (the server
-//! serves redeliveries first; the successor waits for them to be due). Only a retry moves a
-//! message back (after its key's later messages), as the retry topic does on Kafka.
+//! serves redeliveries first; the successor waits for them to be due, takes them all and
+//! sorts them into the stream's order: the server redelivers in the order the waits ran out).
+//! Only a retry moves a message back (after its key's later messages), as the retry topic does
+//! on Kafka.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -31,6 +33,8 @@ use crate::inbox::shared::Shared;
 use crate::inbox::source::{Reading, Reads, Source};
 use crate::inbox::{dedup, receive};
 use crate::publish::Boxed;
+
+mod settle;
 
 /// A consumer's JetStream.
 struct Consumer {
@@ -57,6 +61,10 @@ impl Source for Consumer {
 /// Batches the server may deliver ahead of the one being handled (`max_ack_pending` is this
 /// many batch sizes).
 const AHEAD: usize = 4;
+
+/// How long a session that starts with messages delivered before waits for the next of them
+/// before it handles what it has (those still missing are retries not due yet).
+const REDELIVERIES_QUIET: Duration = Duration::from_millis(250);
 
 /// How long the server gets to answer a request of the consumer's (a lookup, a publish).
 const ANSWER_WITHIN: Duration = Duration::from_secs(10);
@@ -208,9 +216,10 @@ impl Reader {
             Ok(consumer) => consumer,
             Err(e) => return Ended::Failed(e),
         };
+        let mut pending = 0;
         if self.lease.is_some() {
             let mut consumer = consumer.clone();
-            let pending = consumer.info().await.map_or(1, |i| i.num_ack_pending);
+            pending = consumer.info().await.map_or(1, |i| i.num_ack_pending);
             if pending > 0 {
                 let wait = self.jetstream.ack_wait + self.jetstream.ack_wait / 10;
                 tracing::info!(topic = %self.topic, pending, ?wait,
@@ -228,7 +237,7 @@ impl Reader {
             .messages()
             .await;
         match messages {
-            Ok(mut messages) => self.read(&mut messages).await,
+            Ok(mut messages) => self.read(&mut messages, pending).await,
             Err(e) => Ended::Failed(Lookup::Failed(format!(
                 "cannot pull messages: {}",
                 crate::error_chain(&e)
@@ -293,9 +302,17 @@ impl Reader {
     /// delivering meanwhile (the stream asks it for more only while it is read), and the next
     /// batch starts at once. A batch's messages all came before the next one's: the stream's
     /// order is kept.
-    async fn read(&self, messages: &mut pull::Stream) -> Ended {
+    ///
+    /// The server delivers again what was not acknowledged in time in the order the waits ran
+    /// out, so a message delivered again and left unacknowledged once more (sessions ending
+    /// one after another) comes back behind the others. A session that starts with `pending`
+    /// messages delivered before therefore takes them all (or what comes of them until a new
+    /// message does, or nothing more for [`REDELIVERIES_QUIET`]: retries not due yet) and
+    /// handles them in the stream's order, a batch at a time.
+    async fn read(&self, messages: &mut pull::Stream, pending: usize) -> Ended {
         let batch_size = self.shared.settings.batch_size;
         let mut handled = false;
+        let mut gathering = pending > 0;
         // What was read while the batch before was handled: the next batch's start.
         let mut ahead: Vec<Received> = Vec::with_capacity(batch_size);
         // The messages stopped (the server went away) while a batch was handled.
@@ -317,6 +334,24 @@ impl Reader {
                 };
                 stopped = self.pulled(next, &mut ahead);
             }
+            if std::mem::take(&mut gathering) {
+                loop {
+                    let again = ahead.iter().filter(|m| m.delivered > 1).count();
+                    if stopped || again >= pending || ahead.iter().any(|m| m.delivered == 1) {
+                        break;
+                    }
+                    let next = tokio::select! {
+                        () = self.cancel.cancelled() => return Ended::Cancelled,
+                        () = self.lapsed() => return Ended::Lapsed,
+                        next = tokio::time::timeout(REDELIVERIES_QUIET, messages.next()) => next,
+                    };
+                    match next {
+                        Ok(next) => stopped = self.pulled(next, &mut ahead),
+                        Err(_) => break,
+                    }
+                }
+                ahead.sort_by_key(|m| m.sequence);
+            }
             // Whatever else has arrived, up to a batch.
             while !stopped && ahead.len() < batch_size {
                 match tokio::time::timeout(Duration::ZERO, messages.next()).await {
@@ -324,7 +359,8 @@ impl Reader {
                     Err(_) => break,
                 }
             }
-            let batch = std::mem::replace(&mut ahead, Vec::with_capacity(batch_size));
+            let rest = ahead.split_off(ahead.len().min(batch_size));
+            let batch = std::mem::replace(&mut ahead, rest);
             let handling = async {
                 match self.shared.settings.mode {
                     Mode::Dedup => {
@@ -430,134 +466,6 @@ impl Reader {
         for msg in messages {
             msg.settle(AckKind::Progress).await;
         }
-    }
-
-    /// Waits `wait` still working on `messages`; `false` if `cancel` fires first.
-    async fn wait(&self, messages: &[Received], wait: Duration) -> bool {
-        let waited = self.working_on(messages, async {
-            tokio::select! {
-                () = self.cancel.cancelled() => false,
-                () = tokio::time::sleep(wait) => true,
-            }
-        });
-        waited.await
-    }
-
-    /// Publishes `msg` to its topic's dead-letter subject (its payload and headers, with
-    /// `dlq_error`, `dlq_attempts` and where it was read: `dlq_source_topic`,
-    /// `dlq_source_partition` 0, `dlq_source_offset` its stream sequence, `dlq_source_stream`),
-    /// waits until a stream stored it, then terminates the original. While no stream takes it,
-    /// the topic's reading waits, saying so (`outbox_consumer_forward_blocked`). `false` if
-    /// `cancel` fires first.
-    async fn dead_letter(&self, msg: &Received, reason: &str, attempts: u32) -> bool {
-        let subject = self.shared.settings.topics.dead_letter(&self.topic);
-        let message = msg.dead_letter(&self.topic, reason, attempts);
-        let mut failures = 0u32;
-        let mut blocked: Option<metrics::Gauge> = None;
-        loop {
-            let sent = async {
-                let ack = self
-                    .context
-                    .send_publish(subject.clone(), message.clone())
-                    .await?;
-                ack.await
-            };
-            let e = match self.working_on(std::slice::from_ref(msg), sent).await {
-                Ok(_) => break,
-                Err(e) => e,
-            };
-            failures += 1;
-            if blocked.is_none() {
-                tracing::error!(error = %crate::error_chain(&e), subject = %subject,
-                    "cannot publish a message to its dead-letter subject (does a stream capture \
-                     it? may this consumer publish to it?); the topic's reading waits until it \
-                     can");
-                let gauge =
-                    metrics::gauge!("outbox_consumer_forward_blocked", "topic" => subject.clone());
-                gauge.set(1.0);
-                blocked = Some(gauge);
-            }
-            if let Some(create) = self.create_streams() {
-                if let Err(Lookup::Failed(e)) =
-                    stream_for(&self.context, &subject, Some(create)).await
-                {
-                    tracing::debug!(error = %e, "cannot create the dead-letter stream");
-                }
-            }
-            let wait = self.shared.settings.outage_backoff(failures);
-            if !self.wait(std::slice::from_ref(msg), wait).await {
-                return false;
-            }
-        }
-        if let Some(gauge) = blocked {
-            gauge.set(0.0);
-            tracing::info!(subject = %subject, "the dead-letter subject takes messages again; consuming");
-        }
-        msg.settle(AckKind::Term).await;
-        metrics::counter!("outbox_consumer_dead_lettered_total").increment(1);
-        tracing::warn!(topic = %self.topic, sequence = msg.sequence, reason, "message dead-lettered");
-        true
-    }
-}
-
-impl Reading for Reader {
-    type Message = Received;
-
-    fn check<'m>(&self, msg: &'m Received) -> Checked<'m> {
-        msg.check()
-    }
-
-    fn failed_before(&self, msg: &Received) -> u32 {
-        msg.delivered - 1
-    }
-
-    fn fence(&self) -> Option<Fence<'_>> {
-        self.lease.as_ref().map(Lease::fence)
-    }
-
-    async fn working_on<F: std::future::Future>(
-        &self,
-        messages: &[Received],
-        work: F,
-    ) -> F::Output {
-        Reader::working_on(self, messages, work).await
-    }
-
-    /// Acknowledges what committed; then a message to retry is refused (`nak`) with its
-    /// backoff as the delay, so that the server delivers it again then and nothing else waits
-    /// for it; a dead letter is published, stored by a stream, and only then the original
-    /// terminated.
-    async fn settle(
-        &self,
-        done: &[Received],
-        failed: Vec<Option<(Destination, String)>>,
-        _cancel: &CancellationToken,
-    ) -> bool {
-        for (msg, failed) in done.iter().zip(&failed) {
-            if failed.is_none() {
-                msg.settle(AckKind::Ack).await;
-            }
-        }
-        for (msg, failed) in done.iter().zip(failed) {
-            match failed {
-                None => {}
-                Some((Destination::Retry { attempts, due_ms }, reason)) => {
-                    metrics::counter!("outbox_consumer_retried_total").increment(1);
-                    tracing::info!(topic = %self.topic, sequence = msg.sequence, attempts,
-                        reason, "handler failed; redelivered after its backoff");
-                    let delay = u64::try_from(due_ms - message::now_ms()).unwrap_or(0);
-                    msg.settle(AckKind::Nak(Some(Duration::from_millis(delay))))
-                        .await;
-                }
-                Some((Destination::DeadLetter { attempts }, reason)) => {
-                    let stored = self.dead_letter(msg, &reason, attempts).await;
-                    if !stored {
-                        return false; // cancelled: it comes again
-                    }
-                }
-            }
-        }
-        true
     }
 }
 
