@@ -69,6 +69,14 @@ pub async fn record_step(
     event: crate::deposits::Deposited,
     tx: &mut MySqlConnection,
 ) -> Result<(), outbox_runtime::inbox::HandlerError> {
+    insert_step(tx, &event).await
+}
+
+/// Records the step of `event` in `steps`, in the handler's transaction.
+async fn insert_step(
+    tx: &mut MySqlConnection,
+    event: &crate::deposits::Deposited,
+) -> Result<(), outbox_runtime::inbox::HandlerError> {
     sqlx::query("INSERT INTO steps (account, seq) VALUES (?, ?)")
         .bind(&event.account)
         .bind(event.seq as i64)
@@ -84,11 +92,7 @@ pub async fn record_step_and_attempt(
     tx: &mut MySqlConnection,
     meta: &outbox_runtime::inbox::MessageMeta<'_>,
 ) -> Result<(), outbox_runtime::inbox::HandlerError> {
-    sqlx::query("INSERT INTO steps (account, seq) VALUES (?, ?)")
-        .bind(&event.account)
-        .bind(event.seq as i64)
-        .execute(tx)
-        .await?;
+    insert_step(tx, &event).await?;
     crate::deposits::ATTEMPTS
         .lock()
         .unwrap()

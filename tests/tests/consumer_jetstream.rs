@@ -35,6 +35,15 @@ async fn setup() -> (TestDb, NatsServer) {
     (db, server)
 }
 
+/// A test's database with the steps table, and its own server with the accounts stream.
+async fn accounts_setup() -> (TestDb, NatsServer) {
+    let db = TestDb::new().await;
+    create_steps(&db.pool).await;
+    let server = NatsServer::start().await;
+    server.create_stream("ACCOUNTS", TOPIC, |_| {}).await;
+    (db, server)
+}
+
 /// A consumer of group `group` reading `server`'s JetStream, quick to retry.
 async fn builder(db: &TestDb, server: &NatsServer, group: &str) -> ConsumerBuilder {
     Consumer::builder(db.pool.clone())
@@ -466,10 +475,7 @@ async fn pause_flagged(flag: &std::sync::atomic::AtomicBool, pause: Duration) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn three_consumers_of_a_group_keep_each_keys_order() {
-    let db = TestDb::new().await;
-    create_steps(&db.pool).await;
-    let server = NatsServer::start().await;
-    server.create_stream("ACCOUNTS", TOPIC, |_| {}).await;
+    let (db, server) = accounts_setup().await;
     // 10 accounts' events interleaved (account 0's first, account 1's first, ...): a batch
     // (25) holds events of one account.
     let records = interleaved(10, 30);
@@ -515,10 +521,7 @@ async fn a_stopped_consumer_hands_over_and_what_it_fetched_comes_first() {
 /// A consumer that ends (`end`) in the middle of a slow batch, while events keep coming and a
 /// second one stands by: every account's events are handled once each, in order.
 async fn handover(end: impl FnOnce(Running)) {
-    let db = TestDb::new().await;
-    create_steps(&db.pool).await;
-    let server = NatsServer::start().await;
-    server.create_stream("ACCOUNTS", TOPIC, |_| {}).await;
+    let (db, server) = accounts_setup().await;
     let consumer = || async {
         builder(&db, &server, "ledger")
             .await
@@ -589,10 +592,7 @@ async fn record_step_slowly_once(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_batch_longer_than_ack_wait_keeps_its_lease_beside_a_standby() {
-    let db = TestDb::new().await;
-    create_steps(&db.pool).await;
-    let server = NatsServer::start().await;
-    server.create_stream("ACCOUNTS", TOPIC, |_| {}).await;
+    let (db, server) = accounts_setup().await;
     let records = interleaved(4, 5);
     server.publish(TOPIC, &records).await;
     let mut running = Vec::new();
@@ -639,10 +639,7 @@ async fn record_step_held_at_first(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_consumer_whose_lease_was_taken_commits_nothing_more_until_it_owns_it_again() {
     let log = warnings();
-    let db = TestDb::new().await;
-    create_steps(&db.pool).await;
-    let server = NatsServer::start().await;
-    server.create_stream("ACCOUNTS", TOPIC, |_| {}).await;
+    let (db, server) = accounts_setup().await;
     let consumer = builder(&db, &server, "fenced")
         .await
         .handler(record_step_held_at_first)
@@ -722,10 +719,7 @@ async fn the_server_killed_mid_consumption_loses_nothing_and_repeats_nothing() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_purged_stream_replayed_is_handled_once() {
-    let db = TestDb::new().await;
-    create_steps(&db.pool).await;
-    let server = NatsServer::start().await;
-    server.create_stream("ACCOUNTS", TOPIC, |_| {}).await;
+    let (db, server) = accounts_setup().await;
     let relay = Relay::builder(db.pool.clone())
         .jetstream(JetStream::new(server.client().await))
         .poll_interval(Duration::from_millis(100))
@@ -888,10 +882,7 @@ async fn what_is_read_ahead_during_a_long_batch_is_not_delivered_again() {
 /// 0, 1. The consumer still handles the key's events in order, two at a time.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn messages_delivered_again_twice_are_handled_in_the_streams_order() {
-    let db = TestDb::new().await;
-    create_steps(&db.pool).await;
-    let server = NatsServer::start().await;
-    server.create_stream("ACCOUNTS", TOPIC, |_| {}).await;
+    let (db, server) = accounts_setup().await;
     let consumer = || async {
         builder(&db, &server, "ledger")
             .await

@@ -491,13 +491,13 @@ async fn a_message_returned_twice_by_rabbitmq_is_handled_in_its_keys_order() {
     };
     // One relay publishes all: each message names its key's previous one.
     let relay = mq::relay_to(&db.pool, &vhost, SHARDS);
-    mq::relayed_then_returned_out_of_order(&db.pool, &relay, &vhost, SHARDS, "ledger").await;
+    mq::relayed_then_returned_out_of_order(&db.pool, &relay, &vhost, SHARDS, 0).await;
     handle_until(6).await;
     assert_eq!(
         steps(&db.pool).await["acct-1"],
         (0..6).collect::<Vec<i64>>()
     );
-    let held = mq::relayed_then_returned_once(&db.pool, &relay, &vhost, SHARDS, "ledger").await;
+    let held = mq::relayed_then_returned_once(&db.pool, &relay, &vhost, SHARDS).await;
     handle_until(11).await;
     assert_eq!(
         steps(&db.pool).await["acct-1"],

@@ -644,32 +644,53 @@ async fn a_stopped_consumer_finishes_the_batch_in_hand_and_no_more_of_its_backlo
 
 /// A quorum queue puts a message returned a second time behind what was returned before it
 /// (see `relayed_then_returned_out_of_order`); the consumer still handles the key's events in
-/// order, in either mode. Messages returned in order, each after one handled in an earlier
-/// session, are handled at once, none sent back (in dedup mode each at attempt 2: returned
-/// once, not twice). (On MariaDB: `consumer_mysql.rs`.)
+/// order, in either mode: 0..6; then 6..11 returned in order after events handled in an earlier
+/// session, none sent back; then 11..17 out of order again, the predecessor of 11 gone from the
+/// database (as retention deletes it), so that 11 goes back once for nothing. (On MariaDB:
+/// `consumer_mysql.rs`.)
 async fn a_message_returned_twice_is_handled_in_its_keys_order(mode: Mode) {
     let vhost = Vhost::new("rc-returned");
     let db = TestDb::new().await;
     create_steps(&db.pool).await;
     // One relay publishes all: each message names its key's previous one.
     let relay = mq::relay_to(&db.pool, &vhost, SHARDS);
-    mq::relayed_then_returned_out_of_order(&db.pool, &relay, &vhost, SHARDS, "ledger").await;
+    mq::relayed_then_returned_out_of_order(&db.pool, &relay, &vhost, SHARDS, 0).await;
     handle_steps_until(&db, &vhost, mode, 6).await;
     assert_eq!(
         steps(&db.pool).await["acct-1"],
         (0..6).collect::<Vec<i64>>()
     );
-    let held = mq::relayed_then_returned_once(&db.pool, &relay, &vhost, SHARDS, "ledger").await;
+    let once = mq::relayed_then_returned_once(&db.pool, &relay, &vhost, SHARDS).await;
     handle_steps_until(&db, &vhost, mode, 11).await;
     assert_eq!(
         steps(&db.pool).await["acct-1"],
         (0..11).collect::<Vec<i64>>()
     );
-    // In dedup mode a handler's attempt counts the message's returns; in inbox mode the row's.
+    let table = match mode {
+        Mode::Dedup => "processed_event",
+        Mode::Inbox => "inbox_event",
+    };
+    sqlx::query(&format!("DELETE FROM {table} WHERE event_id = $1"))
+        .bind(once[4])
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    let twice = mq::relayed_then_returned_out_of_order(&db.pool, &relay, &vhost, SHARDS, 11).await;
+    handle_steps_until(&db, &vhost, mode, 17).await;
+    assert_eq!(
+        steps(&db.pool).await["acct-1"],
+        (0..17).collect::<Vec<i64>>()
+    );
+    // In dedup mode a handler's attempt counts the times the message came back unsettled (not
+    // the times it was sent back to wait); in inbox mode the row's attempts count.
     let handled_at = STEP_ATTEMPTS.lock().unwrap();
-    let handled_at: Vec<u32> = held.iter().map(|id| handled_at[id]).collect();
-    let returned = u32::from(mode == Mode::Dedup);
-    assert_eq!(handled_at, [1 + returned; 5]);
+    let at = |ids: &[uuid::Uuid]| ids.iter().map(|id| handled_at[id]).collect::<Vec<u32>>();
+    if mode == Mode::Dedup {
+        assert_eq!(at(&once), [2; 5]);
+        assert_eq!(at(&twice), [3, 3, 2, 2, 2, 2]);
+    } else {
+        assert_eq!(at(&once), [1; 5]);
+    }
 }
 
 /// Runs a consumer of group `ledger` in `mode` until `n` steps are recorded and its queues are

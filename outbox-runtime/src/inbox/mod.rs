@@ -421,10 +421,12 @@
 //!   order and ahead of the rest, but puts a message handed back a second time behind the
 //!   others (two sessions in a row ending before it was settled: a node restart, two crashes).
 //!   So each message names its key's previous one (`outbox_previous_event_id`, set by the
-//!   relay for the keys it published since it started), and a redelivered message whose
-//!   predecessor the database does not hold yet goes back once behind the returns, where that
-//!   predecessor is ahead of it. That trip counts as a delivery (`x-delivery-count`, and so
-//!   the handler's `attempt`).
+//!   relay for the keys it published since it started) and carries its `outbox_id`, and the
+//!   reader sends back behind the returns a redelivered message whose predecessor the
+//!   database does not hold yet (once: it may be behind), and any whose key has an earlier
+//!   message sent back and not settled. These trips raise the server's `x-delivery-count` (and
+//!   count toward the queue's delivery limit) but not the handler's `attempt` nor the retries'
+//!   count, unless the session ends before the message is settled.
 //! - **Acknowledged after the commit**, with a bounded prefetch (two batches); a redelivered
 //!   message is a duplicate, skipped.
 //! - **Retries** wait in the shard's delay queue `<queue>.retry` (the backoff as the message's

@@ -313,6 +313,7 @@ impl Reader {
         let batch_size = self.shared.settings.batch_size;
         let mut handled = false;
         let mut gathering = pending > 0;
+        let mut tick = self.progress_ticks();
         // What was read while the batch before was handled: the next batch's start.
         let mut ahead: Vec<Received> = Vec::with_capacity(batch_size);
         // The messages stopped (the server went away) while a batch was handled.
@@ -375,8 +376,8 @@ impl Reader {
             tokio::pin!(handling, lapsed);
             // What is read meanwhile waits for the batch: the server is told it is worked on,
             // as the batch's own messages are, or it delivers it again after `ack_wait` (a
-            // copy that would come behind later messages of its key).
-            let mut tick = self.progress_ticks();
+            // copy that would come behind later messages of its key). One clock for the whole
+            // session: what was gathered at its start waits through several batches.
             let done = loop {
                 tokio::select! {
                     biased;
@@ -453,7 +454,10 @@ impl Reader {
     /// `ack_wait`, the first a third from now.
     fn progress_ticks(&self) -> tokio::time::Interval {
         let every = self.jetstream.ack_wait / 3;
-        tokio::time::interval_at(tokio::time::Instant::now() + every, every)
+        let mut ticks = tokio::time::interval_at(tokio::time::Instant::now() + every, every);
+        // A tick missed between batches comes once, as soon as it can.
+        ticks.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticks
     }
 
     /// Whether this reader may keep messages from coming again: not once its lease lapsed.

@@ -16,8 +16,8 @@
 //! headers (`reason: delivery_limit`) instead of the `dlq_*` ones. A connection or channel that closes ends the shard's session: what was not acknowledged
 //! goes back to the queue (before anything newer) and to the next active consumer, this one
 //! included once it has connected again. A message that goes back a second time lands behind
-//! the others that went back: a session reading what came back sends each message whose key's
-//! previous one is not in yet behind it once (see [`Reader::ahead_of_its_key`]).
+//! the others that went back: a session reading what came back puts a key's messages back in
+//! order (`consumer/returns.rs`).
 
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -45,7 +45,10 @@ use crate::inbox::source::{Reading, Reads, Source};
 use crate::inbox::{dedup, receive};
 use crate::publish::{Boxed, Outcome};
 
+mod returns;
 mod settle;
+
+use returns::{Next, Returns};
 
 /// How long the server gets to answer a request of the consumer's.
 const ANSWER_WITHIN: Duration = Duration::from_secs(10);
@@ -102,6 +105,7 @@ async fn consume(
                 channel: tokio::sync::Mutex::new(None),
                 defer: std::sync::atomic::AtomicBool::new(false),
                 deferred: std::sync::atomic::AtomicU64::new(0),
+                returns: std::sync::Mutex::default(),
             };
             readers.spawn(reader.run());
         }
@@ -135,6 +139,8 @@ struct Reader {
     /// (in `deferred`) until that consumer is cancelled (see [`Reader::widen`]).
     defer: std::sync::atomic::AtomicBool,
     deferred: std::sync::atomic::AtomicU64,
+    /// What the session's careful consumer did with the returns it took.
+    returns: std::sync::Mutex<Returns>,
 }
 
 /// Why a session ended.
@@ -355,8 +361,7 @@ impl Reader {
         let batch_size = self.shared.settings.batch_size;
         let mut careful = true;
         let mut handled = false;
-        // The returns this session sent back, and settled, while careful.
-        let mut returns = Returns::default();
+        *self.returns() = Returns::default();
         let mut check = tokio::time::interval(CHECK_EVERY);
         // After a long batch, one check, not one for each second it took.
         check.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -392,7 +397,7 @@ impl Reader {
                 continue;
             }
             if let (true, [msg]) = (careful, batch.as_slice()) {
-                if self.ahead_of_its_key(msg, &mut returns).await {
+                if self.ahead_of_its_key(msg).await {
                     if !self.send_back(msg.tag).await {
                         return Ended::Lost {
                             error: Some("the channel closed while a message was sent back".into()),
@@ -424,9 +429,10 @@ impl Reader {
             }
             handled = true;
             if careful {
-                returns
-                    .settled
-                    .extend(batch.iter().filter_map(|m| m.decoded.event_id));
+                let mut returns = self.returns();
+                for msg in &batch {
+                    returns.settled(&msg.decoded);
+                }
             }
             if last_careful {
                 self.defer.store(false, Ordering::SeqCst);
@@ -445,55 +451,42 @@ impl Reader {
 }
 
 impl Reader {
-    /// Whether `msg`, delivered again, came ahead of its key's previous message, which this
-    /// session did not settle and the database holds neither the effect nor the receipt of,
-    /// and this session has not sent `msg` back before.
-    ///
-    /// A quorum queue returns what a departing consumer held in order, ahead of everything
-    /// else, but puts a message returned again at the back of those returns: the careful
-    /// consumer of a session that ended too (see [`read`](Self::read)) takes a key's earliest
-    /// message behind its later ones. Each message names its key's previous one
-    /// ([`OUTBOX_PREVIOUS`](super::wire::OUTBOX_PREVIOUS)); one whose predecessor is not in
-    /// is sent back once, behind the returns, where the predecessor (returned too) is
-    /// ahead of it now. A predecessor that is not among the returns (retried through the
-    /// delay queue, dead-lettered, published before the group's queue existed) costs a message
-    /// one more trip, once per session.
-    async fn ahead_of_its_key(&self, msg: &Received, returns: &mut Returns) -> bool {
+    /// Whether returned message `msg` goes back behind the returns (see `returns.rs`), asking
+    /// the database whether it holds its predecessor if that decides it.
+    async fn ahead_of_its_key(&self, msg: &Received) -> bool {
         let decoded = &msg.decoded;
-        let (Some(event), Some(previous)) = (decoded.event_id, decoded.previous) else {
-            return false;
-        };
         // A message the server is about to dead-letter for its returns is not sent back.
         let limit = u32::try_from(super::topology::DELIVERY_LIMIT - 1).unwrap_or(u32::MAX);
-        if decoded.returned == 0
-            || decoded.returned >= limit
-            || returns.sent_back.contains(&event)
-            || returns.settled.contains(&previous)
-        {
+        if decoded.returned == 0 || decoded.returned >= limit {
             return false;
         }
-        match self.shared.holds(previous).await {
-            Ok(true) => false,
-            Ok(false) => {
-                returns.sent_back.insert(event);
-                true
-            }
-            Err(e) => {
-                // Handling it would fail the same way, and is waited out there.
-                tracing::debug!(error = %crate::error_chain(&e), "cannot look up a message's predecessor");
-                false
-            }
+        let next = self.returns().next(decoded);
+        let back = match next {
+            Next::Handle => false,
+            Next::SendBack => true,
+            Next::AskFor(previous) => tokio::select! {
+                () = self.cancel.cancelled() => false,
+                held = self.shared.holds(previous) => match held {
+                    Ok(held) => !held,
+                    Err(e) => {
+                        // Handling it would fail the same way, and is waited out there.
+                        tracing::debug!(error = %crate::error_chain(&e),
+                            "cannot look up a message's predecessor");
+                        false
+                    }
+                },
+            },
+        };
+        if back {
+            self.returns().sent_back(decoded);
         }
+        back
     }
-}
 
-/// What a session's careful consumer did with the returns it took (see
-/// [`Reader::ahead_of_its_key`]): the messages it sent back, and those it settled (handled,
-/// retried or dead-lettered: a successor need not wait for them).
-#[derive(Default)]
-struct Returns {
-    sent_back: std::collections::HashSet<uuid::Uuid>,
-    settled: std::collections::HashSet<uuid::Uuid>,
+    /// The session's returns (see `returns.rs`).
+    fn returns(&self) -> std::sync::MutexGuard<'_, Returns> {
+        self.returns.lock().unwrap_or_else(|e| e.into_inner())
+    }
 }
 
 /// A message off a shard queue, its headers read as the Kafka consumer reads a record's.

@@ -12,7 +12,8 @@ use std::sync::Mutex;
 
 use uuid::Uuid;
 
-/// Keys per generation: with 2 generations, ~64 bytes and a key's length each, a few MB.
+/// Keys per generation: with 2 generations and ~150 bytes an entry (with a short topic and
+/// key), some 15 MB at most.
 const GENERATION: usize = 50_000;
 
 /// A key's last published event and the one it named (the latter for a message sent again:

@@ -20,6 +20,8 @@ pub(crate) const OUTBOX_TIMESTAMP_MS: &str = "outbox_timestamp_ms";
 pub(crate) const OUTBOX_PREVIOUS: &str = "outbox_previous_event_id";
 /// The event's id.
 const EVENT_ID: &str = "event_id";
+/// The event's outbox row id: a key's messages are published in its order.
+const OUTBOX_ID: &str = "outbox_id";
 /// The prefix of a CloudEvents attribute's header in the AMQP binding (`ce_` on Kafka).
 pub(crate) const CE_PREFIX: &str = "cloudEvents:";
 /// The server's count of a quorum queue's returned deliveries (a consumer that went away
@@ -122,7 +124,7 @@ pub(crate) fn message(
     insert(&mut headers, "aggregate_type", &row.aggregate_type)?;
     insert(&mut headers, "aggregate_id", &row.aggregate_id)?;
     insert(&mut headers, "content-type", "application/json")?;
-    insert(&mut headers, "outbox_id", &row.id.to_string())?;
+    insert(&mut headers, OUTBOX_ID, &row.id.to_string())?;
     insert(&mut headers, OUTBOX_KEY, &row.partition_key)?;
     insert(&mut headers, OUTBOX_TIMESTAMP_MS, &at_ms.to_string())?;
     if let Some(previous) = previous {
@@ -163,6 +165,8 @@ pub(crate) struct Decoded {
     /// The event's id, and its key's previous one's ([`OUTBOX_PREVIOUS`]), if they are ids.
     pub(crate) event_id: Option<uuid::Uuid>,
     pub(crate) previous: Option<uuid::Uuid>,
+    /// Its place among its key's messages (`outbox_id`).
+    pub(crate) outbox_id: Option<i64>,
 }
 
 /// Reads a delivered message's headers (see [`Decoded`]).
@@ -173,6 +177,7 @@ pub(crate) fn decode(properties: Option<&BasicProperties>) -> Decoded {
         returned: 0,
         event_id: None,
         previous: None,
+        outbox_id: None,
     };
     let Some(table) = properties.and_then(BasicProperties::headers) else {
         return decoded;
@@ -197,6 +202,11 @@ pub(crate) fn decode(properties: Option<&BasicProperties>) -> Decoded {
             OUTBOX_KEY => decoded.key = Some(bytes.clone()),
             EVENT_ID => decoded.event_id = id(),
             OUTBOX_PREVIOUS => decoded.previous = id(),
+            OUTBOX_ID => {
+                decoded.outbox_id = std::str::from_utf8(&bytes)
+                    .ok()
+                    .and_then(|t| t.parse().ok());
+            }
             _ => {}
         }
         let name = match name.strip_prefix(CE_PREFIX) {

@@ -323,30 +323,33 @@ where
     format!("{TOPIC}.{group}.{}", shard_of("acct-1", shards))
 }
 
-/// [`relay_deposits`] 0..6, then leaves the shard queue as a quorum queue does when sessions
-/// end one after another holding what they took: a consumer went away holding all six
-/// (returned in order), then one holding deposit 0 (returned behind the rest), then one
-/// holding deposit 1. The queue delivers 2, 3, 4, 5, 0, 1 next.
+/// [`relay_deposits`] `first..first + 6`, then leaves the shard queue as a quorum queue does
+/// when sessions end one after another holding what they took: a consumer went away holding
+/// all six (returned in order), then one holding the first (returned behind the rest), then one
+/// holding the second. The queue delivers the third to the sixth, then the first and the
+/// second. Returns the six event ids, in the key's order.
 pub async fn relayed_then_returned_out_of_order<DB>(
     pool: &sqlx::Pool<DB>,
     relay: &outbox_runtime::relay::Relay,
     vhost: &Vhost,
     shards: u16,
-    group: &str,
-) where
+    first: u64,
+) -> Vec<uuid::Uuid>
+where
     DB: outbox_runtime::EmitDatabase,
 {
     let url = vhost.url();
-    let queue = relay_deposits(pool, relay, vhost, shards, group, 0..6).await;
+    let queue = relay_deposits(pool, relay, vhost, shards, "ledger", first..first + 6).await;
     let held = super::hold_and_go_away(&url, &vhost.name, &queue, 6).await;
-    let first = super::hold_and_go_away(&url, &vhost.name, &queue, 1).await;
-    assert_eq!(first, held[..1], "returned in order the first time");
-    let second = super::hold_and_go_away(&url, &vhost.name, &queue, 1).await;
+    let once = super::hold_and_go_away(&url, &vhost.name, &queue, 1).await;
+    assert_eq!(once, held[..1], "returned in order the first time");
+    let twice = super::hold_and_go_away(&url, &vhost.name, &queue, 1).await;
     assert_eq!(
-        second,
+        twice,
         held[1..2],
-        "deposit 0, returned twice, is now behind deposit 1"
+        "the first, returned twice, is now behind the second"
     );
+    held.iter().map(|id| id.parse().unwrap()).collect()
 }
 
 /// [`relay_deposits`] 6..11, then a consumer goes away holding all five: the queue returns
@@ -356,12 +359,11 @@ pub async fn relayed_then_returned_once<DB>(
     relay: &outbox_runtime::relay::Relay,
     vhost: &Vhost,
     shards: u16,
-    group: &str,
 ) -> Vec<uuid::Uuid>
 where
     DB: outbox_runtime::EmitDatabase,
 {
-    let queue = relay_deposits(pool, relay, vhost, shards, group, 6..11).await;
+    let queue = relay_deposits(pool, relay, vhost, shards, "ledger", 6..11).await;
     let held = super::hold_and_go_away(&vhost.url(), &vhost.name, &queue, 5).await;
     held.iter().map(|id| id.parse().unwrap()).collect()
 }

@@ -120,6 +120,13 @@ impl Reader {
         true
     }
 
+    /// How often `msg` came back unsettled: the server's count, less the times this session
+    /// sent it back (no attempt at it).
+    fn returned(&self, msg: &Received) -> u32 {
+        let trips = self.returns().trips_of(&msg.decoded);
+        msg.decoded.returned.saturating_sub(trips)
+    }
+
     fn source(&self) -> wire::Source<'_> {
         wire::Source {
             topic: &self.topic,
@@ -146,7 +153,7 @@ impl Reading for Reader {
             .iter()
             .map(|(name, value)| (name.as_str(), Some(value.as_slice())));
         let mut incoming = message::check(delivered, headers)?;
-        incoming.meta.attempt = incoming.meta.attempt.saturating_add(msg.decoded.returned);
+        incoming.meta.attempt = incoming.meta.attempt.saturating_add(self.returned(msg));
         Ok(incoming)
     }
 
@@ -158,7 +165,7 @@ impl Reading for Reader {
             .find(|(name, _)| name == message::headers::ATTEMPTS)
             .and_then(|(_, v)| std::str::from_utf8(v).ok()?.parse::<u32>().ok())
             .unwrap_or(0);
-        retried.saturating_add(msg.decoded.returned)
+        retried.saturating_add(self.returned(msg))
     }
 
     /// Acknowledges what committed; a message to retry is first published to the shard's
