@@ -1,11 +1,12 @@
 //! Each key's last published event, so that the relay's next message of the key names it
 //! ([`OUTBOX_PREVIOUS`](super::wire::OUTBOX_PREVIOUS)): what lets a consumer put a key's
-//! redelivered messages back in order (see `consumer.rs`).
+//! redelivered messages back in order (see `consumer/returns.rs`).
 //!
 //! Kept in memory, for the keys published since the process started and at most
-//! `2 × GENERATION` of them: a key not published for long enough (or by another relay since)
-//! goes without, and its next message then names no predecessor. Only ever a fallback to
-//! today's order, never a wrong one: a predecessor named is one that was published before.
+//! `2 × GENERATION` of them: the next message of a key not published for long enough names no
+//! predecessor, and one whose key another relay process published meanwhile names an older
+//! one. Either is a message published before it, never a later one; the consumer also keeps a
+//! key's messages behind one it sent back by their outbox ids, whatever they name.
 
 use std::collections::HashMap;
 use std::sync::Mutex;
