@@ -224,7 +224,9 @@ async fn relay_serves_prometheus_metrics_and_probes_and_logs_json_filtered_by_ru
     };
     assert_eq!(status, "HTTP/1.1 503 Service Unavailable", "{body}");
     assert!(body.starts_with("not ready: the broker: "), "{body}");
-    kafka.restart().await;
+    // The brokers stay down: the relay stops without them. (Bringing a mock broker up binds
+    // its old port again, which another test's connection may have taken meanwhile, and
+    // librdkafka then aborts the whole test process: it did once in CI.)
 
     signal(&child, "-TERM");
     assert_eq!(
