@@ -336,9 +336,11 @@ impl Reader {
                 stopped = self.pulled(next, &mut ahead);
             }
             if std::mem::take(&mut gathering) {
+                // One message a pull, and the gathering ends at the first new one: until then
+                // every message in `ahead` was delivered before.
                 loop {
-                    let again = ahead.iter().filter(|m| m.delivered > 1).count();
-                    if stopped || again >= pending || ahead.iter().any(|m| m.delivered == 1) {
+                    let fresh = ahead.last().is_some_and(|m| m.delivered == 1);
+                    if stopped || fresh || ahead.len() >= pending {
                         break;
                     }
                     let next = tokio::select! {
