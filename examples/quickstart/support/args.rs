@@ -17,8 +17,8 @@ usage: cargo run --example quickstart -- [--listen ADDR] [--demo N] [--trace] [-
                   NATS_URL; the streams are created) or rabbitmq (at RABBITMQ_URL; the
                   exchanges and queues are declared)
   --database D    the services' databases: postgres (default) or mariadb (MariaDB 10.6+ or
-                  MySQL 8.0.1+; with kafka or rabbitmq, the orders consumer in dedup mode, and
-                  no --console: inbox mode and the console are not built there yet)
+                  MySQL 8.0.1+; the orders consumer in dedup mode, and no --console: inbox
+                  mode and the console are not built there yet)
   --help          this text
 
 environment:
@@ -131,21 +131,12 @@ impl Args {
                 _ => return Err(format!("unknown argument `{arg}`")),
             }
         }
-        if parsed.database == Database::MariaDb {
-            if parsed.transport == Transport::Nats {
-                return Err(
-                    "`--database mariadb` takes `--transport kafka` or `rabbitmq`: \
-                            JetStream consumers are not built on MariaDB yet"
-                        .to_owned(),
-                );
-            }
-            if parsed.console.is_some() {
-                return Err(
-                    "`--console` is not built on MariaDB yet: leave it out with `--database \
-                     mariadb` (`outbox status` and `outbox parked` take its mysql:// URL)"
-                        .to_owned(),
-                );
-            }
+        if parsed.database == Database::MariaDb && parsed.console.is_some() {
+            return Err(
+                "`--console` is not built on MariaDB yet: leave it out with `--database \
+                 mariadb` (`outbox status` and `outbox parked` take its mysql:// URL)"
+                    .to_owned(),
+            );
         }
         Ok(Some(parsed))
     }

@@ -5,7 +5,7 @@
 use sqlx::{MySqlConnection, MySqlPool, Row};
 
 pub use super::health::mysql_health as health;
-use crate::admin::{Status, TopicStatus};
+use crate::admin::{ConsumerLease, Status, TopicStatus};
 use crate::error::Result;
 
 /// Member slots of the relay instances: an instance's slot is one of `0..MEMBER_SLOTS` (the
@@ -34,15 +34,39 @@ WHERE published_at IS NULL OR published_at >= UTC_TIMESTAMP(6) - INTERVAL 1 MINU
 GROUP BY topic ORDER BY topic";
 
 /// The outbox per topic (every topic with unpublished or parked rows, or rows published in the
-/// last minute), the dedup consumers' `processed_event` rows (counted) and the relay instances
-/// running on this database. The inbox's figures are empty: inbox mode is not built for these
-/// databases yet.
+/// last minute), the dedup consumers' `processed_event` rows (counted), the relay instances
+/// running on this database and the JetStream consumers' leases. The inbox's figures are empty:
+/// inbox mode is not built for these databases yet.
 pub async fn status(pool: &MySqlPool) -> Result<Status> {
     let mut status = outbox_status(pool).await?;
     status.processed_event_rows = sqlx::query_scalar("SELECT COUNT(*) FROM processed_event")
         .fetch_one(pool)
         .await?;
+    status.consumer_leases = consumer_leases(pool).await?;
     Ok(status)
+}
+
+/// Each JetStream consumer group's lease on a topic, as on PostgreSQL.
+async fn consumer_leases(pool: &MySqlPool) -> Result<Vec<ConsumerLease>> {
+    sqlx::query(
+        "SELECT CAST(group_id AS CHAR), CAST(topic AS CHAR), \
+                CAST(holder IS NOT NULL AND expires_at > UTC_TIMESTAMP(6) AS SIGNED), \
+                CASE WHEN holder IS NOT NULL \
+                     THEN TIMESTAMPDIFF(MICROSECOND, UTC_TIMESTAMP(6), expires_at) / 1e6 END \
+         FROM outbox_consumer_lease ORDER BY group_id, topic",
+    )
+    .fetch_all(pool)
+    .await?
+    .iter()
+    .map(|r| {
+        Ok(ConsumerLease {
+            group: r.try_get(0)?,
+            topic: r.try_get(1)?,
+            owned: r.try_get::<i64, _>(2)? != 0,
+            expires_in_secs: r.try_get(3)?,
+        })
+    })
+    .collect()
 }
 
 /// [`status`] without counting `processed_event` (0 there): what a running relay reports every

@@ -38,6 +38,11 @@
 //!   deadlock; a batch's statements stay far below `max_allowed_packet` at the batch sizes
 //!   consumers read (500 messages; 2 KiB a pair at most).
 //!
+//! - **A JetStream lease's fence** is checked by every transaction of a batch of a consumer
+//!   that reads under one, in the round trip that reads which pairs are recorded, first: the
+//!   lease's fence row, read with a shared lock held to the commit, must name this instance
+//!   (`store/lease_mysql.rs`), else nothing of the batch commits.
+//!
 //! A batch runs at READ COMMITTED (its reads see what committed before each statement), set for
 //! its transaction only.
 
@@ -49,17 +54,19 @@ use sqlx::{Connection, Executor, MySqlConnection, MySqlPool, Row};
 use tracing::Instrument;
 use uuid::Uuid;
 
-use super::batch::{discard, Checked, Handled, Unhandled};
+use super::batch::{discard, Checked, Fence, Handled, Unhandled};
 use super::database::Conn;
 use super::failure::Failure;
 use super::message::Incoming;
 use super::route::{Route, Routes};
 use super::settings::{Mode, Settings};
 use crate::error::{Error, Result};
-use crate::mysql::emit::{push_hex, push_text};
+use crate::store::literal_mysql::{push_hex, push_text};
 
 /// `processed_event.handler`'s length, in characters.
 const HANDLER_CHARS: usize = 255;
+/// The length of the group and the topic a JetStream lease's rows are keyed by, in characters.
+const LEASE_NAME_CHARS: usize = 255;
 /// The savepoint each handler runs behind.
 const SAVEPOINT: &str = "SAVEPOINT _outbox_h";
 /// No such savepoint: the transaction that held it is gone.
@@ -68,7 +75,8 @@ const NO_SAVEPOINT: u16 = 1305;
 const DUPLICATE_KEY: u16 = 1062;
 
 /// What `build` refuses of a consumer on MariaDB/MySQL: what is built on PostgreSQL only so
-/// far, and handler keys longer than `processed_event.handler` holds.
+/// far, and handler keys (and a JetStream lease's group and topics) longer than their columns
+/// hold.
 pub(crate) fn check(settings: &Settings, routes: &Routes, reads_under_lease: bool) -> Result<()> {
     if settings.mode == Mode::Inbox {
         return Err(Error::Config(
@@ -78,12 +86,17 @@ pub(crate) fn check(settings: &Settings, routes: &Routes, reads_under_lease: boo
         ));
     }
     if reads_under_lease {
-        return Err(Error::Config(
-            "a JetStream consumer is not built on MariaDB/MySQL yet (its group reads each topic \
-             under a lease table there is no MariaDB/MySQL version of); read from Kafka or \
-             RabbitMQ"
-                .into(),
-        ));
+        // The lease's rows are keyed by group and topic, each a `VARCHAR(255)`.
+        let group = settings.group();
+        let long = std::iter::once(("group", group.to_owned()))
+            .chain(routes.topics().into_iter().map(|t| ("topic", t)))
+            .find(|(_, name)| name.chars().count() > LEASE_NAME_CHARS);
+        if let Some((what, name)) = long {
+            return Err(Error::Config(format!(
+                "the {what} `{name}` is longer than a JetStream consumer's lease holds on \
+                 MariaDB/MySQL ({LEASE_NAME_CHARS} characters): shorten it"
+            )));
+        }
     }
     // `utf8mb4_bin` pads: keys that differ by trailing spaces would be one key.
     if let Some(route) = routes.all().find(|r| r.key.ends_with(' ')) {
@@ -108,12 +121,14 @@ type Pair<'b, 'm> = (usize, usize, &'b Route, &'b Incoming<'m>);
 
 /// Handles the messages; see the module's docs. `in_place`: a retryable failure stops the batch
 /// there (what came before commits). An error is the database's: nothing of the batch
-/// committed.
+/// committed. With a `fence`, every transaction checks first that the lease is still owned
+/// (holding its fence row to its end), and fails with [`Unhandled::LeaseLost`] if it is not.
 pub(crate) async fn handle(
     pool: &MySqlPool,
     routes: &Routes,
     messages: &[Checked<'_>],
     in_place: bool,
+    fence: Option<&Fence<'_>>,
 ) -> std::result::Result<Handled, Unhandled> {
     let mut pairs = Vec::new();
     let mut bad = Vec::new();
@@ -136,7 +151,7 @@ pub(crate) async fn handle(
         outcome
     };
     let mut session = Session::open(pool).await?;
-    let handled = passes(&mut session, &pairs, in_place, outcome).await;
+    let handled = passes(&mut session, &pairs, in_place, fence, outcome).await;
     session.restore().await;
     if handled.is_ok() && !pairs.is_empty() {
         // Its handlers may have emitted (`mysql::emit`): the relays of this process claim now,
@@ -152,10 +167,11 @@ async fn passes(
     session: &mut Session,
     pairs: &[Pair<'_, '_>],
     in_place: bool,
+    fence: Option<&Fence<'_>>,
     outcome: impl Fn() -> Handled,
 ) -> std::result::Result<Handled, Unhandled> {
     let mut known = HashMap::new();
-    match straight(session, pairs, outcome()).await? {
+    match straight(session, pairs, fence, outcome()).await? {
         Straight::Done(outcome) => return Ok(outcome),
         Straight::Failed(Some((key, failure))) => {
             known.insert(key, failure);
@@ -163,7 +179,7 @@ async fn passes(
         Straight::Failed(None) => {}
     }
     loop {
-        match pass(session, pairs, &known, in_place, outcome()).await? {
+        match pass(session, pairs, &known, in_place, fence, outcome()).await? {
             Pass::Done(outcome) => return Ok(outcome),
             Pass::Again(key, failure) => {
                 tracing::debug!(
@@ -194,6 +210,7 @@ enum Straight {
 async fn straight(
     session: &mut Session,
     pairs: &[Pair<'_, '_>],
+    fence: Option<&Fence<'_>>,
     mut outcome: Handled,
 ) -> std::result::Result<Straight, Unhandled> {
     let mut tx = Connection::begin_with(session.begin(), BEGIN_MARKED).await?;
@@ -201,7 +218,7 @@ async fn straight(
         .iter()
         .map(|(_, _, route, incoming)| (incoming.meta.event_id, route.key.as_str()))
         .collect();
-    let mut new = unrecorded(&mut tx, &candidates).await?;
+    let mut new = unrecorded(&mut tx, &candidates, fence).await?;
     let mut ran = Vec::new();
     for &(i, h, route, incoming) in pairs {
         let pair = (incoming.meta.event_id, route.key.as_str());
@@ -268,6 +285,7 @@ async fn pass(
     pairs: &[Pair<'_, '_>],
     known: &HashMap<(usize, usize), Failure>,
     in_place: bool,
+    fence: Option<&Fence<'_>>,
     mut outcome: Handled,
 ) -> std::result::Result<Pass, Unhandled> {
     let mut tx = Connection::begin_with(session.begin(), BEGIN).await?;
@@ -276,7 +294,7 @@ async fn pass(
         .filter(|(i, h, ..)| !known.contains_key(&(*i, *h)))
         .map(|(_, _, route, incoming)| (incoming.meta.event_id, route.key.as_str()))
         .collect();
-    let mut new = unrecorded(&mut tx, &candidates).await?;
+    let mut new = unrecorded(&mut tx, &candidates, fence).await?;
     // The handler that ran last returned `Ok` behind the savepoint, not yet released: the
     // release says whether the transaction is still there.
     let mut unreleased: Option<((usize, usize), &Route)> = None;
@@ -395,42 +413,46 @@ fn ended_under(route: &Route) -> Failure {
     ))
 }
 
-/// Whether `processed_event` holds event `event_id`, for any handler: RabbitMQ's consumer asks
-/// it of a redelivered message's predecessor.
-#[cfg(feature = "rabbitmq")]
-pub(crate) async fn holds(pool: &MySqlPool, event_id: Uuid) -> Result<bool> {
-    let held: i64 =
-        sqlx::query_scalar("SELECT EXISTS (SELECT 1 FROM processed_event WHERE event_id = ?)")
-            .bind(event_id)
-            .fetch_one(pool)
-            .await?;
-    Ok(held != 0)
-}
-
-/// The pairs of `candidates` that `processed_event` does not hold (each once).
+/// The pairs of `candidates` that `processed_event` does not hold (each once), read as a
+/// transaction begins: with a `fence`, first (in the same round trip) its check, which holds
+/// the lease's fence row to the transaction's end; [`Unhandled::LeaseLost`] if another
+/// instance owns the lease (the caller's transaction is rolled back as it drops).
 async fn unrecorded<'k>(
     conn: &mut MySqlConnection,
     candidates: &[(Uuid, &'k str)],
+    fence: Option<&Fence<'_>>,
 ) -> std::result::Result<HashSet<(Uuid, &'k str)>, Unhandled> {
     let mut ids: Vec<Uuid> = candidates.iter().map(|(id, _)| *id).collect();
     ids.sort_unstable();
     ids.dedup();
-    if ids.is_empty() {
+    let mut select = String::new();
+    if let Some(f) = fence {
+        crate::store::lease_mysql::owned_sql(&mut select, f.group, f.topic, f.holder);
+        select.push_str("; ");
+    }
+    if !ids.is_empty() {
+        select.push_str(
+            "SELECT event_id, CAST(handler AS CHAR) FROM processed_event WHERE event_id IN (",
+        );
+        for (n, id) in ids.iter().enumerate() {
+            select.push_str(if n == 0 { "X'" } else { ", X'" });
+            push_hex(&mut select, id.as_bytes());
+            select.push('\'');
+        }
+        select.push(')');
+    }
+    if select.is_empty() {
         return Ok(HashSet::new());
     }
-    let mut select = String::from(
-        "SELECT event_id, CAST(handler AS CHAR) FROM processed_event WHERE event_id IN (",
-    );
-    for (n, id) in ids.iter().enumerate() {
-        select.push_str(if n == 0 { "X'" } else { ", X'" });
-        push_hex(&mut select, id.as_bytes());
-        select.push('\'');
+    let mut rows = conn.fetch_all(sqlx::raw_sql(&select)).await?.into_iter();
+    if fence.is_some() {
+        // The fence's statement returns one row, first.
+        let owned: i64 = rows.next().map_or(Ok(0), |row| row.try_get(0))?;
+        if owned == 0 {
+            return Err(Unhandled::LeaseLost);
+        }
     }
-    select.push(')');
-    let seen: HashSet<(Uuid, String)> = conn
-        .fetch_all(sqlx::raw_sql(&select))
-        .await?
-        .iter()
+    let seen: HashSet<(Uuid, String)> = rows
         .map(|row| Ok((row.try_get::<Uuid, _>(0)?, row.try_get::<String, _>(1)?)))
         .collect::<std::result::Result<_, sqlx::Error>>()?;
     Ok(candidates
@@ -550,40 +572,4 @@ fn number(error: &sqlx::Error) -> Option<u16> {
             .map(|e| e.number()),
         _ => None,
     }
-}
-
-#[cfg(feature = "kafka")]
-/// Records the group's missing retry and dead-letter topics (`topic`, `source_topic`, `role`),
-/// replacing what it recorded before.
-pub(crate) async fn record_missing_topics(
-    pool: &MySqlPool,
-    group: &str,
-    missing: &[&(String, String, &'static str)],
-) -> Result<()> {
-    let mut sql = String::from("DELETE FROM outbox_consumer_missing_topic WHERE group_id = ");
-    push_text(&mut sql, group);
-    if !missing.is_empty() {
-        sql.push_str(" AND topic NOT IN (");
-        for (n, (topic, ..)) in missing.iter().enumerate() {
-            if n > 0 {
-                sql.push_str(", ");
-            }
-            push_text(&mut sql, topic);
-        }
-        sql.push_str(
-            "); INSERT INTO outbox_consumer_missing_topic \
-                      (group_id, topic, source_topic, role, seen_at) VALUES ",
-        );
-        for (n, (topic, source, role)) in missing.iter().enumerate() {
-            sql.push_str(if n == 0 { "(" } else { ", (" });
-            for value in [group, topic.as_str(), source.as_str(), role] {
-                push_text(&mut sql, value);
-                sql.push_str(", ");
-            }
-            sql.push_str("UTC_TIMESTAMP(6))");
-        }
-        sql.push_str(" ON DUPLICATE KEY UPDATE topic = topic");
-    }
-    pool.execute(sqlx::raw_sql(&sql)).await?;
-    Ok(())
 }

@@ -101,10 +101,9 @@ pub(crate) async fn handle(
             Db::Postgres(pool) => {
                 batch::handle(pool, &shared.routes, messages, in_place, fence).await
             }
-            // No fence there: `build` refuses the brokers that read under a lease.
             #[cfg(feature = "mysql")]
             Db::MySql(pool) => {
-                super::batch_mysql::handle(pool, &shared.routes, messages, in_place).await
+                super::batch_mysql::handle(pool, &shared.routes, messages, in_place, fence).await
             }
         };
         match handled {

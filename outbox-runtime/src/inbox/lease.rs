@@ -1,10 +1,12 @@
 //! A JetStream consumer's lease on a topic (dedup mode): one instance of a group reads a
 //! durable consumer at a time, so that a key's messages are handled in their order. JetStream
 //! hands a durable consumer's messages to whichever instance pulls, and has no partitions to
-//! assign, so the group's instances agree in PostgreSQL, where their work commits:
+//! assign, so the group's instances agree in the database where their work commits:
 //!
 //! - the holder renews its lease (`outbox_consumer_lease.expires_at`) every third of its
-//!   length, and every batch transaction checks it first, `FOR KEY SHARE` ([`Fence`]): an
+//!   length, and every batch transaction checks it first, with a lock that lets renewals
+//!   through but no takeover ([`Fence`]; on MariaDB/MySQL a second row, see
+//!   `store/lease_mysql.rs`): an
 //!   instance that lost it (stalled, cut off from the database) commits nothing more, and none
 //!   takes it over (`FOR UPDATE`) while a batch of the holder runs, however long;
 //! - the others wait, and take it over once it is released or expired;
@@ -13,23 +15,24 @@
 //!   instance that starts reading while messages delivered before are unsettled waits
 //!   `ack_wait` first (see `nats/consumer.rs`), so that they come again before anything newer.
 //!
-//! The lease's SQL is `store/lease.rs`'s; this file keeps its timing: when to try, renew or
+//! The lease's SQL is `store/lease.rs`'s (`store/lease_mysql.rs` on MariaDB/MySQL); this file
+//! keeps its timing: when to try, renew or
 //! give up, and until when this process counts it as owned.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use sqlx::PgPool;
 use tokio_util::sync::CancellationToken;
 use uuid::Uuid;
 
 use super::batch::Fence;
+use super::database::Db;
 use crate::error::Result;
 use crate::store::lease::{self as store, Acquired};
 
 /// One instance's lease on a group's topic.
 pub(crate) struct Lease {
-    pool: PgPool,
+    db: Db,
     group: String,
     topic: String,
     holder: Uuid,
@@ -40,9 +43,9 @@ pub(crate) struct Lease {
 }
 
 impl Lease {
-    pub(crate) fn new(pool: PgPool, group: &str, topic: &str, length: Duration) -> Self {
+    pub(crate) fn new(db: Db, group: &str, topic: &str, length: Duration) -> Self {
         Lease {
-            pool,
+            db,
             group: group.to_owned(),
             topic: topic.to_owned(),
             holder: Uuid::new_v4(),
@@ -89,14 +92,17 @@ impl Lease {
     /// Takes the lease if it is free, released, expired or already this instance's.
     pub(crate) async fn try_acquire(&self) -> Result<Option<Acquired>> {
         let asked_at = Instant::now();
-        let acquired = store::try_acquire(
-            &self.pool,
-            &self.group,
-            &self.topic,
-            self.holder,
-            self.length,
-        )
-        .await?;
+        let (group, topic) = (&self.group, &self.topic);
+        let acquired = match &self.db {
+            Db::Postgres(pool) => {
+                store::try_acquire(pool, group, topic, self.holder, self.length).await?
+            }
+            #[cfg(feature = "mysql")]
+            Db::MySql(pool) => {
+                crate::store::lease_mysql::try_acquire(pool, group, topic, self.holder, self.length)
+                    .await?
+            }
+        };
         if acquired.is_some() {
             self.owned_from(asked_at);
         }
@@ -141,14 +147,17 @@ impl Lease {
                 () = tokio::time::sleep(self.length / 3) => {}
             }
             let asked_at = Instant::now();
-            let renewed = store::renew(
-                &self.pool,
-                &self.group,
-                &self.topic,
-                self.holder,
-                self.length,
-            )
-            .await;
+            let (group, topic) = (&self.group, &self.topic);
+            let renewed = match &self.db {
+                Db::Postgres(pool) => {
+                    store::renew(pool, group, topic, self.holder, self.length).await
+                }
+                #[cfg(feature = "mysql")]
+                Db::MySql(pool) => {
+                    crate::store::lease_mysql::renew(pool, group, topic, self.holder, self.length)
+                        .await
+                }
+            };
             match renewed {
                 Ok(true) => self.owned_from(asked_at),
                 Ok(false) => {
@@ -167,7 +176,14 @@ impl Lease {
     /// Gives the lease up (the instance stops): another takes it at once.
     pub(crate) async fn release(&self) {
         self.lost();
-        let released = store::release(&self.pool, &self.group, &self.topic, self.holder).await;
+        let (group, topic) = (&self.group, &self.topic);
+        let released = match &self.db {
+            Db::Postgres(pool) => store::release(pool, group, topic, self.holder).await,
+            #[cfg(feature = "mysql")]
+            Db::MySql(pool) => {
+                crate::store::lease_mysql::release(pool, group, topic, self.holder).await
+            }
+        };
         if let Err(e) = released {
             tracing::debug!(error = %crate::error_chain(&e), "cannot release the lease; it expires");
         }

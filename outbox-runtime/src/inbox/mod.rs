@@ -371,9 +371,10 @@
 //!   `outbox_consumer_forward_blocked{topic}` at 1.
 //! - **Per-key order** (dedup mode): JetStream hands a durable consumer's messages to whichever
 //!   instance pulls, and has no partitions to assign, so one instance of a group reads a topic at
-//!   a time, under a lease in PostgreSQL (`outbox_consumer_lease`, as long as `ack_wait`, renewed
-//!   every third of it). Every batch transaction checks the lease first (`FOR KEY SHARE`): an instance
-//!   that lost it commits nothing more. The others stand by and take it over once it is released
+//!   a time, under a lease in the consumer's database (`outbox_consumer_lease`, as long as
+//!   `ack_wait`, renewed every third of it). Every batch transaction checks the lease first
+//!   (`FOR KEY SHARE`; on MariaDB/MySQL a fence row of its own read with a shared lock, see
+//!   the `mysql` module): an instance that lost it commits nothing more. The others stand by and take it over once it is released
 //!   (a consumer that stops) or expired (a crash). An instance that starts reading while
 //!   messages delivered before are not settled (what a crashed instance held, what a stopped
 //!   one had fetched beyond its last batch, retries waiting) first waits `ack_wait`, so that

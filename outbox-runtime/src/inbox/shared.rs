@@ -34,8 +34,8 @@ impl Shared {
         }
     }
 
-    /// The PostgreSQL pool of what is built on PostgreSQL only so far: inbox mode and the
-    /// leases JetStream reads under, which `build` refuses on MariaDB/MySQL.
+    /// The PostgreSQL pool of what is built on PostgreSQL only so far: inbox mode, which
+    /// `build` refuses on MariaDB/MySQL.
     pub(crate) fn pg(&self) -> &PgPool {
         self.db
             .pg("this")
@@ -51,7 +51,7 @@ impl Shared {
             (Db::Postgres(pool), Mode::Dedup) => crate::store::dedup::holds(pool, event_id).await,
             (Db::Postgres(pool), Mode::Inbox) => crate::store::inbox::holds(pool, event_id).await,
             #[cfg(feature = "mysql")]
-            (Db::MySql(pool), _) => super::batch_mysql::holds(pool, event_id).await,
+            (Db::MySql(pool), _) => crate::store::consumer_mysql::holds(pool, event_id).await,
         }
     }
 

@@ -89,7 +89,7 @@ async fn record(
         crate::inbox::database::Db::Postgres(pool) => pool,
         #[cfg(feature = "mysql")]
         crate::inbox::database::Db::MySql(pool) => {
-            return crate::inbox::batch_mysql::record_missing_topics(pool, group, missing).await;
+            return crate::store::consumer_mysql::record_missing_topics(pool, group, missing).await;
         }
     };
     let topics: Vec<&str> = missing.iter().map(|(t, ..)| t.as_str()).collect();

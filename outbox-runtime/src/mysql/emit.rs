@@ -39,6 +39,7 @@ use uuid::Uuid;
 use crate::error::{Error, Result};
 use crate::event::OutboxRecord;
 use crate::sqlstate::DbError;
+use crate::store::literal_mysql::{push_hex, push_text};
 use crate::uow::{event_types, is_outermost, EmitDatabase, EmitFuture};
 
 /// The probe: its second statement fails (1305) unless the session is inside a transaction.
@@ -276,22 +277,6 @@ fn push_row(sql: &mut String, r: &OutboxRecord) {
         ", {}, UTC_TIMESTAMP(6))",
         key_bucket(r.partition_key())
     );
-}
-
-/// Text as a hexadecimal literal in utf8mb4: exact whatever `sql_mode` says.
-pub(crate) fn push_text(sql: &mut String, value: &str) {
-    sql.push_str("_utf8mb4 X'");
-    push_hex(sql, value.as_bytes());
-    sql.push('\'');
-}
-
-pub(crate) fn push_hex(sql: &mut String, bytes: &[u8]) {
-    const DIGITS: &[u8; 16] = b"0123456789ABCDEF";
-    sql.reserve(2 * bytes.len());
-    for &b in bytes {
-        sql.push(char::from(DIGITS[usize::from(b >> 4)]));
-        sql.push(char::from(DIGITS[usize::from(b & 0xF)]));
-    }
 }
 
 /// Where a round trip failed: how many of its statements had completed, and the error.

@@ -32,6 +32,11 @@ pub const MIGRATIONS: &[Migration] = &[
         description: "operator_retries",
         sql: include_str!("../../migrations/mysql/20261207000004_operator_retries.sql"),
     },
+    Migration {
+        version: 20261207000005,
+        description: "consumer_lease",
+        sql: include_str!("../../migrations/mysql/20261207000005_consumer_lease.sql"),
+    },
 ];
 
 /// How long a runner waits for another to finish, in seconds.

@@ -5,7 +5,7 @@
 //! own transaction, exactly as on PostgreSQL,
 //! [`Relay::builder(mysql_pool)`](crate::relay::Relay::builder) publishes them to any broker, and
 //! [`Consumer::builder(mysql_pool)`](crate::inbox::Consumer::builder) hands what it reads from
-//! Kafka or RabbitMQ to handlers that take `&mut sqlx::MySqlConnection`. The rest comes next
+//! Kafka, RabbitMQ or NATS JetStream to handlers that take `&mut sqlx::MySqlConnection`. The rest comes next
 //! (issue 38; `docs/design/mariadb.md` is the plan).
 //!
 //! ```no_run
@@ -115,11 +115,17 @@
 //!   without counting `processed_event`, each warning logged and counted in
 //!   `outbox_health_warnings{kind}`. A relay whose user lacks `PROCESS` leaves out the checks of
 //!   InnoDB's transactions (saying so once) and makes the backlog's.
-//! - **Not yet on these databases**: inbox mode and JetStream consumers (refused at `build`, saying so); and the
+//! - **JetStream consumers' leases on two rows.** One instance of a group reads a JetStream
+//!   topic at a time, under a lease as on PostgreSQL, but InnoDB's shared row lock blocks every
+//!   update of the row, where PostgreSQL's `FOR KEY SHARE` lets the holder's renewals through.
+//!   So the lease's time is one row (`outbox_consumer_lease`, renewed), and the name every batch
+//!   transaction checks is another (`outbox_consumer_fence`, read `LOCK IN SHARE MODE` in the
+//!   round trip that reads the batch's dedup rows, and written only when the lease changes
+//!   hands): no instance takes the lease over while a batch of the holder runs, and the former
+//!   holder's next batch commits nothing. [`status`] lists the leases.
+//! - **Not yet on these databases**: inbox mode (refused at `build`, saying so); and the
 //!   operator commands other than `migrate`, `relay`, `status` (its figures: [`status`]),
 //!   `cleanup`, `parked` and `replay` (the console, `inbox dead`, `partitions`).
-//!
-//! [`PoisonFilter`]: crate::admin::PoisonFilter
 //! - **Retention** ([`Cleanup`], `outbox cleanup` with a `mysql://` URL, or beside the relay:
 //!   [`RelayBuilder::retention`](crate::relay::RelayBuilder::retention), one relay of the
 //!   database at a time through `GET_LOCK`): published outbox rows and dedup rows past a
@@ -127,6 +133,8 @@
 //!   transaction at READ COMMITTED. Neither table is partitioned here.
 //! - **Migrations** are not transactional (DDL commits on its own): each statement can run
 //!   again after a migration cut short, and `GET_LOCK` serializes concurrent runners.
+//!
+//! [`PoisonFilter`]: crate::admin::PoisonFilter
 
 pub(crate) mod emit;
 mod migrate;

@@ -282,7 +282,7 @@ pub(crate) async fn finish(
                 "UPDATE outbox_event SET attempts = attempts + {}, last_error = ",
                 u8::from(!held)
             );
-            super::emit::push_text(&mut sql, error);
+            crate::store::literal_mysql::push_text(&mut sql, error);
             if parks {
                 sql.push_str(", next_attempt_at = NULL, parked_at = UTC_TIMESTAMP(6)");
             } else {

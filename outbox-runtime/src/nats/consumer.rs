@@ -85,7 +85,7 @@ async fn consume(
         // that handlers run in the stream's order, in inbox mode so that rows are stored in it
         // (their `seq`: the processors' order within a key).
         let lease = Some(Lease::new(
-            shared.pg().clone(),
+            shared.db.clone(),
             settings.group(),
             &topic,
             jetstream.ack_wait,

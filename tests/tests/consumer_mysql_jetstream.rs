@@ -1,0 +1,301 @@
+//! JetStream consumers on MariaDB (the machine's 10.11), dedup mode, each test with its own
+//! nats-server: the group's lease on a topic there (its time in `outbox_consumer_lease`, the
+//! name every batch checks in `outbox_consumer_fence`). Several instances keep each key's order
+//! and each event's effect once; a crashed one is replaced, and what it held comes first; one
+//! whose lease was taken while its batch ran commits that batch and nothing more; and `build`
+//! refuses what the lease's columns cannot hold.
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use outbox_runtime::inbox::{Consumer, ConsumerBuilder, HandlerError};
+use outbox_runtime::relay::JetStream;
+use outbox_tests::deposits::{interleaved, Deposited, TOPIC};
+use outbox_tests::log::Log;
+use outbox_tests::mysql::{count, create_steps, record_step, steps, MySqlTestDb};
+use outbox_tests::nats::{publish_with, NatsServer};
+use outbox_tests::payments::wait_for;
+use outbox_tests::Running;
+use sqlx::{Executor, MySqlConnection};
+
+/// The accounts stream.
+const STREAM: &str = "ACCOUNTS";
+
+/// A test's database with the steps table, and its own server with the accounts stream.
+async fn setup() -> (MySqlTestDb, NatsServer) {
+    let db = MySqlTestDb::new().await;
+    create_steps(&db.pool).await;
+    let server = NatsServer::start().await;
+    server.create_stream(STREAM, TOPIC, |_| {}).await;
+    (db, server)
+}
+
+/// A consumer of group `group` on `db`, reading `server`'s JetStream (a lease of 2 s).
+async fn builder(
+    db: &MySqlTestDb,
+    server: &NatsServer,
+    group: &str,
+) -> ConsumerBuilder<(), sqlx::MySql> {
+    Consumer::builder(db.pool.clone())
+        .jetstream(JetStream::new(server.client().await).ack_wait(Duration::from_secs(2)))
+        .group_id(group)
+        .retry_backoff(Duration::from_millis(20), Duration::from_millis(200))
+}
+
+/// Waits until group `group` has settled every message of the stream.
+async fn wait_settled(server: &NatsServer, group: &str) {
+    let durable = format!("{group}_{}", TOPIC.replace('.', "_"));
+    wait_for("every message settled", Duration::from_secs(60), || async {
+        server.unsettled(STREAM, &durable).await == Some((0, 0))
+    })
+    .await;
+}
+
+/// The group's lease as `outbox status` shows it: (owned, seconds until it expires).
+async fn lease(db: &MySqlTestDb, group: &str) -> (bool, Option<f64>) {
+    let leases = outbox_runtime::mysql::status(&db.pool)
+        .await
+        .unwrap()
+        .consumer_leases;
+    let lease = leases
+        .iter()
+        .find(|l| l.group == group)
+        .unwrap_or_else(|| panic!("no lease of {group}: {leases:?}"));
+    assert_eq!(lease.topic, TOPIC);
+    (lease.owned, lease.expires_in_secs)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_instances_handle_each_event_once_in_each_keys_order() {
+    let (db, server) = setup().await;
+    // 10 accounts' events interleaved, then all of them again: a batch (25) holds events of
+    // several accounts, and every event comes twice.
+    let records = interleaved(10, 30);
+    let mut twice = records.clone();
+    twice.extend(records.iter().cloned());
+    let mut running = Vec::new();
+    for _ in 0..3 {
+        let consumer = builder(&db, &server, "ledger")
+            .await
+            .handler(record_step)
+            .batch_size(25)
+            .build()
+            .unwrap();
+        running.push(Running::consumer(&consumer));
+    }
+    server.publish(TOPIC, &twice).await;
+    wait_settled(&server, "ledger").await;
+    let (owned, expires_in) = lease(&db, "ledger").await;
+    assert!(
+        owned && expires_in.is_some_and(|s| s > 0.0),
+        "{expires_in:?}"
+    );
+    Running::stop_all(running).await;
+    let steps = steps(&db.pool).await;
+    assert_eq!(steps.len(), 10);
+    for (account, seqs) in steps {
+        assert_eq!(seqs, (0..30).collect::<Vec<i64>>(), "account {account}");
+    }
+    let pairs = count(&db.pool, "SELECT COUNT(*) FROM processed_event").await;
+    assert_eq!(pairs, 300);
+    // Given up as the instances stopped.
+    assert_eq!(lease(&db, "ledger").await, (false, None));
+}
+
+/// Whether [`record_step_saying_when_slow`] is in one of its slow calls.
+static IN_SLOW_CALL: AtomicBool = AtomicBool::new(false);
+
+/// [`record_step`], slow (300 ms) over every tenth event of account 0, saying so meanwhile.
+#[outbox_runtime::inbox_handler]
+async fn record_step_saying_when_slow(
+    event: Deposited,
+    tx: &mut MySqlConnection,
+) -> Result<(), HandlerError> {
+    if event.account == "acct-0" && event.seq.is_multiple_of(10) {
+        IN_SLOW_CALL.store(true, Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        IN_SLOW_CALL.store(false, Ordering::SeqCst);
+    }
+    sqlx::query("INSERT INTO steps (account, seq) VALUES (?, ?)")
+        .bind(&event.account)
+        .bind(event.seq as i64)
+        .execute(tx)
+        .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_instance_is_replaced_and_what_it_held_comes_first() {
+    let (db, server) = setup().await;
+    let consumer = || async {
+        builder(&db, &server, "ledger")
+            .await
+            .handler(record_step_saying_when_slow)
+            .batch_size(25)
+            .build()
+            .unwrap()
+    };
+    let first = Running::consumer(&consumer().await);
+    // Events keep coming, ten at a time, while the first instance works, crashes, and the
+    // second takes over.
+    let publishing = {
+        let url = server.url();
+        tokio::spawn(async move {
+            let client = async_nats::connect(url).await.unwrap();
+            let js = async_nats::jetstream::new(client);
+            for ten in interleaved(10, 60).chunks(10) {
+                publish_with(&js, TOPIC, ten).await;
+                tokio::time::sleep(Duration::from_millis(20)).await; // the service's pace
+            }
+        })
+    };
+    let second = Running::consumer(&consumer().await); // stands by
+    let pool = db.pool.clone();
+    wait_for(
+        "the first instance at work",
+        Duration::from_secs(30),
+        || async {
+            count(&pool, "SELECT COUNT(*) FROM steps").await >= 100
+                && IN_SLOW_CALL.load(Ordering::SeqCst)
+        },
+    )
+    .await;
+    // Mid-batch, as `kill -9`: its lease and the messages it holds are left as they are, its
+    // batch's transaction rolled back with its connection.
+    first.abort();
+    publishing.await.unwrap();
+    wait_settled(&server, "ledger").await;
+    second.stop().await;
+    let steps = steps(&db.pool).await;
+    assert_eq!(steps.len(), 10);
+    for (account, seqs) in steps {
+        assert_eq!(seqs, (0..60).collect::<Vec<i64>>(), "account {account}");
+    }
+}
+
+/// This test binary's log at `WARN`.
+fn warnings() -> &'static Log {
+    static LOG: std::sync::OnceLock<Log> = std::sync::OnceLock::new();
+    LOG.get_or_init(|| Log::install(tracing::Level::WARN))
+}
+
+/// [`record_step_held_at_first`] is in its first call.
+static HELD: tokio::sync::Notify = tokio::sync::Notify::const_new();
+/// Lets [`record_step_held_at_first`]'s first call go on.
+static LET_GO: tokio::sync::Notify = tokio::sync::Notify::const_new();
+
+/// [`record_step`], its first call (account 0's first event) held until the test lets it go.
+#[outbox_runtime::inbox_handler]
+async fn record_step_held_at_first(
+    event: Deposited,
+    tx: &mut MySqlConnection,
+) -> Result<(), HandlerError> {
+    if event.seq == 0 {
+        HELD.notify_one();
+        LET_GO.notified().await;
+    }
+    sqlx::query("INSERT INTO steps (account, seq) VALUES (?, ?)")
+        .bind(&event.account)
+        .bind(event.seq as i64)
+        .execute(tx)
+        .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_instance_whose_lease_was_taken_commits_nothing_more_until_it_owns_it_again() {
+    let log = warnings();
+    let (db, server) = setup().await;
+    let consumer = builder(&db, &server, "fenced")
+        .await
+        .handler(record_step_held_at_first)
+        .build()
+        .unwrap();
+    let running = Running::consumer(&consumer);
+    let records = interleaved(1, 2);
+    server.publish(TOPIC, &records[..1]).await;
+    tokio::time::timeout(Duration::from_secs(30), HELD.notified())
+        .await
+        .expect("the first event handled");
+    // While its first batch runs (the fence passed), another instance takes the lease over, as
+    // `try_acquire` does once it expired: its time is written at once, but the fence waits for
+    // the batch to end.
+    let mut other = db.connection().await;
+    let takeover = tokio::spawn(async move {
+        other
+            .execute(sqlx::raw_sql(
+                "START TRANSACTION; \
+                 UPDATE outbox_consumer_lease \
+                 SET holder = UNHEX(REPLACE(UUID(), '-', '')), \
+                     expires_at = UTC_TIMESTAMP(6) + INTERVAL 1 HOUR \
+                 WHERE group_id = 'fenced'; \
+                 UPDATE outbox_consumer_fence \
+                 SET holder = (SELECT holder FROM outbox_consumer_lease WHERE group_id = 'fenced') \
+                 WHERE group_id = 'fenced'; \
+                 COMMIT",
+            ))
+            .await
+            .unwrap();
+        other
+    });
+    let pool = db.pool.clone();
+    wait_for(
+        "the takeover waiting for the batch's fence",
+        Duration::from_secs(30),
+        || async {
+            count(
+                &pool,
+                "SELECT COUNT(*) FROM information_schema.PROCESSLIST \
+                 WHERE INFO LIKE 'UPDATE outbox_consumer_fence%'",
+            )
+            .await
+                == 1
+        },
+    )
+    .await;
+    assert!(
+        !takeover.is_finished(),
+        "the fence did not hold the takeover"
+    );
+    server.publish(TOPIC, &records[1..]).await;
+    LET_GO.notify_one();
+    // The batch that checked the lease before it was taken commits; the next one is refused.
+    drop(takeover.await.unwrap());
+    wait_for(
+        "the next batch refused",
+        Duration::from_secs(30),
+        || async {
+            log.text().lines().any(|line| {
+                line.contains("another instance owns the lease") && line.contains("\"fenced\"")
+            })
+        },
+    )
+    .await;
+    assert_eq!(steps(&db.pool).await["acct-0"], vec![0]);
+    // The other instance gives it up: this one takes it again, and goes on in order.
+    sqlx::query(
+        "UPDATE outbox_consumer_lease SET holder = NULL, expires_at = UTC_TIMESTAMP(6) \
+         WHERE group_id = 'fenced'",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    wait_settled(&server, "fenced").await;
+    running.stop().await;
+    assert_eq!(steps(&db.pool).await["acct-0"], vec![0, 1]);
+}
+
+#[tokio::test]
+async fn build_refuses_a_group_longer_than_the_lease_holds() {
+    let (db, server) = setup().await;
+    let refused = builder(&db, &server, &"g".repeat(256))
+        .await
+        .handler(record_step)
+        .build()
+        .unwrap_err()
+        .to_string();
+    assert!(
+        refused.contains("longer than a JetStream consumer's lease holds"),
+        "{refused}"
+    );
+}
