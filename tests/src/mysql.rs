@@ -250,16 +250,21 @@ impl MariaDbServer {
             .port();
         let dir = std::env::temp_dir().join(format!("outbox-mariadb-{}", uuid::Uuid::new_v4()));
         std::fs::create_dir_all(&dir).expect("data directory");
+        // One at a time in a test binary: two installs at once failed once here.
+        static INSTALLING: std::sync::Mutex<()> = std::sync::Mutex::new(());
         let run = |program: &str, args: &[&str]| {
-            let status = std::process::Command::new(program)
-                .args(args)
-                .stdout(std::process::Stdio::null())
-                .stderr(std::process::Stdio::null())
-                .status();
-            assert!(
-                status.is_ok_and(|s| s.success()),
-                "{program} {args:?} failed"
-            );
+            let _one = INSTALLING.lock().unwrap_or_else(|e| e.into_inner());
+            let output = std::process::Command::new(program).args(args).output();
+            match output {
+                Ok(o) if o.status.success() => {}
+                Ok(o) => panic!(
+                    "{program} {args:?} failed ({}): {}{}",
+                    o.status,
+                    String::from_utf8_lossy(&o.stdout),
+                    String::from_utf8_lossy(&o.stderr)
+                ),
+                Err(e) => panic!("{program} {args:?} did not run: {e}"),
+            }
         };
         let d = dir
             .to_str()
