@@ -17,18 +17,16 @@
 //! `ROUNDS`, default 3; `ONLY`, figures to run of `raw`, `k-dedup`, `j-dedup`, `k-counted`,
 //! `j-counted`, `k-inbox`, `j-inbox`, `k-retry`, `j-retry`, comma-separated). It starts its own nats-server (a file store in a temporary directory).
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use async_nats::jetstream::consumer::{pull, AckPolicy};
-use futures_util::StreamExt as _;
 use outbox_runtime::inbox::{Consumer, ConsumerBuilder, HandlerError, Mode};
 use outbox_runtime::inbox_handler;
 use outbox_runtime::relay::JetStream;
 use outbox_tests::bench::{
-    counted, env, median, rate, rate_counted, rate_until, trivial, PaymentSucceeded, COUNTED,
+    counted, env, median, rate_counted, rate_until, trivial, PaymentSucceeded, COUNTED,
 };
 use outbox_tests::kafka::{produce, Kafka, Outgoing};
-use outbox_tests::nats::NatsServer;
+use outbox_tests::nats::{raw_jetstream, NatsServer};
 use outbox_tests::{Running, TestDb};
 use uuid::Uuid;
 
@@ -48,33 +46,6 @@ async fn failing_once_in_a_hundred(
         return Err(HandlerError::retryable("fails once"));
     }
     Ok(())
-}
-
-/// async-nats alone: a durable consumer of its own, every message pulled and acknowledged.
-async fn raw_jetstream(server: &NatsServer, name: &str, n: usize) -> f64 {
-    let js = server.jetstream().await;
-    let stream = js.get_stream(STREAM).await.unwrap();
-    let consumer = stream
-        .create_consumer(pull::Config {
-            durable_name: Some(name.to_owned()),
-            ack_policy: AckPolicy::Explicit,
-            max_ack_pending: 500,
-            ..Default::default()
-        })
-        .await
-        .unwrap();
-    let mut messages = consumer
-        .stream()
-        .max_messages_per_batch(500)
-        .messages()
-        .await
-        .unwrap();
-    messages.next().await.unwrap().unwrap().ack().await.unwrap();
-    let start = Instant::now();
-    for _ in 1..n {
-        messages.next().await.unwrap().unwrap().ack().await.unwrap();
-    }
-    rate(n as u64 - 1, start.elapsed())
 }
 
 /// Where a consumer reads from.
@@ -221,7 +192,7 @@ async fn main() {
             let (dedup, inbox) = (Mode::Dedup, Mode::Inbox);
             let (polled, in_handler) = (Progress::Polled, Progress::Counted);
             *figure = match name {
-                "raw" => raw_jetstream(&server, &group, n).await,
+                "raw" => raw_jetstream(&server, STREAM, &group, n).await,
                 "k-dedup" => consume(&db, k, &group, dedup, polled, n).await,
                 "j-dedup" => consume(&db, j, &group, dedup, polled, n).await,
                 "k-counted" => consume(&db, k, &group, dedup, in_handler, n).await,

@@ -1,18 +1,21 @@
-//! The dedup consumer on MariaDB beside PostgreSQL's, in one run on the mock cluster: the raw
+//! The dedup consumer on MariaDB beside PostgreSQL's, in one run on one broker: the raw
 //! consumer (the broker's ceiling), then each database with a handler that does nothing and
 //! with one that inserts a row (an effect), each figure from the first message handled.
 //!
 //! `cargo bench -p outbox-tests --bench consumer_mysql` (env: `N`, default 20000; `ROUNDS`,
-//! default 3).
+//! default 3; `BROKER`, `kafka` (librdkafka's mock cluster, the default) or `jetstream` (a
+//! nats-server of its own: each group reads under its lease, in the database it runs on)).
 
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::{Duration, Instant};
 
 use outbox_runtime::inbox::{Consumer, ConsumerDatabase, Handler, HandlerError};
 use outbox_runtime::inbox_handler;
+use outbox_runtime::relay::JetStream;
 use outbox_tests::bench::{env, first_seen_until, median, rate, PaymentSucceeded};
 use outbox_tests::kafka::{produce, Kafka, Outgoing};
 use outbox_tests::mysql::MySqlTestDb;
+use outbox_tests::nats::{raw_jetstream, NatsServer};
 use outbox_tests::{Running, TestDb};
 use rdkafka::consumer::{Consumer as _, StreamConsumer};
 use rdkafka::ClientConfig;
@@ -20,6 +23,8 @@ use sqlx::{MySqlConnection, PgConnection};
 use uuid::Uuid;
 
 const TOPIC: &str = "bench.payments";
+/// The JetStream stream of the topic.
+const STREAM: &str = "BENCH_PAYMENTS";
 const PARTITIONS: i32 = 12;
 
 /// Handler calls so far, read in process (no query competes with the consumer while it runs).
@@ -83,22 +88,38 @@ async fn raw_consumer(bootstrap: &str, group: &str, n: usize) -> f64 {
     rate(n as u64 - 1, start.elapsed())
 }
 
+/// The broker the figures are read from.
+enum Broker {
+    Kafka(Kafka),
+    JetStream(NatsServer, JetStream),
+}
+
+impl Broker {
+    /// The broker's ceiling: its own client alone, group `group`.
+    async fn raw(&self, group: &str, n: usize) -> f64 {
+        match self {
+            Broker::Kafka(kafka) => raw_consumer(&kafka.bootstrap(), group, n).await,
+            Broker::JetStream(server, _) => raw_jetstream(server, STREAM, group, n).await,
+        }
+    }
+}
+
 /// The rate of a consumer of group `group` on `pool` with `handler`, from its first call until
 /// its `n`-th.
 async fn dedup<D: ConsumerDatabase, H: Handler<(), D>>(
     pool: sqlx::Pool<D>,
-    bootstrap: &str,
+    broker: &Broker,
     group: &str,
     handler: H,
     n: usize,
 ) -> f64 {
     CALLS.store(0, Ordering::Relaxed);
-    let consumer = Consumer::builder(pool)
-        .brokers(bootstrap)
-        .group_id(group)
-        .handler(handler)
-        .build()
-        .unwrap();
+    let builder = Consumer::builder(pool);
+    let builder = match broker {
+        Broker::Kafka(kafka) => builder.brokers(kafka.bootstrap()),
+        Broker::JetStream(_, jetstream) => builder.jetstream(jetstream.clone()),
+    };
+    let consumer = builder.group_id(group).handler(handler).build().unwrap();
     let running = Running::consumer(&consumer);
     let calls = || async { CALLS.load(Ordering::Relaxed) };
     let (at, from) = first_seen_until(calls, n as i64, 1).await;
@@ -111,13 +132,6 @@ async fn dedup<D: ConsumerDatabase, H: Handler<(), D>>(
 async fn main() {
     let n: usize = env("N", 20_000);
     let rounds: usize = env("ROUNDS", 3);
-    let kafka = Kafka::mock();
-    let bootstrap = kafka.bootstrap();
-    kafka.create_topic(TOPIC, PARTITIONS).await;
-    kafka
-        .create_topic(&format!("{TOPIC}.retry"), PARTITIONS)
-        .await;
-    kafka.create_topic(&format!("{TOPIC}.dlq"), 1).await;
     let records: Vec<Outgoing> = (0..n)
         .map(|_| {
             let e = PaymentSucceeded {
@@ -128,7 +142,29 @@ async fn main() {
             Outgoing::event(&e, Uuid::now_v7())
         })
         .collect();
-    produce(&bootstrap, TOPIC, &records).await;
+    let broker = if std::env::var("BROKER").as_deref() == Ok("jetstream") {
+        let server = NatsServer::start().await;
+        server.create_stream(STREAM, TOPIC, |_| {}).await;
+        server
+            .create_stream(&format!("{STREAM}_DLQ"), &format!("{TOPIC}.dlq"), |_| {})
+            .await;
+        server.publish(TOPIC, &records).await;
+        let jetstream = JetStream::new(server.client().await);
+        Broker::JetStream(server, jetstream)
+    } else {
+        let kafka = Kafka::mock();
+        kafka.create_topic(TOPIC, PARTITIONS).await;
+        kafka
+            .create_topic(&format!("{TOPIC}.retry"), PARTITIONS)
+            .await;
+        kafka.create_topic(&format!("{TOPIC}.dlq"), 1).await;
+        produce(&kafka.bootstrap(), TOPIC, &records).await;
+        Broker::Kafka(kafka)
+    };
+    let name = match broker {
+        Broker::Kafka(_) => "the mock cluster",
+        Broker::JetStream(..) => "JetStream",
+    };
     let pg = TestDb::new().await;
     sqlx::query("CREATE TABLE effects (order_id uuid NOT NULL, amount bigint NOT NULL)")
         .execute(&pg.pool)
@@ -139,12 +175,10 @@ async fn main() {
         .execute(&my.pool)
         .await
         .unwrap();
-    println!(
-        "dedup consumer, PostgreSQL and MariaDB: {n} messages, {PARTITIONS} partitions, {rounds} rounds"
-    );
+    println!("dedup consumer, PostgreSQL and MariaDB, from {name}: {n} messages, {rounds} rounds");
     let mut results: [Vec<f64>; 5] = Default::default();
     for round in 0..rounds {
-        let raw = raw_consumer(&bootstrap, &format!("raw-{round}"), n).await;
+        let raw = broker.raw(&format!("raw-{round}"), n).await;
         let mut figures = vec![raw];
         for (handler, with_insert) in [("nothing", false), ("insert", true)] {
             sqlx::query("TRUNCATE processed_event")
@@ -166,13 +200,13 @@ async fn main() {
             let group = |db: &str| format!("{db}-{handler}-{round}");
             let (p, m) = if with_insert {
                 (
-                    dedup(pg.pool.clone(), &bootstrap, &group("pg"), insert_pg, n).await,
-                    dedup(my.pool.clone(), &bootstrap, &group("my"), insert_mysql, n).await,
+                    dedup(pg.pool.clone(), &broker, &group("pg"), insert_pg, n).await,
+                    dedup(my.pool.clone(), &broker, &group("my"), insert_mysql, n).await,
                 )
             } else {
                 (
-                    dedup(pg.pool.clone(), &bootstrap, &group("pg"), nothing_pg, n).await,
-                    dedup(my.pool.clone(), &bootstrap, &group("my"), nothing_mysql, n).await,
+                    dedup(pg.pool.clone(), &broker, &group("pg"), nothing_pg, n).await,
+                    dedup(my.pool.clone(), &broker, &group("my"), nothing_mysql, n).await,
                 )
             };
             figures.extend([p, m]);

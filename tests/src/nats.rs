@@ -331,3 +331,32 @@ fn received_parts(headers: Option<&async_nats::HeaderMap>, payload: &[u8]) -> Re
         offset: 0,
     }
 }
+
+/// async-nats alone, for benchmarks: a durable consumer `name` of its own on `stream`, its `n`
+/// messages pulled and acknowledged; their rate from the first (JetStream's ceiling).
+pub async fn raw_jetstream(server: &NatsServer, stream: &str, name: &str, n: usize) -> f64 {
+    use futures_util::StreamExt as _;
+    let js = server.jetstream().await;
+    let stream = js.get_stream(stream).await.unwrap();
+    let consumer = stream
+        .create_consumer(jetstream::consumer::pull::Config {
+            durable_name: Some(name.to_owned()),
+            ack_policy: jetstream::consumer::AckPolicy::Explicit,
+            max_ack_pending: 500,
+            ..Default::default()
+        })
+        .await
+        .unwrap();
+    let mut messages = consumer
+        .stream()
+        .max_messages_per_batch(500)
+        .messages()
+        .await
+        .unwrap();
+    messages.next().await.unwrap().unwrap().ack().await.unwrap();
+    let start = std::time::Instant::now();
+    for _ in 1..n {
+        messages.next().await.unwrap().unwrap().ack().await.unwrap();
+    }
+    crate::bench::rate(n as u64 - 1, start.elapsed())
+}

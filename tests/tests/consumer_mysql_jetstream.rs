@@ -286,16 +286,21 @@ async fn an_instance_whose_lease_was_taken_commits_nothing_more_until_it_owns_it
 }
 
 #[tokio::test]
-async fn build_refuses_a_group_longer_than_the_lease_holds() {
+async fn build_refuses_a_group_the_lease_cannot_hold() {
     let (db, server) = setup().await;
-    let refused = builder(&db, &server, &"g".repeat(256))
-        .await
-        .handler(record_step)
-        .build()
-        .unwrap_err()
-        .to_string();
-    assert!(
-        refused.contains("longer than a JetStream consumer's lease holds"),
-        "{refused}"
-    );
+    for (group, expected) in [
+        (
+            "g".repeat(256),
+            "longer than a JetStream consumer's lease holds",
+        ),
+        ("ledger ".to_owned(), "ends with a space"),
+    ] {
+        let refused = builder(&db, &server, &group)
+            .await
+            .handler(record_step)
+            .build()
+            .unwrap_err()
+            .to_string();
+        assert!(refused.contains(expected), "{refused}");
+    }
 }

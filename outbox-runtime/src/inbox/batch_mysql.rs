@@ -86,10 +86,20 @@ pub(crate) fn check(settings: &Settings, routes: &Routes, reads_under_lease: boo
         ));
     }
     if reads_under_lease {
-        // The lease's rows are keyed by group and topic, each a `VARCHAR(255)`.
+        // The lease's rows are keyed by group and topic, each a `VARCHAR(255)` compared as
+        // `utf8mb4_bin`, which pads: `g` and `g ` would share one lease.
         let group = settings.group();
-        let long = std::iter::once(("group", group.to_owned()))
+        let names: Vec<_> = std::iter::once(("group", group.to_owned()))
             .chain(routes.topics().into_iter().map(|t| ("topic", t)))
+            .collect();
+        if let Some((what, name)) = names.iter().find(|(_, name)| name.ends_with(' ')) {
+            return Err(Error::Config(format!(
+                "the {what} `{name}` ends with a space, which MariaDB/MySQL's comparison of a \
+                 JetStream consumer's lease ignores: rename it"
+            )));
+        }
+        let long = names
+            .iter()
             .find(|(_, name)| name.chars().count() > LEASE_NAME_CHARS);
         if let Some((what, name)) = long {
             return Err(Error::Config(format!(

@@ -4,7 +4,8 @@
 //! assign, so the group's instances agree in the database where their work commits:
 //!
 //! - the holder renews its lease (`outbox_consumer_lease.expires_at`) every third of its
-//!   length, and every batch transaction checks it first, with a lock that lets renewals
+//!   length, and every batch transaction checks it first (on PostgreSQL also that it has not
+//!   expired; on MariaDB/MySQL only that no other instance took it over), with a lock that lets renewals
 //!   through but no takeover ([`Fence`]; on MariaDB/MySQL a second row, see
 //!   `store/lease_mysql.rs`): an
 //!   instance that lost it (stalled, cut off from the database) commits nothing more, and none

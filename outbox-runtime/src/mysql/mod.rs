@@ -122,7 +122,9 @@
 //!   transaction checks is another (`outbox_consumer_fence`, read `LOCK IN SHARE MODE` in the
 //!   round trip that reads the batch's dedup rows, and written only when the lease changes
 //!   hands): no instance takes the lease over while a batch of the holder runs, and the former
-//!   holder's next batch commits nothing. [`status`] lists the leases.
+//!   holder's next batch commits nothing. Unlike PostgreSQL's, the fence does not check expiry:
+//!   a holder whose lease expired commits until another instance takes it over. Not on Galera
+//!   (its row locks are per node). [`status`] lists the leases.
 //! - **Not yet on these databases**: inbox mode (refused at `build`, saying so); and the
 //!   operator commands other than `migrate`, `relay`, `status` (its figures: [`status`]),
 //!   `cleanup`, `parked` and `replay` (the console, `inbox dead`, `partitions`).

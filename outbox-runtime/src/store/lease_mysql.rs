@@ -14,15 +14,23 @@
 
 use std::time::Duration;
 
-use sqlx::{Connection, MySqlPool};
+use std::fmt::Write as _;
+
+use sqlx::{Connection, Executor, MySqlPool, Row};
 use uuid::Uuid;
 
 use super::lease::Acquired;
+use super::literal_mysql::{push_hex, push_text};
 use crate::error::Result;
 
 /// Takes `group`'s lease on `topic` for `holder`, for `length` from now by the database's
 /// clock, if it is free, released, expired or already `holder`'s; `None` if another instance
 /// owns it, or a batch of its holder runs (its fence row is locked).
+///
+/// A standby asks every third of the lease's length: a lease another instance owns is seen
+/// without a lock, so that its holder's batches and renewals never wait for a standby. Only a
+/// lease free to take is locked, for two round trips (both rows; then both writes and the
+/// commit in one).
 pub(crate) async fn try_acquire(
     pool: &MySqlPool,
     group: &str,
@@ -31,71 +39,96 @@ pub(crate) async fn try_acquire(
     length: Duration,
 ) -> Result<Option<Acquired>> {
     let mut conn = pool.acquire().await?;
-    // The rows, each in a statement of its own: the duplicate key check of an existing one
-    // holds its shared lock only for the statement (held to the end of a transaction, two
-    // instances' shared locks would each keep the other from the exclusive one below).
-    for table in ["outbox_consumer_lease", "outbox_consumer_fence"] {
-        let columns = if table == "outbox_consumer_lease" {
-            "(group_id, topic, expires_at) VALUES (?, ?, UTC_TIMESTAMP(6))"
-        } else {
-            "(group_id, topic) VALUES (?, ?)"
-        };
-        sqlx::query(&format!("INSERT IGNORE INTO {table} {columns}"))
-            .bind(group)
-            .bind(topic)
-            .execute(&mut *conn)
-            .await?;
-    }
-    sqlx::query("SET TRANSACTION ISOLATION LEVEL READ COMMITTED")
-        .execute(&mut *conn)
-        .await?;
-    let mut tx = conn.begin().await?;
-    // A batch of the holder has the fence row (a shared lock): the lease is in use, and
-    // waiting for the batch would hold this connection for as long as it runs.
-    let fence: Option<Option<Uuid>> = sqlx::query_scalar(
-        "SELECT holder FROM outbox_consumer_fence WHERE group_id = ? AND topic = ? \
-         FOR UPDATE SKIP LOCKED",
-    )
-    .bind(group)
-    .bind(topic)
-    .fetch_optional(&mut *tx)
-    .await?;
-    if fence.is_none() {
-        return Ok(None);
-    }
-    let (current, expired): (Option<Uuid>, bool) = sqlx::query_as(
+    let seen: Option<(Option<Uuid>, bool)> = sqlx::query_as(
         "SELECT holder, expires_at <= UTC_TIMESTAMP(6) FROM outbox_consumer_lease \
-         WHERE group_id = ? AND topic = ? FOR UPDATE",
-    )
-    .bind(group)
-    .bind(topic)
-    .fetch_one(&mut *tx)
-    .await?;
-    let acquired = match current {
-        None => Acquired::Free,
-        Some(current) if current == holder => Acquired::Free,
-        Some(_) if expired => Acquired::TakenOver,
-        Some(_) => return Ok(None),
-    };
-    sqlx::query(
-        "UPDATE outbox_consumer_lease \
-         SET holder = ?, expires_at = UTC_TIMESTAMP(6) + INTERVAL ? MICROSECOND \
          WHERE group_id = ? AND topic = ?",
     )
-    .bind(holder)
-    .bind(micros(length))
     .bind(group)
     .bind(topic)
-    .execute(&mut *tx)
+    .fetch_optional(&mut *conn)
     .await?;
-    sqlx::query("UPDATE outbox_consumer_fence SET holder = ? WHERE group_id = ? AND topic = ?")
-        .bind(holder)
-        .bind(group)
-        .bind(topic)
-        .execute(&mut *tx)
-        .await?;
-    tx.commit().await?;
+    match seen {
+        Some((Some(other), false)) if other != holder => return Ok(None),
+        Some(_) => {}
+        // The rows, each in a statement of its own: the duplicate key check of an existing one
+        // holds its shared lock only for the statement (held to the end of a transaction, two
+        // instances' shared locks would each keep the other from the exclusive one below).
+        // `INSERT IGNORE`, not `ON DUPLICATE KEY UPDATE`, whose exclusive lock would wait for a
+        // holder's batch; nothing but a duplicate can be ignored here (`build` refuses a group
+        // or topic longer than the columns).
+        None => {
+            for insert in [
+                "INSERT IGNORE INTO outbox_consumer_lease (group_id, topic, expires_at) \
+                 VALUES (?, ?, UTC_TIMESTAMP(6))",
+                "INSERT IGNORE INTO outbox_consumer_fence (group_id, topic) VALUES (?, ?)",
+            ] {
+                sqlx::query(insert)
+                    .bind(group)
+                    .bind(topic)
+                    .execute(&mut *conn)
+                    .await?;
+            }
+        }
+    }
+    let mut tx = Connection::begin_with(
+        &mut *conn,
+        "SET TRANSACTION ISOLATION LEVEL READ COMMITTED; START TRANSACTION",
+    )
+    .await?;
+    // A batch of the holder has the fence row (a shared lock): the lease is in use, and
+    // waiting for the batch would hold this connection, and the lease's row, for as long as
+    // it runs. The lease's row: its holder, and whether it expired.
+    let mut read = String::from("SELECT holder FROM outbox_consumer_fence WHERE ");
+    push_key(&mut read, group, topic);
+    read.push_str(
+        " FOR UPDATE SKIP LOCKED; \
+         SELECT holder, expires_at <= UTC_TIMESTAMP(6) FROM outbox_consumer_lease WHERE ",
+    );
+    push_key(&mut read, group, topic);
+    read.push_str(" FOR UPDATE");
+    let rows = tx.fetch_all(sqlx::raw_sql(&read)).await?;
+    let fence_free = rows.iter().any(|row| row.len() == 1);
+    let lease: Option<(Option<Uuid>, bool)> = rows
+        .iter()
+        .find(|row| row.len() == 2)
+        .map(|row| Ok::<_, sqlx::Error>((row.try_get(0)?, row.try_get(1)?)))
+        .transpose()?;
+    let acquired = match (fence_free, lease) {
+        (true, Some((None, _))) => Some(Acquired::Free),
+        (true, Some((Some(current), _))) if current == holder => Some(Acquired::Free),
+        (true, Some((Some(_), true))) => Some(Acquired::TakenOver),
+        _ => None,
+    };
+    let Some(acquired) = acquired else {
+        tx.rollback().await?;
+        return Ok(None);
+    };
+    let mut write = String::from("UPDATE outbox_consumer_lease SET holder = X'");
+    push_hex(&mut write, holder.as_bytes());
+    let _ = write!(
+        write,
+        "', expires_at = UTC_TIMESTAMP(6) + INTERVAL {} MICROSECOND WHERE ",
+        micros(length)
+    );
+    push_key(&mut write, group, topic);
+    write.push_str("; UPDATE outbox_consumer_fence SET holder = X'");
+    push_hex(&mut write, holder.as_bytes());
+    write.push_str("' WHERE ");
+    push_key(&mut write, group, topic);
+    write.push_str("; COMMIT");
+    // The commit is in the round trip (what sqlx sends as `tx` drops, a rollback, then finds
+    // no transaction).
+    tx.execute(sqlx::raw_sql(&write)).await?;
+    drop(tx);
     Ok(Some(acquired))
+}
+
+/// `group_id = <group> AND topic = <topic>`, as literals.
+fn push_key(sql: &mut String, group: &str, topic: &str) {
+    sql.push_str("group_id = ");
+    push_text(sql, group);
+    sql.push_str(" AND topic = ");
+    push_text(sql, topic);
 }
 
 /// Moves the lease's `expires_at` to `length` from now (the database's clock) if `holder`
@@ -147,12 +180,10 @@ pub(crate) async fn release(
 /// end of the batch's transaction, so that no instance takes the lease over meanwhile.
 /// `LOCK IN SHARE MODE`: what MariaDB and MySQL both take (`FOR SHARE` is MySQL's only).
 pub(crate) fn owned_sql(sql: &mut String, group: &str, topic: &str, holder: Uuid) {
-    sql.push_str("SELECT COUNT(*) FROM outbox_consumer_fence WHERE group_id = ");
-    super::literal_mysql::push_text(sql, group);
-    sql.push_str(" AND topic = ");
-    super::literal_mysql::push_text(sql, topic);
+    sql.push_str("SELECT COUNT(*) FROM outbox_consumer_fence WHERE ");
+    push_key(sql, group, topic);
     sql.push_str(" AND holder = X'");
-    super::literal_mysql::push_hex(sql, holder.as_bytes());
+    push_hex(sql, holder.as_bytes());
     sql.push_str("' LOCK IN SHARE MODE");
 }
 
