@@ -2,8 +2,9 @@
 //! nats-server: the group's lease on a topic there (its time in `outbox_consumer_lease`, the
 //! name every batch checks in `outbox_consumer_fence`). Several instances keep each key's order
 //! and each event's effect once; a crashed one is replaced, and what it held comes first; one
-//! whose lease was taken while its batch ran commits that batch and nothing more; and `build`
-//! refuses what the lease's columns cannot hold.
+//! whose lease was taken while its batch ran commits that batch and nothing more; a standby
+//! leaves an expired lease alone while a batch of its holder runs; and `build` refuses what the
+//! lease's columns cannot hold.
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
@@ -173,10 +174,10 @@ async fn a_crashed_instance_is_replaced_and_what_it_held_comes_first() {
     }
 }
 
-/// This test binary's log at `WARN`.
-fn warnings() -> &'static Log {
+/// This test binary's log at `INFO` (each test finds its own group's lines).
+fn log() -> &'static Log {
     static LOG: std::sync::OnceLock<Log> = std::sync::OnceLock::new();
-    LOG.get_or_init(|| Log::install(tracing::Level::WARN))
+    LOG.get_or_init(|| Log::install(tracing::Level::INFO))
 }
 
 /// [`record_step_held_at_first`] is in its first call.
@@ -204,7 +205,7 @@ async fn record_step_held_at_first(
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_instance_whose_lease_was_taken_commits_nothing_more_until_it_owns_it_again() {
-    let log = warnings();
+    let log = log();
     let (db, server) = setup().await;
     let consumer = builder(&db, &server, "fenced")
         .await
@@ -283,6 +284,69 @@ async fn an_instance_whose_lease_was_taken_commits_nothing_more_until_it_owns_it
     wait_settled(&server, "fenced").await;
     running.stop().await;
     assert_eq!(steps(&db.pool).await["acct-0"], vec![0, 1]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_standby_leaves_an_expired_lease_alone_while_a_batch_of_its_holder_runs() {
+    let log = log();
+    let (db, server) = setup().await;
+    server.publish(TOPIC, &interleaved(2, 5)).await;
+    // Another instance holds the lease and let it expire (it stalled), while a batch of it
+    // runs: its fence row locked as a batch locks it.
+    let stalled = uuid::Uuid::now_v7();
+    let mut holder = db.connection().await;
+    for table in ["outbox_consumer_lease", "outbox_consumer_fence"] {
+        let expires = if table == "outbox_consumer_lease" {
+            ", expires_at) VALUES (?, ?, ?, UTC_TIMESTAMP(6) - INTERVAL 1 MINUTE)"
+        } else {
+            ") VALUES (?, ?, ?)"
+        };
+        sqlx::query(&format!(
+            "INSERT INTO {table} (group_id, topic, holder{expires}"
+        ))
+        .bind("held")
+        .bind(TOPIC)
+        .bind(stalled)
+        .execute(&mut holder)
+        .await
+        .unwrap();
+    }
+    holder
+        .execute(sqlx::raw_sql(
+            "START TRANSACTION; \
+             SELECT COUNT(*) FROM outbox_consumer_fence WHERE group_id = 'held' \
+             LOCK IN SHARE MODE",
+        ))
+        .await
+        .unwrap();
+    let consumer = builder(&db, &server, "held")
+        .await
+        .handler(record_step)
+        .build()
+        .unwrap();
+    let running = Running::consumer(&consumer);
+    wait_for(
+        "the new instance standing by",
+        Duration::from_secs(30),
+        || async {
+            log.text()
+                .lines()
+                .any(|line| line.contains("standing by") && line.contains("group=held"))
+        },
+    )
+    .await;
+    assert!(
+        steps(&db.pool).await.is_empty(),
+        "read beside a running batch"
+    );
+    // The batch ends: the expired lease is taken over, and everything handled in order.
+    holder.execute("COMMIT").await.unwrap();
+    wait_settled(&server, "held").await;
+    running.stop().await;
+    for (account, seqs) in steps(&db.pool).await {
+        assert_eq!(seqs, (0..5).collect::<Vec<i64>>(), "account {account}");
+    }
+    assert_eq!(lease(&db, "held").await, (false, None));
 }
 
 #[tokio::test]
