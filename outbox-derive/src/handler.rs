@@ -76,9 +76,28 @@ fn parse_args(cx: &mut Ctxt, args: TokenStream) -> Args {
 
 /// The last segment of a type's path, if it is a plain path.
 fn last_segment(ty: &Type) -> Option<&syn::PathSegment> {
-    match ty {
+    match ungrouped(ty) {
         Type::Path(p) if p.qself.is_none() => p.path.segments.last(),
         _ => None,
+    }
+}
+
+/// `ty` without the invisible groups (and parentheses) around it: a type given to a
+/// `macro_rules!` as a `ty` fragment reaches the attribute wrapped in one.
+fn ungrouped(ty: &Type) -> &Type {
+    match ty {
+        Type::Group(g) => ungrouped(&g.elem),
+        Type::Paren(p) => ungrouped(&p.elem),
+        _ => ty,
+    }
+}
+
+/// [`ungrouped`], to change the type.
+fn ungrouped_mut(ty: &mut Type) -> &mut Type {
+    match ty {
+        Type::Group(g) => ungrouped_mut(&mut g.elem),
+        Type::Paren(p) => ungrouped_mut(&mut p.elem),
+        _ => ty,
     }
 }
 
@@ -91,7 +110,7 @@ enum Database {
 
 /// The database of `&mut PgConnection` or `&mut MySqlConnection`; `None` for any other type.
 fn conn_database(ty: &Type) -> Option<Database> {
-    match ty {
+    match ungrouped(ty) {
         Type::Reference(r) if r.mutability.is_some() => {
             let segment = last_segment(&r.elem)?;
             if segment.ident == "PgConnection" {
@@ -118,8 +137,9 @@ fn is_handler_result(ty: &Type) -> bool {
     };
     let args: Vec<_> = args.args.iter().collect();
     match args.as_slice() {
-        [GenericArgument::Type(Type::Tuple(unit)), GenericArgument::Type(err)] => {
-            unit.elems.is_empty() && last_segment(err).is_some_and(|s| s.ident == "HandlerError")
+        [GenericArgument::Type(unit), GenericArgument::Type(err)] => {
+            matches!(ungrouped(unit), Type::Tuple(unit) if unit.elems.is_empty())
+                && last_segment(err).is_some_and(|s| s.ident == "HandlerError")
         }
         _ => false,
     }
@@ -149,7 +169,7 @@ fn extra<'a>(cx: &mut Ctxt, param: &'a FnArg) -> Option<Extra<'a>> {
             cx.error_spanned_by(r, "an inbox handler is a free function, not a method");
             return None;
         }
-        FnArg::Typed(t) => &*t.ty,
+        FnArg::Typed(t) => ungrouped(&t.ty),
     };
     match ty {
         Type::Reference(r) if r.mutability.is_none() => Some(if is_meta(&r.elem) {
@@ -214,7 +234,7 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
         }
         [FnArg::Typed(event), FnArg::Typed(conn), rest @ ..] if rest.len() <= 2 => {
             event_ty = Some(&*event.ty);
-            if let Type::Reference(r) = &*event.ty {
+            if let Type::Reference(r) = ungrouped(&event.ty) {
                 cx.error_spanned_by(
                     r,
                     "an inbox handler takes its event by value (it is deserialized for it)",
@@ -351,8 +371,8 @@ pub fn expand(args: TokenStream, item: TokenStream) -> TokenStream {
     // `meta: &MessageMeta` reads as it should: its lifetime is the reference's.
     for param in &mut call_sig.inputs {
         if let FnArg::Typed(t) = param {
-            if let Type::Reference(r) = &mut *t.ty {
-                if let Type::Path(p) = &mut *r.elem {
+            if let Type::Reference(r) = ungrouped_mut(&mut t.ty) {
+                if let Type::Path(p) = ungrouped_mut(&mut r.elem) {
                     if let Some(last) = p.path.segments.last_mut() {
                         if last.ident == "MessageMeta" && last.arguments.is_none() {
                             last.arguments = PathArguments::AngleBracketed(syn::parse_quote!(<'_>));
