@@ -73,7 +73,7 @@ pub async fn record_step(
 }
 
 /// Records the step of `event` in `steps`, in the handler's transaction.
-async fn insert_step(
+pub async fn insert_step(
     tx: &mut MySqlConnection,
     event: &crate::deposits::Deposited,
 ) -> Result<(), outbox_runtime::inbox::HandlerError> {

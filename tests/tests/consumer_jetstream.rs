@@ -1,8 +1,10 @@
 //! Consumers from NATS JetStream, against real `nats-server` processes (one per test): the same
 //! promises as on Kafka. Exactly-once effects over redelivery, retries redelivered after their
 //! backoff without holding the others, dead letters with their reason, panics, the inbox mode,
-//! per-key order with several consumers, the server killed mid-consumption, and the
-//! broker-loss drill (the stream purged, `replay` restores it, nothing is done twice).
+//! a lease taken over under a running batch, the server killed mid-consumption, and the
+//! broker-loss drill (the stream purged, `replay` restores it, nothing is done twice). Per-key
+//! order with several consumers, crashes and handovers are `jetstream_lease.rs`'s suite, run on
+//! PostgreSQL and MariaDB.
 
 use std::time::Duration;
 
@@ -16,7 +18,7 @@ use outbox_tests::deposits::{
 use outbox_tests::fixtures::{self, PaymentSucceeded, PAYMENTS};
 use outbox_tests::kafka::Outgoing;
 use outbox_tests::log::Log;
-use outbox_tests::nats::{publish_with, NatsServer};
+use outbox_tests::nats::NatsServer;
 use outbox_tests::payments::{not_json, orders_with_payments, paid_counts, records, wait_for};
 use outbox_tests::{count, Running, TestDb};
 
@@ -451,164 +453,11 @@ async fn inbox_mode_stores_acknowledges_and_processes() {
     assert_dead_letter(&letters[0], "payload is not JSON", "1");
 }
 
-/// Whether [`record_step_saying_when_slow`] is in one of its slow calls.
-static IN_SLOW_CALL: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
-
-/// [`record_step`], saying when it is in a slow call (for the crash test's timing).
-#[outbox_runtime::inbox_handler]
-async fn record_step_saying_when_slow(
-    event: Deposited,
-    tx: &mut sqlx::PgConnection,
-) -> Result<(), HandlerError> {
-    if event.account == "acct-0" && event.seq.is_multiple_of(10) {
-        pause_flagged(&IN_SLOW_CALL, Duration::from_millis(300)).await;
-    }
-    insert_step(tx, &event).await
-}
-
 /// Sleeps `pause` with `flag` set meanwhile (a test waits for it).
 async fn pause_flagged(flag: &std::sync::atomic::AtomicBool, pause: Duration) {
     flag.store(true, std::sync::atomic::Ordering::SeqCst);
     tokio::time::sleep(pause).await;
     flag.store(false, std::sync::atomic::Ordering::SeqCst);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_consumers_of_a_group_keep_each_keys_order() {
-    let (db, server) = accounts_setup().await;
-    // 10 accounts' events interleaved (account 0's first, account 1's first, ...): a batch
-    // (25) holds events of one account.
-    let records = interleaved(10, 30);
-    let mut running = Vec::new();
-    for _ in 0..3 {
-        let consumer = builder(&db, &server, "ledger")
-            .await
-            .handler(record_step)
-            .batch_size(25)
-            .build()
-            .unwrap();
-        running.push(Running::consumer(&consumer));
-    }
-    server.publish(TOPIC, &records).await;
-    wait_settled(&server, "ACCOUNTS", "ledger", TOPIC).await;
-    for r in running {
-        r.stop().await;
-    }
-    let steps = steps(&db.pool).await;
-    assert_eq!(steps.len(), 10);
-    for (account, seqs) in steps {
-        assert_eq!(seqs, (0..30).collect::<Vec<i64>>(), "account {account}");
-    }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crashed_consumer_is_replaced_and_what_it_held_comes_first() {
-    // Mid-batch: its lease and the messages it holds are left as they are.
-    handover(Running::abort).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stopped_consumer_hands_over_and_what_it_fetched_comes_first() {
-    // It finishes its batch and gives the lease up; what it had fetched beyond that batch is
-    // still delivered to it, not settled.
-    handover(|first| {
-        first.cancel();
-        tokio::spawn(first.stop());
-    })
-    .await;
-}
-
-/// A consumer that ends (`end`) in the middle of a slow batch, while events keep coming and a
-/// second one stands by: every account's events are handled once each, in order.
-async fn handover(end: impl FnOnce(Running)) {
-    let (db, server) = accounts_setup().await;
-    let consumer = || async {
-        builder(&db, &server, "ledger")
-            .await
-            .handler(record_step_saying_when_slow)
-            .batch_size(25)
-            .build()
-            .unwrap()
-    };
-    let first = Running::consumer(&consumer().await);
-    // Events keep coming (ten at a time, as a service writes them) while the first consumer
-    // works, crashes, and the second takes over: its batches are partly full.
-    let publishing = {
-        let url = server.url();
-        tokio::spawn(async move {
-            let client = async_nats::connect(url).await.unwrap();
-            let js = async_nats::jetstream::new(client);
-            for ten in interleaved(10, 60).chunks(10) {
-                publish_with(&js, TOPIC, ten).await;
-                tokio::time::sleep(Duration::from_millis(20)).await; // the service's pace
-            }
-        })
-    };
-    let pool = db.pool.clone();
-    let second = Running::consumer(&consumer().await); // stands by
-    wait_for(
-        "the first consumer at work",
-        Duration::from_secs(30),
-        || async {
-            count(&pool, "SELECT count(*) FROM steps").await >= 100
-                && IN_SLOW_CALL.load(std::sync::atomic::Ordering::SeqCst)
-        },
-    )
-    .await;
-    end(first);
-    publishing.await.unwrap();
-    wait_settled(&server, "ACCOUNTS", "ledger", TOPIC).await;
-    second.stop().await;
-    let steps = steps(&db.pool).await;
-    assert_eq!(steps.len(), 10);
-    for (account, seqs) in steps {
-        assert_eq!(seqs, (0..60).collect::<Vec<i64>>(), "account {account}");
-    }
-    // The second had the lease, and gave it up when it stopped: `outbox status` says so.
-    let leases = outbox_runtime::admin::status(&db.pool)
-        .await
-        .unwrap()
-        .consumer_leases;
-    assert_eq!(leases.len(), 1, "{leases:?}");
-    assert_eq!(
-        (leases[0].group.as_str(), leases[0].topic.as_str()),
-        ("ledger", TOPIC)
-    );
-    assert_eq!((leases[0].owned, leases[0].expires_in_secs), (false, None));
-}
-
-/// Records the step; takes 3 s over account 1's third event (longer than the tests' `ack_wait`
-/// of 2 s, and than the lease).
-#[outbox_runtime::inbox_handler]
-async fn record_step_slowly_once(
-    event: Deposited,
-    tx: &mut sqlx::PgConnection,
-) -> Result<(), HandlerError> {
-    if event.account == "acct-1" && event.seq == 2 {
-        tokio::time::sleep(Duration::from_secs(3)).await;
-    }
-    insert_step(tx, &event).await
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_batch_longer_than_ack_wait_keeps_its_lease_beside_a_standby() {
-    let (db, server) = accounts_setup().await;
-    let records = interleaved(4, 5);
-    server.publish(TOPIC, &records).await;
-    let mut running = Vec::new();
-    for _ in 0..2 {
-        let consumer = builder(&db, &server, "ledger")
-            .await
-            .handler(record_step_slowly_once)
-            .build()
-            .unwrap();
-        running.push(Running::consumer(&consumer));
-    }
-    wait_settled(&server, "ACCOUNTS", "ledger", TOPIC).await;
-    Running::stop_all(running).await;
-    for (account, seqs) in steps(&db.pool).await {
-        assert_eq!(seqs, (0..5).collect::<Vec<i64>>(), "account {account}");
-    }
 }
 
 /// This test binary's log at `WARN`, for a test that waits for a line of it (a test finds its

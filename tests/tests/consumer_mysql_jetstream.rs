@@ -1,20 +1,19 @@
 //! JetStream consumers on MariaDB (the machine's 10.11), dedup mode, each test with its own
-//! nats-server: the group's lease on a topic there (its time in `outbox_consumer_lease`, the
-//! name every batch checks in `outbox_consumer_fence`). Several instances keep each key's order
-//! and each event's effect once; a crashed one is replaced, and what it held comes first; one
-//! whose lease was taken while its batch ran commits that batch and nothing more; a standby
-//! leaves an expired lease alone while a batch of its holder runs; and `build` refuses what the
-//! lease's columns cannot hold.
+//! nats-server: what the group's lease on a topic does there that PostgreSQL's does not (its
+//! time in `outbox_consumer_lease`, the name every batch checks in `outbox_consumer_fence`).
+//! An instance whose lease was taken while its batch ran commits that batch and nothing more
+//! (the takeover waits for it); a standby leaves an expired lease alone while a batch of its
+//! holder runs; and `build` refuses what the lease's columns cannot hold. The suite both
+//! databases share (order, effects once, crashes, handovers) is `jetstream_lease.rs`.
 
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use outbox_runtime::inbox::{Consumer, ConsumerBuilder, HandlerError};
 use outbox_runtime::relay::JetStream;
 use outbox_tests::deposits::{interleaved, Deposited, TOPIC};
 use outbox_tests::log::Log;
-use outbox_tests::mysql::{count, create_steps, record_step, steps, MySqlTestDb};
-use outbox_tests::nats::{publish_with, NatsServer};
+use outbox_tests::mysql::{count, create_steps, insert_step, record_step, steps, MySqlTestDb};
+use outbox_tests::nats::NatsServer;
 use outbox_tests::payments::wait_for;
 use outbox_tests::Running;
 use sqlx::{Executor, MySqlConnection};
@@ -66,114 +65,6 @@ async fn lease(db: &MySqlTestDb, group: &str) -> (bool, Option<f64>) {
     (lease.owned, lease.expires_in_secs)
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn three_instances_handle_each_event_once_in_each_keys_order() {
-    let (db, server) = setup().await;
-    // 10 accounts' events interleaved, then all of them again: a batch (25) holds events of
-    // several accounts, and every event comes twice.
-    let records = interleaved(10, 30);
-    let mut twice = records.clone();
-    twice.extend(records.iter().cloned());
-    let mut running = Vec::new();
-    for _ in 0..3 {
-        let consumer = builder(&db, &server, "ledger")
-            .await
-            .handler(record_step)
-            .batch_size(25)
-            .build()
-            .unwrap();
-        running.push(Running::consumer(&consumer));
-    }
-    server.publish(TOPIC, &twice).await;
-    wait_settled(&server, "ledger").await;
-    let (owned, expires_in) = lease(&db, "ledger").await;
-    assert!(
-        owned && expires_in.is_some_and(|s| s > 0.0),
-        "{expires_in:?}"
-    );
-    Running::stop_all(running).await;
-    let steps = steps(&db.pool).await;
-    assert_eq!(steps.len(), 10);
-    for (account, seqs) in steps {
-        assert_eq!(seqs, (0..30).collect::<Vec<i64>>(), "account {account}");
-    }
-    let pairs = count(&db.pool, "SELECT COUNT(*) FROM processed_event").await;
-    assert_eq!(pairs, 300);
-    // Given up as the instances stopped.
-    assert_eq!(lease(&db, "ledger").await, (false, None));
-}
-
-/// Whether [`record_step_saying_when_slow`] is in one of its slow calls.
-static IN_SLOW_CALL: AtomicBool = AtomicBool::new(false);
-
-/// [`record_step`], slow (300 ms) over every tenth event of account 0, saying so meanwhile.
-#[outbox_runtime::inbox_handler]
-async fn record_step_saying_when_slow(
-    event: Deposited,
-    tx: &mut MySqlConnection,
-) -> Result<(), HandlerError> {
-    if event.account == "acct-0" && event.seq.is_multiple_of(10) {
-        IN_SLOW_CALL.store(true, Ordering::SeqCst);
-        tokio::time::sleep(Duration::from_millis(300)).await;
-        IN_SLOW_CALL.store(false, Ordering::SeqCst);
-    }
-    sqlx::query("INSERT INTO steps (account, seq) VALUES (?, ?)")
-        .bind(&event.account)
-        .bind(event.seq as i64)
-        .execute(tx)
-        .await?;
-    Ok(())
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_crashed_instance_is_replaced_and_what_it_held_comes_first() {
-    let (db, server) = setup().await;
-    let consumer = || async {
-        builder(&db, &server, "ledger")
-            .await
-            .handler(record_step_saying_when_slow)
-            .batch_size(25)
-            .build()
-            .unwrap()
-    };
-    let first = Running::consumer(&consumer().await);
-    // Events keep coming, ten at a time, while the first instance works, crashes, and the
-    // second takes over.
-    let publishing = {
-        let url = server.url();
-        tokio::spawn(async move {
-            let client = async_nats::connect(url).await.unwrap();
-            let js = async_nats::jetstream::new(client);
-            for ten in interleaved(10, 60).chunks(10) {
-                publish_with(&js, TOPIC, ten).await;
-                tokio::time::sleep(Duration::from_millis(20)).await; // the service's pace
-            }
-        })
-    };
-    let second = Running::consumer(&consumer().await); // stands by
-    let pool = db.pool.clone();
-    wait_for(
-        "the first instance at work",
-        Duration::from_secs(30),
-        || async {
-            count(&pool, "SELECT COUNT(*) FROM steps").await >= 100
-                && IN_SLOW_CALL.load(Ordering::SeqCst)
-        },
-    )
-    .await;
-    // Mid-batch, as `kill -9`: its lease and the messages it holds are left as they are, its
-    // batch's transaction rolled back with its connection.
-    first.abort();
-    publishing.await.unwrap();
-    wait_settled(&server, "ledger").await;
-    second.stop().await;
-    let steps = steps(&db.pool).await;
-    assert_eq!(steps.len(), 10);
-    for (account, seqs) in steps {
-        assert_eq!(seqs, (0..60).collect::<Vec<i64>>(), "account {account}");
-    }
-}
-
 /// This test binary's log at `INFO` (each test finds its own group's lines).
 fn log() -> &'static Log {
     static LOG: std::sync::OnceLock<Log> = std::sync::OnceLock::new();
@@ -195,12 +86,7 @@ async fn record_step_held_at_first(
         HELD.notify_one();
         LET_GO.notified().await;
     }
-    sqlx::query("INSERT INTO steps (account, seq) VALUES (?, ?)")
-        .bind(&event.account)
-        .bind(event.seq as i64)
-        .execute(tx)
-        .await?;
-    Ok(())
+    insert_step(tx, &event).await
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
