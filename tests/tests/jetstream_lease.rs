@@ -73,6 +73,7 @@ macro_rules! lease_suite {
             /// The group's lease as `outbox status` shows it: (owned, seconds until it expires).
             async fn lease(db: &$db, group: &str) -> (bool, Option<f64>) {
                 let leases = $status(&db.pool).await.unwrap().consumer_leases;
+                assert_eq!(leases.len(), 1, "{leases:?}");
                 let lease = leases
                     .iter()
                     .find(|l| l.group == group)
@@ -114,51 +115,61 @@ macro_rules! lease_suite {
                 assert_eq!(lease(&db, "ledger").await, (false, None));
             }
 
-            /// Whether [`record_step_saying_when_slow`] is in one of its slow calls.
-            static IN_SLOW_CALL: AtomicBool = AtomicBool::new(false);
+            /// A handler recording the step, slow (300 ms) over every tenth event of account 0,
+            /// saying so meanwhile in a flag of its own (for a handover's timing: each test
+            /// its own, as they run side by side).
+            macro_rules! slow_step {
+                ($handler:ident, $flag:ident) => {
+                    static $flag: AtomicBool = AtomicBool::new(false);
 
-            /// The step recorded; slow (300 ms) over every tenth event of account 0, saying so
-            /// meanwhile (for the handover's timing).
-            #[outbox_runtime::inbox_handler]
-            async fn record_step_saying_when_slow(
-                event: Deposited,
-                tx: &mut $conn,
-            ) -> Result<(), HandlerError> {
-                if event.account == "acct-0" && event.seq.is_multiple_of(10) {
-                    IN_SLOW_CALL.store(true, Ordering::SeqCst);
-                    tokio::time::sleep(Duration::from_millis(300)).await;
-                    IN_SLOW_CALL.store(false, Ordering::SeqCst);
-                }
-                steps_db::insert_step(tx, &event).await
+                    #[outbox_runtime::inbox_handler]
+                    async fn $handler(
+                        event: Deposited,
+                        tx: &mut $conn,
+                    ) -> Result<(), HandlerError> {
+                        if event.account == "acct-0" && event.seq.is_multiple_of(10) {
+                            $flag.store(true, Ordering::SeqCst);
+                            tokio::time::sleep(Duration::from_millis(300)).await;
+                            $flag.store(false, Ordering::SeqCst);
+                        }
+                        steps_db::insert_step(tx, &event).await
+                    }
+                };
             }
+            slow_step!(slow_step_crashed, IN_SLOW_CALL_CRASHED);
+            slow_step!(slow_step_stopped, IN_SLOW_CALL_STOPPED);
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_crashed_instance_is_replaced_and_what_it_held_comes_first() {
                 // Mid-batch, as `kill -9`: its lease and the messages it holds are left as
                 // they are, its batch's transaction rolled back with its connection.
-                handover(Running::abort).await;
+                handover(Running::abort, slow_step_crashed, &IN_SLOW_CALL_CRASHED).await;
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn a_stopped_instance_hands_over_and_what_it_fetched_comes_first() {
                 // It finishes its batch and gives the lease up; what it had fetched beyond
                 // that batch is still delivered to it, not settled.
-                handover(|first| {
+                let end = |first: Running| {
                     first.cancel();
                     tokio::spawn(first.stop());
-                })
-                .await;
+                };
+                handover(end, slow_step_stopped, &IN_SLOW_CALL_STOPPED).await;
             }
 
-            /// An instance that ends (`end`) in the middle of a slow batch, while events keep
-            /// coming and a second one stands by: every account's events are handled once
-            /// each, in order, and the second gives the lease up when it stops.
-            async fn handover(end: impl FnOnce(Running)) {
+            /// An instance that ends (`end`) in the middle of a slow batch of `handler` (in a
+            /// slow call while `in_slow_call`), while events keep coming and a second one
+            /// stands by: every account's events are handled once each, in order, and the
+            /// second gives the lease up when it stops.
+            async fn handover<H>(end: impl FnOnce(Running), handler: H, in_slow_call: &AtomicBool)
+            where
+                H: outbox_runtime::inbox::Handler<(), <$conn as sqlx::Connection>::Database> + Copy,
+            {
                 let (db, server) = setup().await;
                 let consumer = || async {
                     builder(&db, &server, "ledger")
                         .await
-                        .handler(record_step_saying_when_slow)
+                        .handler(handler)
                         .batch_size(25)
                         .build()
                         .unwrap()
@@ -184,7 +195,7 @@ macro_rules! lease_suite {
                     Duration::from_secs(30),
                     || async {
                         $count(&pool, "SELECT count(*) FROM steps").await >= 100
-                            && IN_SLOW_CALL.load(Ordering::SeqCst)
+                            && in_slow_call.load(Ordering::SeqCst)
                     },
                 )
                 .await;

@@ -232,3 +232,114 @@ async fn the_relay_publishes_to_an_in_process_mock_cluster() {
         .iter()
         .all(|r| r.published));
 }
+
+/// [`reserve_stock`] on MariaDB/MySQL.
+#[outbox_runtime::inbox_handler]
+async fn reserve_stock_mysql(
+    event: OrderPlaced,
+    tx: &mut sqlx::MySqlConnection,
+) -> Result<(), HandlerError> {
+    if event.amount <= 0 {
+        return Err(HandlerError::permanent(format!(
+            "order {} is of nothing",
+            event.order_id
+        )));
+    }
+    sqlx::query("INSERT INTO reservations (order_id) VALUES (?)")
+        .bind(event.order_id)
+        .execute(tx)
+        .await?;
+    Ok(())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_kit_reads_emits_delivers_and_relays_on_mariadb() {
+    use outbox_tests::mysql::{count, MySqlTestDb};
+
+    let db = MySqlTestDb::new().await;
+    sqlx::raw_sql(
+        "CREATE TABLE orders (id BINARY(16) PRIMARY KEY, amount BIGINT NOT NULL); \
+         CREATE TABLE reservations (order_id BINARY(16) PRIMARY KEY)",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
+    // A command on MariaDB: its row and its event, with headers.
+    let placed = OrderPlaced {
+        order_id: Uuid::now_v7(),
+        amount: 3,
+    };
+    let mut uow = Uow::begin(&db.pool).await.unwrap();
+    sqlx::query("INSERT INTO orders (id, amount) VALUES (?, ?)")
+        .bind(placed.order_id)
+        .bind(placed.amount)
+        .execute(uow.tx())
+        .await
+        .unwrap();
+    uow.emit_with(&placed, [("tenant", "acme")]).await.unwrap();
+    uow.commit().await.unwrap();
+    assert_eq!(
+        testing::mysql::emitted::<OrderPlaced>(&db.pool)
+            .await
+            .unwrap(),
+        vec![OrderPlaced { ..placed }]
+    );
+    let records = testing::mysql::emitted_records(&db.pool).await.unwrap();
+    assert_eq!(records.len(), 1);
+    let record = &records[0];
+    assert_eq!(
+        (record.topic.as_str(), record.event_type.as_str()),
+        (OrderPlaced::TOPIC, "OrderPlaced")
+    );
+    assert_eq!(record.partition_key, placed.order_id.to_string());
+    assert_eq!(record.header("tenant"), Some("acme"));
+    assert_eq!(record.payload["amount"], 3);
+    assert!(!record.published);
+
+    // Its handler, as a MariaDB consumer runs it: once per event id.
+    let id = record.event_id;
+    let deliver = || testing::deliver(&db.pool, "stock", reserve_stock_mysql, id, &placed);
+    assert_eq!(deliver().await.unwrap(), Delivery::Handled);
+    assert_eq!(deliver().await.unwrap(), Delivery::Duplicate);
+    let nothing = OrderPlaced {
+        order_id: Uuid::now_v7(),
+        amount: 0,
+    };
+    match testing::deliver(
+        &db.pool,
+        "stock",
+        reserve_stock_mysql,
+        Uuid::now_v7(),
+        &nothing,
+    )
+    .await
+    .unwrap()
+    {
+        Delivery::Failed { retryable, reason } => {
+            assert!(!retryable);
+            assert!(reason.contains("is of nothing"), "{reason}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(
+        count(&db.pool, "SELECT COUNT(*) FROM reservations").await,
+        1
+    );
+    let recorded: String =
+        sqlx::query_scalar("SELECT CAST(handler AS CHAR) FROM processed_event WHERE event_id = ?")
+            .bind(id)
+            .fetch_one(&db.pool)
+            .await
+            .unwrap();
+    assert_eq!(recorded, "stock/reserve_stock_mysql");
+
+    // The real relay, from MariaDB's outbox to the mock cluster.
+    let kafka = MockKafka::start().unwrap();
+    kafka.create_topic(OrderPlaced::TOPIC, 3).unwrap();
+    assert_eq!(kafka.relay_pending(&db.pool).await.unwrap(), 1);
+    assert_eq!(kafka.relay_pending(&db.pool).await.unwrap(), 0);
+    let published = kafka.records(OrderPlaced::TOPIC).await.unwrap();
+    assert_eq!(published.len(), 1);
+    assert_eq!(published[0].header("tenant"), Some("acme"));
+    assert!(testing::mysql::emitted_records(&db.pool).await.unwrap()[0].published);
+}

@@ -23,9 +23,22 @@ impl From<PgPool> for Database {
     }
 }
 
+impl From<&PgPool> for Database {
+    fn from(pool: &PgPool) -> Self {
+        Database(Pool::Postgres(pool.clone()))
+    }
+}
+
 #[cfg(feature = "mysql")]
 impl From<sqlx::MySqlPool> for Database {
     fn from(pool: sqlx::MySqlPool) -> Self {
         Database(Pool::MySql(pool))
+    }
+}
+
+#[cfg(feature = "mysql")]
+impl From<&sqlx::MySqlPool> for Database {
+    fn from(pool: &sqlx::MySqlPool) -> Self {
+        Database(Pool::MySql(pool.clone()))
     }
 }

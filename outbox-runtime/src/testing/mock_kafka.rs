@@ -10,7 +10,6 @@ use rdkafka::mocking::MockCluster;
 use rdkafka::producer::{BaseProducer, DefaultProducerContext, Producer};
 use rdkafka::types::RDKafkaErrorCode;
 use rdkafka::{ClientConfig, Message, Offset, TopicPartitionList};
-use sqlx::PgPool;
 
 use super::first_header;
 use crate::error::{Error, Result};
@@ -166,8 +165,9 @@ impl MockKafka {
     /// producer settings, batches and per-key order), and returns how many it published. It is
     /// one relay instance: with no other relay running on the database it owns every shard and
     /// publishes every row; beside a running relay it takes its share only.
-    pub async fn relay_pending(&self, pool: &PgPool) -> Result<u64> {
-        Relay::builder(pool.clone())
+    /// `pool` is PostgreSQL's or MariaDB/MySQL's (`&pool`, or the pool).
+    pub async fn relay_pending(&self, pool: impl Into<crate::relay::Database>) -> Result<u64> {
+        Relay::builder(pool)
             .brokers(self.bootstrap.clone())
             .build()?
             .publish_pending()

@@ -11,6 +11,10 @@
 //!   (`MessageMeta::new(id, event_type, topic).with_attempt(2)`...).
 //! - [`MockKafka`] is librdkafka's mock cluster, in the test's process: a real relay publishes
 //!   to it ([`MockKafka::relay_pending`]) and [`MockKafka::records`] reads what it published.
+//! - On MariaDB/MySQL (with the feature `mysql`): [`deliver`], [`deliver_with`] and
+//!   [`MockKafka::relay_pending`] take a `MySqlPool` (and a handler of `&mut MySqlConnection`)
+//!   as they take a `PgPool`; `testing::mysql` reads the outbox there (`emitted`,
+//!   `emitted_records`).
 //!
 //! `tests/tests/testing_kit.rs` in the repository runs this against a real database:
 //!
@@ -65,17 +69,20 @@
 use std::sync::Arc;
 
 use serde::de::DeserializeOwned;
-use sqlx::{PgExecutor, PgPool, Row};
+use sqlx::{PgExecutor, Row};
 use uuid::Uuid;
 
 use crate::error::{Error, Result};
 use crate::event::OutboxEvent;
 use crate::inbox::batch;
+use crate::inbox::database::Db;
 use crate::inbox::message::Incoming;
 use crate::inbox::route::Routes;
-use crate::inbox::{Handler, MessageMeta};
+use crate::inbox::{ConsumerDatabase, Handler, MessageMeta};
 
 mod mock_kafka;
+#[cfg(feature = "mysql")]
+pub mod mysql;
 
 pub use mock_kafka::{MockKafka, Record};
 
@@ -216,13 +223,20 @@ pub enum Delivery {
 ///
 /// Its error is the database's (the schema is not migrated, the connection failed); a
 /// handler's failure is a [`Delivery::Failed`].
-pub async fn deliver<H: Handler>(
-    pool: &PgPool,
+///
+/// On MariaDB/MySQL (a `MySqlPool`, a handler taking `&mut MySqlConnection`) it runs the
+/// consumers' batch of those databases, the same way.
+pub async fn deliver<D, H>(
+    pool: &sqlx::Pool<D>,
     group: &str,
     handler: H,
     event_id: Uuid,
     event: &H::Event,
-) -> Result<Delivery> {
+) -> Result<Delivery>
+where
+    D: ConsumerDatabase,
+    H: Handler<(), D>,
+{
     let topic = <H::Event as OutboxEvent>::TOPIC;
     let meta = MessageMeta::new(event_id, <H::Event as OutboxEvent>::EVENT_TYPE, topic)
         .with_schema_version(<H::Event as OutboxEvent>::SCHEMA_VERSION);
@@ -234,8 +248,8 @@ pub async fn deliver<H: Handler>(
 /// schema version is the one the handler is asked to accept, so for an event of version 2 or
 /// later give [`MessageMeta::with_schema_version`] its `SCHEMA_VERSION`: `MessageMeta::new`
 /// says 1).
-pub async fn deliver_with<S, H>(
-    pool: &PgPool,
+pub async fn deliver_with<S, D, H>(
+    pool: &sqlx::Pool<D>,
     group: &str,
     handler: H,
     state: S,
@@ -244,7 +258,8 @@ pub async fn deliver_with<S, H>(
 ) -> Result<Delivery>
 where
     S: Send + Sync + 'static,
-    H: Handler<S>,
+    D: ConsumerDatabase,
+    H: Handler<S, D>,
 {
     let payload = event.payload_json().map_err(|source| Error::Payload {
         event_type: <H::Event as OutboxEvent>::EVENT_TYPE.into(),
@@ -263,7 +278,15 @@ where
         meta,
         payload: payload.as_bytes(),
     };
-    let outcome = match batch::handle(pool, &routes, &[Ok(message)], false, None).await {
+    let messages = [Ok(message)];
+    let handled = match D::db(pool.clone()) {
+        Db::Postgres(pool) => batch::handle(&pool, &routes, &messages, false, None).await,
+        #[cfg(feature = "mysql")]
+        Db::MySql(pool) => {
+            crate::inbox::batch_mysql::handle(&pool, &routes, &messages, false, None).await
+        }
+    };
+    let outcome = match handled {
         Ok(outcome) => outcome,
         Err(batch::Unhandled::Database(e)) => return Err(e),
         Err(batch::Unhandled::LeaseLost) => unreachable!("a batch without a fence"),
