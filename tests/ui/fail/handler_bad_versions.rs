@@ -30,4 +30,16 @@ async fn without_its_own(_event: OrderCreated, _tx: &mut PgConnection) -> Result
     Ok(())
 }
 
+// The same, declared by a `macro_rules!` that takes the event as a `ty` fragment: the message
+// names the type as written.
+macro_rules! without_its_own_in_a_macro {
+    ($event:ty) => {
+        #[inbox_handler(versions = [1])]
+        async fn in_a_macro(_event: $event, _tx: &mut PgConnection) -> Result<(), HandlerError> {
+            Ok(())
+        }
+    };
+}
+without_its_own_in_a_macro!(OrderCreated);
+
 fn main() {}
