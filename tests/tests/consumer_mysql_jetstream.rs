@@ -3,14 +3,16 @@
 //! time in `outbox_consumer_lease`, the name every batch checks in `outbox_consumer_fence`).
 //! An instance whose lease was taken while its batch ran commits that batch and nothing more
 //! (the takeover waits for it); a standby leaves an expired lease alone while a batch of its
-//! holder runs; and `build` refuses what the lease's columns cannot hold. The suite both
+//! holder runs; a lease whose fence row was deleted by hand is taken again; and `build` refuses
+//! what the lease's columns cannot hold. The suite both
 //! databases share (order, effects once, crashes, handovers) is `jetstream_lease.rs`.
 
 use std::time::Duration;
 
 use outbox_runtime::inbox::{Consumer, ConsumerBuilder, HandlerError};
 use outbox_runtime::relay::JetStream;
-use outbox_tests::deposits::{interleaved, Deposited, TOPIC};
+use outbox_tests::deposits::{deposit, interleaved, Deposited, TOPIC};
+use outbox_tests::kafka::Outgoing;
 use outbox_tests::log::Log;
 use outbox_tests::mysql::{count, create_steps, insert_step, record_step, steps, MySqlTestDb};
 use outbox_tests::nats::NatsServer;
@@ -233,6 +235,35 @@ async fn a_standby_leaves_an_expired_lease_alone_while_a_batch_of_its_holder_run
         assert_eq!(seqs, (0..5).collect::<Vec<i64>>(), "account {account}");
     }
     assert_eq!(lease(&db, "held").await, (false, None));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lease_whose_fence_row_was_deleted_is_taken_again() {
+    let (db, server) = setup().await;
+    server.publish(TOPIC, &interleaved(2, 3)).await;
+    let consumer = builder(&db, &server, "unfenced")
+        .await
+        .handler(record_step)
+        .build()
+        .unwrap();
+    let running = Running::consumer(&consumer);
+    wait_settled(&server, "unfenced").await;
+    // An operator deletes the fence row (a cleanup by hand, a restore of some tables only):
+    // the holder's next batch finds no row naming it, and the lease is taken again, the row
+    // written anew, rather than the topic standing still.
+    let deleted = sqlx::query("DELETE FROM outbox_consumer_fence WHERE group_id = 'unfenced'")
+        .execute(&db.pool)
+        .await
+        .unwrap();
+    assert_eq!(deleted.rows_affected(), 1);
+    let more: Vec<_> = (3..6)
+        .map(|seq| Outgoing::event(&deposit(0, seq), uuid::Uuid::now_v7()))
+        .collect();
+    server.publish(TOPIC, &more).await;
+    wait_settled(&server, "unfenced").await;
+    running.stop().await;
+    let steps: Vec<Vec<i64>> = steps(&db.pool).await.into_values().collect();
+    assert_eq!(steps, [(0..6).collect::<Vec<i64>>(), (0..3).collect()]);
 }
 
 #[tokio::test]

@@ -47,28 +47,32 @@ pub(crate) async fn try_acquire(
     .bind(topic)
     .fetch_optional(&mut *conn)
     .await?;
-    match seen {
-        Some((Some(other), false)) if other != holder => return Ok(None),
-        Some(_) => {}
-        // The rows, each in a statement of its own: the duplicate key check of an existing one
-        // holds its shared lock only for the statement (held to the end of a transaction, two
-        // instances' shared locks would each keep the other from the exclusive one below).
-        // `INSERT IGNORE`, not `ON DUPLICATE KEY UPDATE`, whose exclusive lock would wait for a
-        // holder's batch; nothing but a duplicate can be ignored here (`build` refuses a group
-        // or topic longer than the columns).
-        None => {
-            for insert in [
-                "INSERT IGNORE INTO outbox_consumer_lease (group_id, topic, expires_at) \
-                 VALUES (?, ?, UTC_TIMESTAMP(6))",
-                "INSERT IGNORE INTO outbox_consumer_fence (group_id, topic) VALUES (?, ?)",
-            ] {
-                sqlx::query(insert)
-                    .bind(group)
-                    .bind(topic)
-                    .execute(&mut *conn)
-                    .await?;
-            }
+    if let Some((Some(other), false)) = seen {
+        if other != holder {
+            return Ok(None);
         }
+    }
+    // The rows, each in a statement of its own: the duplicate key check of an existing one
+    // holds its shared lock only for the statement (held to the end of a transaction, two
+    // instances' shared locks would each keep the other from the exclusive one below).
+    // `INSERT IGNORE`, not `ON DUPLICATE KEY UPDATE`, whose exclusive lock would wait for a
+    // holder's batch; nothing but a duplicate can be ignored here (`build` refuses a group or
+    // topic longer than the columns). The fence row even when the lease's exists: one deleted
+    // by hand would otherwise leave the lease to no one, and the topic unread.
+    let lease_row = "INSERT IGNORE INTO outbox_consumer_lease (group_id, topic, expires_at) \
+                     VALUES (?, ?, UTC_TIMESTAMP(6))";
+    let fence_row = "INSERT IGNORE INTO outbox_consumer_fence (group_id, topic) VALUES (?, ?)";
+    let rows: &[&str] = if seen.is_some() {
+        &[fence_row]
+    } else {
+        &[lease_row, fence_row]
+    };
+    for insert in rows {
+        sqlx::query(insert)
+            .bind(group)
+            .bind(topic)
+            .execute(&mut *conn)
+            .await?;
     }
     let mut tx = Connection::begin_with(
         &mut *conn,
