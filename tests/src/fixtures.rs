@@ -107,20 +107,6 @@ pub async fn mark_order_paid(
     Ok(())
 }
 
-#[inbox_handler]
-pub async fn mark_order_refunded(
-    event: PaymentRefunded,
-    tx: &mut sqlx::PgConnection,
-) -> Result<(), HandlerError> {
-    sqlx::query(
-        "UPDATE orders SET payment_status = 'refunded', refunded = refunded + 1 WHERE id = $1",
-    )
-    .bind(event.order_id)
-    .execute(tx)
-    .await?;
-    Ok(())
-}
-
 /// Calls of [`flaky_mark_paid`] so far, by order.
 pub static FLAKY_CALLS: Mutex<BTreeMap<Uuid, u32>> = Mutex::new(BTreeMap::new());
 

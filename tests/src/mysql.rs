@@ -27,6 +27,11 @@ pub async fn count<'e>(executor: impl sqlx::MySqlExecutor<'e>, sql: &str) -> i64
 /// payments' topic, its retry topic and its dead-letter topic: what the MariaDB consumer tests
 /// start from.
 pub async fn payments_setup() -> (MySqlTestDb, crate::kafka::Kafka) {
+    payments_setup_on(crate::kafka::Kafka::mock()).await
+}
+
+/// [`payments_setup`] on the given cluster.
+pub async fn payments_setup_on(kafka: crate::kafka::Kafka) -> (MySqlTestDb, crate::kafka::Kafka) {
     use crate::fixtures::PAYMENTS;
     use crate::payments::PARTITIONS;
 
@@ -38,7 +43,6 @@ pub async fn payments_setup() -> (MySqlTestDb, crate::kafka::Kafka) {
     .execute(&db.pool)
     .await
     .expect("create orders");
-    let kafka = crate::kafka::Kafka::mock();
     kafka.create_topic(PAYMENTS, PARTITIONS).await;
     kafka
         .create_topic(&format!("{PAYMENTS}.retry"), PARTITIONS)

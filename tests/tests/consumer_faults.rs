@@ -1,15 +1,17 @@
-//! Consumers against the handlers and inputs real services have: a handler that catches a
-//! database error, a panicking handler, payloads `jsonb` refuses, two services with handlers of
-//! the same name, a message that keeps failing, a dead-letter topic that does not exist.
+//! Consumers on PostgreSQL against the handlers and inputs real services have: a handler that
+//! catches a database error (its transaction left aborted), a panicking inbox handler, payloads
+//! `jsonb` refuses, work refused only at commit. What both databases share (panics in dedup
+//! mode, two services with handlers of the same name, a message that keeps failing) is
+//! `consumer_contract.rs`.
 
 use std::time::Duration;
 
 use outbox_runtime::inbox::Mode;
 use outbox_tests::fixtures::{self, PAYMENTS};
-use outbox_tests::kafka::{committed_total, consume, produce, Kafka, Outgoing};
+use outbox_tests::kafka::{produce, Kafka, Outgoing};
 use outbox_tests::payments::{
     builder, dead_letters, orders_with_payments, orders_with_special_payments, paid_counts,
-    publish, read_at, records, retried, setup, wait_for, PARTITIONS,
+    publish, read_at, retried, setup, wait_for,
 };
 use outbox_tests::{count, Running};
 use sqlx::PgPool;
@@ -224,97 +226,8 @@ async fn panics(mode: Mode) {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dedup_a_panicking_handler_is_a_failure_not_a_crash() {
-    panics(Mode::Dedup).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inbox_a_panicking_handler_is_a_failure_not_a_dead_processor() {
     panics(Mode::Inbox).await;
-}
-
-/// Two services (two consumer groups) on one database, with handlers of the same name for the
-/// same event: each does its own work.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn handlers_of_the_same_name_in_two_groups_do_not_skip_each_other() {
-    let (db, kafka) = setup().await;
-    let payments = orders_with_payments(&db.pool, 20).await;
-    publish(&kafka, &payments).await;
-    let consumers: Vec<_> = ["billing", "shipping"]
-        .iter()
-        .map(|group| {
-            Running::consumer(
-                &builder(&db, &kafka, group)
-                    .handler(fixtures::mark_order_paid)
-                    .build()
-                    .unwrap(),
-            )
-        })
-        .collect();
-    // Their batches update the same orders: deadlocks are likely, and retried.
-    wait_for(
-        "each group paid each order",
-        Duration::from_secs(30),
-        || async { paid_counts(&db.pool).await == vec![2; 20] },
-    )
-    .await;
-    for group in ["billing", "shipping"] {
-        wait_for(group, Duration::from_secs(30), || async {
-            committed_total(&kafka.bootstrap(), group, PAYMENTS, PARTITIONS) == 20
-        })
-        .await;
-    }
-    Running::stop_all(consumers).await;
-    assert_eq!(
-        paid_counts(&db.pool).await,
-        vec![2; 20],
-        "each group paid once"
-    );
-}
-
-/// A message whose handler fails twice goes through the retry topic: the partition's other
-/// messages are handled meanwhile, it is handled once, on its third attempt.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_retried_message_does_not_hold_up_its_partition() {
-    let (db, kafka) = setup().await;
-    let key = "one-partition".to_owned();
-    let payments = orders_with_special_payments(&db.pool, 6, |i| i == 0, 7).await;
-    let mut outgoing = records(&payments);
-    for r in &mut outgoing {
-        r.key = key.clone();
-    }
-    produce(&kafka.bootstrap(), PAYMENTS, &outgoing).await;
-    let consumer = builder(&db, &kafka, "orders")
-        .handler(fixtures::sometimes_failing_mark_paid)
-        .retry_backoff(Duration::from_millis(300), Duration::from_secs(1))
-        .build()
-        .unwrap();
-    let running = Running::consumer(&consumer);
-    wait_for("every payment applied", Duration::from_secs(30), || async {
-        paid_counts(&db.pool).await.iter().sum::<i32>() == 6
-    })
-    .await;
-    running.stop().await;
-    let handled: Vec<Uuid> = fixtures::HANDLED
-        .lock()
-        .unwrap()
-        .iter()
-        .copied()
-        .filter(|id| payments.iter().any(|(_, p)| p.order_id == *id))
-        .collect();
-    let first = payments[0].1.order_id;
-    assert_eq!(handled.len(), 6, "each handled once");
-    assert_eq!(
-        handled.last(),
-        Some(&first),
-        "the failing message was handled after its partition's later messages"
-    );
-    assert_eq!(paid_counts(&db.pool).await, vec![1; 6]);
-    assert_eq!(
-        fixtures::flaky_calls(first),
-        3,
-        "handled on its third attempt"
-    );
 }
 
 /// A handler whose work PostgreSQL refuses only at commit (a deferred constraint): the message
@@ -372,70 +285,4 @@ async fn dedup_work_refused_at_commit_fails_its_message_not_the_consumer() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn inbox_work_refused_at_commit_fails_its_row_not_the_processor() {
     refused_at_commit(Mode::Inbox).await;
-}
-
-/// A consumer stopped while messages wait in the retry topic: the next one (same group)
-/// handles them when they are due; none is lost, none is handled twice, none dead-lettered.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn messages_waiting_in_the_retry_topic_survive_a_consumer_restart() {
-    let (db, kafka) = setup().await;
-    let payments = orders_with_special_payments(&db.pool, 6, |i| i % 3 == 0, 7).await;
-    publish(&kafka, &payments).await;
-    let start = || {
-        builder(&db, &kafka, "orders")
-            .handler(fixtures::sometimes_failing_mark_paid)
-            .retry_backoff(Duration::from_secs(3), Duration::from_secs(3))
-            .build()
-            .unwrap()
-    };
-    let first = Running::consumer(&start());
-    let retry_topic = format!("{PAYMENTS}.retry");
-    consume(
-        &kafka.bootstrap(),
-        &retry_topic,
-        PARTITIONS,
-        Duration::from_secs(30),
-        |r| r.len() >= 2,
-    )
-    .await;
-    wait_for("the other four paid", Duration::from_secs(30), || async {
-        paid_counts(&db.pool).await.iter().sum::<i32>() == 4
-    })
-    .await;
-    first.stop().await;
-    let sevens: Vec<Uuid> = payments
-        .iter()
-        .filter(|(_, p)| p.amount == 7)
-        .map(|(_, p)| p.order_id)
-        .collect();
-    for order in &sevens {
-        assert_eq!(
-            fixtures::flaky_calls(*order),
-            1,
-            "stopped before its retry was due"
-        );
-    }
-
-    let second = Running::consumer(&start());
-    wait_for("every payment applied", Duration::from_secs(60), || async {
-        paid_counts(&db.pool).await.iter().sum::<i32>() == 6
-    })
-    .await;
-    wait_for(
-        "the retry topic consumed",
-        Duration::from_secs(30),
-        || async { committed_total(&kafka.bootstrap(), "orders", &retry_topic, PARTITIONS) == 4 },
-    )
-    .await;
-    second.stop().await;
-    assert_eq!(paid_counts(&db.pool).await, vec![1; 6]);
-    for order in &sevens {
-        assert_eq!(
-            fixtures::flaky_calls(*order),
-            3,
-            "handled on its third attempt"
-        );
-    }
-    let dead = dead_letters(&kafka, 1, Duration::from_secs(1)).await;
-    assert!(dead.is_empty(), "nothing dead-lettered");
 }

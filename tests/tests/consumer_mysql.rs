@@ -1,18 +1,18 @@
 //! Consumers on MariaDB (the machine's 10.11; MySQL 8 cannot be had here), dedup mode, on the
-//! mock cluster and RabbitMQ: effects once over at-least-once delivery, a failing handler
-//! undoing only its own work, retries and dead letters, a handler whose transaction the server
-//! rolled back (as after a deadlock it caught), each key's order, and what `build` refuses.
+//! mock cluster and RabbitMQ, what is MariaDB's own: a handler whose transaction the server
+//! rolled back (as after a deadlock it caught), two consumers racing on the same pairs, a
+//! handler that emits or commits on its own, each key's order on RabbitMQ, and what `build`
+//! refuses. The contract both databases share on Kafka (effects once, dead letters, retries,
+//! panics) is `consumer_contract.rs`.
 
-use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Mutex;
 use std::time::Duration;
 
-use outbox_runtime::inbox::{Consumer, HandlerError, Mode, RetryPolicy};
+use outbox_runtime::inbox::{Consumer, HandlerError, Mode};
 use outbox_runtime::inbox_handler;
 use outbox_runtime::relay::RabbitMq;
 use outbox_tests::deposits::{interleaved, ATTEMPTS, TOPIC};
-use outbox_tests::fixtures::{PaymentRefunded, PaymentSucceeded, PAYMENTS};
+use outbox_tests::fixtures::{PaymentSucceeded, PAYMENTS};
 use outbox_tests::kafka::{committed_total, produce, Kafka, Outgoing};
 use outbox_tests::mysql::{
     count, create_steps, payments_setup, record_step, record_step_and_attempt, steps, MySqlTestDb,
@@ -117,218 +117,6 @@ async fn mark_paid(event: PaymentSucceeded, tx: &mut MySqlConnection) -> Result<
         .execute(tx)
         .await?;
     Ok(())
-}
-
-#[inbox_handler]
-async fn mark_refunded(
-    event: PaymentRefunded,
-    tx: &mut MySqlConnection,
-) -> Result<(), HandlerError> {
-    sqlx::query("UPDATE orders SET refunded = refunded + 1 WHERE id = ?")
-        .bind(event.order_id)
-        .execute(tx)
-        .await?;
-    Ok(())
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn every_event_delivered_twice_takes_effect_once() {
-    let (db, kafka) = payments_setup().await;
-    let payments = orders_with_payments(&db.pool, 100).await;
-    let refunds: Vec<Outgoing> = payments
-        .iter()
-        .take(10)
-        .map(|(_, p)| {
-            let refund = PaymentRefunded {
-                payment_id: p.payment_id,
-                order_id: p.order_id,
-            };
-            Outgoing::event(&refund, Uuid::now_v7())
-        })
-        .collect();
-    let mut once = records(&payments);
-    once.extend(refunds);
-    // Everything once, then everything again in the opposite order.
-    let mut twice = once.clone();
-    twice.extend(once.iter().rev().cloned());
-    produce(&kafka.bootstrap(), PAYMENTS, &twice).await;
-
-    let consumer = consumer(&db, &kafka)
-        .handler(mark_paid)
-        .handler(mark_refunded)
-        .build()
-        .unwrap();
-    let running = Running::consumer(&consumer);
-    all_committed(&kafka, twice.len() as i64).await;
-    running.stop().await;
-
-    assert_eq!(paid(&db.pool, &payments).await, vec![1; 100]);
-    assert_eq!(
-        count(&db.pool, "SELECT CAST(SUM(refunded) AS SIGNED) FROM orders").await,
-        10
-    );
-    let ledger: Vec<(String, i64)> = sqlx::query_as(
-        "SELECT CAST(handler AS CHAR), COUNT(*) FROM processed_event GROUP BY handler ORDER BY handler",
-    )
-    .fetch_all(&db.pool)
-    .await
-    .unwrap();
-    assert_eq!(
-        ledger,
-        [
-            ("orders/mark_paid".to_owned(), 100),
-            ("orders/mark_refunded".to_owned(), 10)
-        ],
-        "dedup keys are the consumer group's"
-    );
-}
-
-/// Calls of [`flaky`] per order.
-static FLAKY_CALLS: Mutex<Option<HashMap<Uuid, usize>>> = Mutex::new(None);
-
-fn flaky_calls(order: Uuid) -> usize {
-    FLAKY_CALLS
-        .lock()
-        .unwrap()
-        .as_ref()
-        .and_then(|m| m.get(&order).copied())
-        .unwrap_or(0)
-}
-
-/// Writes its effect, then fails the first two times it sees an order: the failed attempts'
-/// writes must be undone, and only its own.
-#[inbox_handler]
-async fn flaky(event: PaymentSucceeded, tx: &mut MySqlConnection) -> Result<(), HandlerError> {
-    sqlx::query("UPDATE orders SET paid = paid + 1 WHERE id = ?")
-        .bind(event.order_id)
-        .execute(&mut *tx)
-        .await?;
-    let calls = {
-        let mut calls = FLAKY_CALLS.lock().unwrap();
-        let n = calls
-            .get_or_insert_with(HashMap::new)
-            .entry(event.order_id)
-            .or_default();
-        *n += 1;
-        *n
-    };
-    if calls <= 2 {
-        return Err(HandlerError::retryable("the payment service is busy"));
-    }
-    Ok(())
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failing_handler_undoes_only_its_own_work_through_the_retry_topic() {
-    failing_twice(RetryPolicy::Topic).await;
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_failing_handler_undoes_only_its_own_work_retried_in_place() {
-    failing_twice(RetryPolicy::InPlace).await;
-}
-
-async fn failing_twice(policy: RetryPolicy) {
-    let (db, kafka) = payments_setup().await;
-    let payments = orders_with_payments(&db.pool, 3).await;
-    let others = orders_with_payments(&db.pool, 20).await;
-    // The flaky ones among others on one partition, so that they share batches.
-    let mut all: Vec<Outgoing> = records(&payments)
-        .into_iter()
-        .chain(records(&others))
-        .map(|mut r| {
-            r.key = "one-partition".into();
-            r
-        })
-        .collect();
-    all.rotate_left(1);
-    produce(&kafka.bootstrap(), PAYMENTS, &all).await;
-    let consumer = consumer(&db, &kafka)
-        .handler(flaky)
-        .retry_policy(policy)
-        .build()
-        .unwrap();
-    // The others succeed at once: their calls are counted from the third.
-    for (_, p) in &others {
-        FLAKY_CALLS
-            .lock()
-            .unwrap()
-            .get_or_insert_with(HashMap::new)
-            .insert(p.order_id, 2);
-    }
-    let running = Running::consumer(&consumer);
-    wait_for("every order paid", Duration::from_secs(60), || async {
-        paid(&db.pool, &payments).await == [1, 1, 1] && paid(&db.pool, &others).await == vec![1; 20]
-    })
-    .await;
-    all_committed(&kafka, all.len() as i64).await;
-    running.stop().await;
-    assert_eq!(
-        paid(&db.pool, &payments).await,
-        [1, 1, 1],
-        "failed attempts left nothing"
-    );
-    assert_eq!(
-        paid(&db.pool, &others).await,
-        vec![1; 20],
-        "batch-mates applied once"
-    );
-    // A handler may run again when a batch-mate fails (the straight pass is given up, its work
-    // rolled back): at least three calls each, one effect.
-    for (_, p) in &payments {
-        assert!(flaky_calls(p.order_id) >= 3);
-    }
-    let expected = match policy {
-        RetryPolicy::InPlace => 0,
-        _ => 6,
-    };
-    assert_eq!(retried(&kafka, expected).await.len(), expected);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn poison_messages_are_dead_lettered_and_the_partition_flows() {
-    let (db, kafka) = payments_setup().await;
-    let payments = orders_with_payments(&db.pool, 2).await;
-    let key = "one-partition".to_owned();
-    let good = |i: usize| {
-        let mut r = Outgoing::event(&payments[i].1, payments[i].0);
-        r.key = key.clone();
-        r
-    };
-    let mut not_json = good(0);
-    not_json.payload = b"{not json".to_vec();
-    not_json.headers[0].1 = Uuid::now_v7().to_string();
-    let negative = PaymentSucceeded {
-        amount: -5,
-        ..payments[0].1.clone()
-    };
-    let mut refused = Outgoing::event(&negative, Uuid::now_v7());
-    refused.key = key.clone();
-    let records = vec![good(0), not_json, refused, good(1)];
-    produce(&kafka.bootstrap(), PAYMENTS, &records).await;
-    let consumer = consumer(&db, &kafka).handler(mark_paid).build().unwrap();
-    let running = Running::consumer(&consumer);
-    let dead = dead_letters(&kafka, 2, Duration::from_secs(30)).await;
-    all_committed(&kafka, 4).await;
-    running.stop().await;
-    assert_eq!(paid(&db.pool, &payments).await, [1, 1]);
-    let errors: Vec<&str> = dead.iter().map(|r| r.header("dlq_error")).collect();
-    assert_eq!(errors.len(), 2, "{errors:?}");
-    assert!(
-        errors[0].starts_with("payload is not JSON"),
-        "{}",
-        errors[0]
-    );
-    assert!(
-        errors[1].contains("handler `mark_paid` failed for good: negative amount -5"),
-        "{}",
-        errors[1]
-    );
-    assert_eq!(
-        count(&db.pool, "SELECT COUNT(*) FROM processed_event").await,
-        2,
-        "no dedup row of a failed handler"
-    );
 }
 
 /// Calls of [`rolls_back_once`].

@@ -86,41 +86,43 @@ pub(crate) fn check(settings: &Settings, routes: &Routes, reads_under_lease: boo
         ));
     }
     if reads_under_lease {
-        // The lease's rows are keyed by group and topic, each a `VARCHAR(255)` compared as
-        // `utf8mb4_bin`, which pads: `g` and `g ` would share one lease.
-        let group = settings.group();
-        let names: Vec<_> = std::iter::once(("group", group.to_owned()))
-            .chain(routes.topics().into_iter().map(|t| ("topic", t)))
-            .collect();
-        if let Some((what, name)) = names.iter().find(|(_, name)| name.ends_with(' ')) {
-            return Err(Error::Config(format!(
-                "the {what} `{name}` ends with a space, which MariaDB/MySQL's comparison of a \
-                 JetStream consumer's lease ignores: rename it"
-            )));
-        }
-        let long = names
-            .iter()
-            .find(|(_, name)| name.chars().count() > LEASE_NAME_CHARS);
-        if let Some((what, name)) = long {
-            return Err(Error::Config(format!(
-                "the {what} `{name}` is longer than a JetStream consumer's lease holds on \
-                 MariaDB/MySQL ({LEASE_NAME_CHARS} characters): shorten it"
-            )));
+        // The lease's rows are keyed by group and topic, each a `VARCHAR(255)`.
+        let lease = "a JetStream consumer's lease";
+        fits(
+            "group",
+            settings.group(),
+            LEASE_NAME_CHARS,
+            lease,
+            "rename it",
+        )?;
+        for topic in routes.topics() {
+            fits("topic", &topic, LEASE_NAME_CHARS, lease, "rename it")?;
         }
     }
-    // `utf8mb4_bin` pads: keys that differ by trailing spaces would be one key.
-    if let Some(route) = routes.all().find(|r| r.key.ends_with(' ')) {
+    for route in routes.all() {
+        let (column, fix) = (
+            "`processed_event.handler`",
+            "rename the handler or the group",
+        );
+        fits("deduplication key", &route.key, HANDLER_CHARS, column, fix)?;
+    }
+    Ok(())
+}
+
+/// Refuses a `name` that a `utf8mb4_bin` column of `chars` characters would not keep apart
+/// from others: one ending with a space (the comparison pads, so `g` and `g ` are one) or one
+/// too long for it. `fix`: what to do.
+fn fits(what: &str, name: &str, chars: usize, column: &str, fix: &str) -> Result<()> {
+    if name.ends_with(' ') {
         return Err(Error::Config(format!(
-            "the deduplication key `{}` ends with a space, which MariaDB/MySQL's comparison \
-             ignores: rename the handler or the group",
-            route.key
+            "the {what} `{name}` ends with a space, which MariaDB/MySQL's comparison of \
+             {column} ignores: {fix}"
         )));
     }
-    if let Some(route) = routes.all().find(|r| r.key.chars().count() > HANDLER_CHARS) {
+    if name.chars().count() > chars {
         return Err(Error::Config(format!(
-            "the deduplication key `{}` is longer than `processed_event.handler` holds on \
-             MariaDB/MySQL ({HANDLER_CHARS} characters): shorten the group or the handler's name",
-            route.key
+            "the {what} `{name}` is longer than {column} holds on MariaDB/MySQL \
+             ({chars} characters): {fix}"
         )));
     }
     Ok(())
