@@ -12,6 +12,7 @@ pub struct RuntimeReadmeDoctests;
 
 pub mod bench;
 pub mod browser;
+pub mod contract;
 pub mod deposits;
 pub mod fixtures;
 pub mod kafka;

@@ -60,12 +60,9 @@ async fn all_committed(kafka: &Kafka, group: &str, total: i64) {
 macro_rules! consumer_suite {
     ($name:ident, $db:ty, $setup:path, $conn:ty, $p1:literal, $count:path) => {
         pub(crate) mod $name {
-            use std::collections::BTreeMap;
-            use std::sync::Mutex;
             use std::time::Duration;
 
-            use outbox_runtime::inbox::{Consumer, ConsumerBuilder, HandlerError, RetryPolicy};
-            use outbox_runtime::inbox_handler;
+            use outbox_runtime::inbox::{Consumer, ConsumerBuilder, RetryPolicy};
             use outbox_tests::fixtures::{PaymentRefunded, PaymentSucceeded, PAYMENTS};
             use outbox_tests::kafka::{consume, produce, Kafka, Outgoing};
             use outbox_tests::payments::{dead_letters, read_at, retried, wait_for, PARTITIONS};
@@ -74,8 +71,6 @@ macro_rules! consumer_suite {
             use uuid::Uuid;
 
             use super::{all_committed, produce_in_one_partition, records};
-
-            type Database = <$conn as sqlx::Connection>::Database;
 
             /// A test's database and the mock cluster.
             async fn setup() -> ($db, Kafka) {
@@ -93,188 +88,7 @@ macro_rules! consumer_suite {
                     .retry_backoff(Duration::from_millis(20), Duration::from_millis(200))
             }
 
-            /// `n` orders, each with its payment event (and the event's id); those `picked`
-            /// of `amount`, the others of 100.
-            async fn orders_with_payments(
-                db: &$db,
-                n: usize,
-                picked: impl Fn(usize) -> bool,
-                amount: i64,
-            ) -> Vec<(Uuid, PaymentSucceeded)> {
-                let mut payments = Vec::new();
-                for i in 0..n {
-                    let order_id = Uuid::now_v7();
-                    sqlx::query(concat!("INSERT INTO orders (id) VALUES (", $p1, ")"))
-                        .bind(order_id)
-                        .execute(&db.pool)
-                        .await
-                        .unwrap();
-                    let event = PaymentSucceeded {
-                        payment_id: Uuid::now_v7(),
-                        order_id,
-                        amount: if picked(i) { amount } else { 100 },
-                    };
-                    payments.push((Uuid::now_v7(), event));
-                }
-                payments
-            }
-
-            /// `n` orders with a payment of 100 each.
-            async fn plain_payments(db: &$db, n: usize) -> Vec<(Uuid, PaymentSucceeded)> {
-                orders_with_payments(db, n, |_| false, 0).await
-            }
-
-            /// `paid` of every order, in the order of `payments`.
-            async fn paid(db: &$db, payments: &[(Uuid, PaymentSucceeded)]) -> Vec<i32> {
-                let mut counts = Vec::new();
-                for (_, p) in payments {
-                    let paid: i32 =
-                        sqlx::query_scalar(concat!("SELECT paid FROM orders WHERE id = ", $p1))
-                            .bind(p.order_id)
-                            .fetch_one(&db.pool)
-                            .await
-                            .unwrap();
-                    counts.push(paid);
-                }
-                counts
-            }
-
-            /// The dedup rows of `handler`.
-            async fn marked(db: &$db, handler: &str) -> i64 {
-                sqlx::query_scalar(concat!(
-                    "SELECT COUNT(*) FROM processed_event WHERE handler = ",
-                    $p1
-                ))
-                .bind(handler)
-                .fetch_one(&db.pool)
-                .await
-                .unwrap()
-            }
-
-            /// Marks the order paid. A negative amount is a permanent failure.
-            #[inbox_handler]
-            async fn mark_paid(
-                event: PaymentSucceeded,
-                tx: &mut $conn,
-            ) -> Result<(), HandlerError> {
-                if event.amount < 0 {
-                    return Err(HandlerError::permanent(format!(
-                        "negative amount {}",
-                        event.amount
-                    )));
-                }
-                sqlx::query(concat!(
-                    "UPDATE orders SET paid = paid + 1 WHERE id = ",
-                    $p1
-                ))
-                .bind(event.order_id)
-                .execute(tx)
-                .await?;
-                Ok(())
-            }
-
-            #[inbox_handler]
-            async fn mark_refunded(
-                event: PaymentRefunded,
-                tx: &mut $conn,
-            ) -> Result<(), HandlerError> {
-                sqlx::query(concat!(
-                    "UPDATE orders SET refunded = refunded + 1 WHERE id = ",
-                    $p1
-                ))
-                .bind(event.order_id)
-                .execute(tx)
-                .await?;
-                Ok(())
-            }
-
-            /// Calls of [`flaky`] (and of [`sometimes_failing`]'s failing orders), by order.
-            static FLAKY_CALLS: Mutex<BTreeMap<Uuid, u32>> = Mutex::new(BTreeMap::new());
-
-            fn flaky_calls(order: Uuid) -> u32 {
-                FLAKY_CALLS
-                    .lock()
-                    .unwrap()
-                    .get(&order)
-                    .copied()
-                    .unwrap_or(0)
-            }
-
-            fn call(order: Uuid) -> u32 {
-                let mut calls = FLAKY_CALLS.lock().unwrap();
-                let n = calls.entry(order).or_default();
-                *n += 1;
-                *n
-            }
-
-            /// Pays, then fails (retryably) the first two times it sees an order: the failed
-            /// attempts' writes must be undone, and only its own.
-            #[inbox_handler]
-            async fn flaky(event: PaymentSucceeded, tx: &mut $conn) -> Result<(), HandlerError> {
-                sqlx::query(concat!(
-                    "UPDATE orders SET paid = paid + 1 WHERE id = ",
-                    $p1
-                ))
-                .bind(event.order_id)
-                .execute(&mut *tx)
-                .await?;
-                if call(event.order_id) <= 2 {
-                    return Err(HandlerError::retryable("the payment service is busy"));
-                }
-                Ok(())
-            }
-
-            /// Orders [`sometimes_failing`] handled, in the order it handled them.
-            static HANDLED: Mutex<Vec<Uuid>> = Mutex::new(Vec::new());
-
-            /// Fails (retryably) on its first two calls for an order whose amount is 7, then
-            /// pays it; pays the others at once. Records what it handled, in order.
-            #[inbox_handler]
-            async fn sometimes_failing(
-                event: PaymentSucceeded,
-                tx: &mut $conn,
-            ) -> Result<(), HandlerError> {
-                if event.amount == 7 && call(event.order_id) <= 2 {
-                    return Err(HandlerError::retryable("the payment service is busy"));
-                }
-                sqlx::query(concat!(
-                    "UPDATE orders SET paid = paid + 1 WHERE id = ",
-                    $p1
-                ))
-                .bind(event.order_id)
-                .execute(&mut *tx)
-                .await?;
-                HANDLED.lock().unwrap().push(event.order_id);
-                Ok(())
-            }
-
-            /// Calls of [`panicky`], by order.
-            static PANICKY_CALLS: Mutex<BTreeMap<Uuid, u32>> = Mutex::new(BTreeMap::new());
-
-            /// Pays, then panics on its first call for an order whose amount is 13.
-            #[inbox_handler]
-            async fn panicky(event: PaymentSucceeded, tx: &mut $conn) -> Result<(), HandlerError> {
-                let calls = {
-                    let mut calls = PANICKY_CALLS.lock().unwrap();
-                    let n = calls.entry(event.order_id).or_default();
-                    *n += 1;
-                    *n
-                };
-                sqlx::query(concat!(
-                    "UPDATE orders SET paid = paid + 1 WHERE id = ",
-                    $p1
-                ))
-                .bind(event.order_id)
-                .execute(&mut *tx)
-                .await?;
-                if event.amount == 13 && calls == 1 {
-                    panic!(
-                        "the payment provider's client panicked for order {}",
-                        event.order_id
-                    );
-                }
-                Ok(())
-            }
+            outbox_tests::payments_kit!($db, $conn, $p1);
 
             /// Every payment and ten refunds produced once, then again in the opposite order:
             /// each takes effect once, its dedup row under the group's name.
@@ -376,13 +190,8 @@ macro_rules! consumer_suite {
                     errors[1],
                     "message has no event_id header (nor a CloudEvents ce_id)"
                 );
-                assert!(
-                    errors[2].contains(
-                        "does not deserialize into `outbox_tests::fixtures::PaymentSucceeded`"
-                    ),
-                    "{}",
-                    errors[2]
-                );
+                let shape = "does not deserialize into `outbox_tests::fixtures::PaymentSucceeded`";
+                assert!(errors[2].contains(shape), "{}", errors[2]);
                 assert!(
                     errors[3].contains("handler `mark_paid` failed for good: negative amount -5"),
                     "{}",
