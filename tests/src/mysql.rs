@@ -36,19 +36,24 @@ pub async fn payments_setup_on(kafka: crate::kafka::Kafka) -> (MySqlTestDb, crat
     use crate::payments::PARTITIONS;
 
     let db = MySqlTestDb::new().await;
-    sqlx::query(
-        "CREATE TABLE orders (id BINARY(16) PRIMARY KEY, paid INT NOT NULL DEFAULT 0, \
-         refunded INT NOT NULL DEFAULT 0)",
-    )
-    .execute(&db.pool)
-    .await
-    .expect("create orders");
+    create_orders(&db.pool).await;
     kafka.create_topic(PAYMENTS, PARTITIONS).await;
     kafka
         .create_topic(&format!("{PAYMENTS}.retry"), PARTITIONS)
         .await;
     kafka.create_topic(&format!("{PAYMENTS}.dlq"), 1).await;
     (db, kafka)
+}
+
+/// The `orders` table (`id`, `paid`, `refunded`).
+pub async fn create_orders(pool: &MySqlPool) {
+    sqlx::query(
+        "CREATE TABLE orders (id BINARY(16) PRIMARY KEY, paid INT NOT NULL DEFAULT 0, \
+         refunded INT NOT NULL DEFAULT 0)",
+    )
+    .execute(pool)
+    .await
+    .expect("create orders");
 }
 
 /// `sql`'s count, asked again while the server does not answer (within 60 s): for a test that

@@ -360,3 +360,18 @@ pub async fn raw_jetstream(server: &NatsServer, stream: &str, name: &str, n: usi
     }
     crate::bench::rate(n as u64 - 1, start.elapsed())
 }
+
+/// Checks a dead letter of a payment read from `stream` (on the payments' subject): its
+/// reason, its attempts and where it was read.
+pub fn assert_dead_letter(letter: &Received, stream: &str, reason: &str, attempts: &str) {
+    assert!(
+        letter.header("dlq_error").contains(reason),
+        "{} does not say {reason}",
+        letter.header("dlq_error")
+    );
+    assert_eq!(letter.header("dlq_attempts"), attempts);
+    assert_eq!(letter.header("dlq_source_topic"), crate::fixtures::PAYMENTS);
+    assert_eq!(letter.header("dlq_source_partition"), "0");
+    assert_eq!(letter.header("dlq_source_stream"), stream);
+    assert!(letter.header("dlq_source_offset").parse::<u64>().unwrap() >= 1);
+}
