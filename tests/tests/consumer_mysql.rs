@@ -1,9 +1,10 @@
 //! Consumers on MariaDB (the machine's 10.11; MySQL 8 cannot be had here), dedup mode, on the
 //! mock cluster and RabbitMQ, what is MariaDB's own: a handler whose transaction the server
 //! rolled back (as after a deadlock it caught), two consumers racing on the same pairs, a
-//! handler that emits or commits on its own, each key's order on RabbitMQ, and what `build`
-//! refuses. The contract both databases share on Kafka (effects once, dead letters, retries,
-//! panics) is `consumer_contract.rs`.
+//! handler that emits or commits on its own, a message RabbitMQ returned twice, and what
+//! `build` refuses. The contract both databases share (effects once, dead letters, retries,
+//! panics) is `consumer_contract.rs` on Kafka, `jetstream_contract.rs` and
+//! `rabbitmq_contract.rs`.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
@@ -11,11 +12,11 @@ use std::time::Duration;
 use outbox_runtime::inbox::{Consumer, HandlerError, Mode};
 use outbox_runtime::inbox_handler;
 use outbox_runtime::relay::RabbitMq;
-use outbox_tests::deposits::{interleaved, ATTEMPTS, TOPIC};
+use outbox_tests::deposits::ATTEMPTS;
 use outbox_tests::fixtures::{PaymentSucceeded, PAYMENTS};
 use outbox_tests::kafka::{committed_total, produce, Kafka, Outgoing};
 use outbox_tests::mysql::{
-    count, create_steps, payments_setup, record_step, record_step_and_attempt, steps, MySqlTestDb,
+    count, create_steps, payments_setup, record_step_and_attempt, steps, MySqlTestDb,
 };
 use outbox_tests::payments::{dead_letters, no_auto_created_topics, retried, wait_for, PARTITIONS};
 use outbox_tests::rabbitmq as mq;
@@ -212,42 +213,6 @@ async fn build_refuses_what_is_not_built_on_mysql_yet() {
         long.contains("longer than `processed_event.handler` holds"),
         "{long}"
     );
-}
-
-/// The consumer on MariaDB is the same on every broker it is built for: RabbitMQ here (the
-/// machine's node, a vhost of its own), each event's effect once over duplicates, each key's
-/// order kept.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn reads_rabbitmq_each_event_once_in_each_keys_order() {
-    const SHARDS: u16 = 4;
-    let vhost = mq::Vhost::new("rc-mysql");
-    let url = vhost.url();
-    let db = MySqlTestDb::new().await;
-    create_steps(&db.pool).await;
-    let rabbit = RabbitMq::new(&url).shards(SHARDS);
-    rabbit.ensure_topology(TOPIC, "ledger").await.unwrap();
-    // 8 accounts' events interleaved, then every one again (same event ids) behind them.
-    let records = interleaved(8, 20);
-    mq::publish_sharded(&url, TOPIC, SHARDS, &records).await;
-    mq::publish_sharded(&url, TOPIC, SHARDS, &records).await;
-    let consumer = Consumer::builder(db.pool.clone())
-        .rabbitmq(rabbit)
-        .group_id("ledger")
-        .handler(record_step)
-        .batch_size(25)
-        .build()
-        .unwrap();
-    let running = Running::consumer(&consumer);
-    wait_for("every event handled", Duration::from_secs(60), || async {
-        count(&db.pool, "SELECT COUNT(*) FROM processed_event").await == 160
-    })
-    .await;
-    running.stop().await;
-    let steps = steps(&db.pool).await;
-    assert_eq!(steps.len(), 8);
-    for (account, seqs) in steps {
-        assert_eq!(seqs, (0..20).collect::<Vec<i64>>(), "account {account}");
-    }
 }
 
 /// A quorum queue puts a message returned a second time behind what was returned before it

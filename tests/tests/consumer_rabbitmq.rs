@@ -1,24 +1,24 @@
-//! Consumers from RabbitMQ, against the machine's node (each test in a vhost of its own): the
-//! same promises as on Kafka and JetStream. Each event's effect once over redelivered
-//! duplicates, each key's order, the inbox mode, two instances of a group (one active consumer
-//! per shard queue, the other taking over), retries through the delay queues, dead letters
-//! with their headers, poison messages, and a consumer waiting for its queues.
+//! Consumers from RabbitMQ on PostgreSQL, against the machine's node (each test in a vhost of
+//! its own): what is not yet run on MariaDB too. The inbox mode, two instances of a group (one
+//! active consumer per shard queue, the other taking over), shard queues read two batches at a
+//! time, a consumer waiting for its queues, names over AMQP's limit, stopping, and messages
+//! returned twice in either mode. The dedup contract both databases share (effects once in
+//! each key's order, the delay queues, dead letters, panics) is `rabbitmq_contract.rs`.
 //! (Killed consumers and brokers: `consumer_rabbitmq_faults.rs`.)
 
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 use std::time::Duration;
 
-use outbox_runtime::inbox::{Consumer, ConsumerBuilder, HandlerError, MessageMeta, Mode};
+use outbox_runtime::inbox::{Consumer, ConsumerBuilder, HandlerError, Mode};
 use outbox_runtime::relay::RabbitMq;
 use outbox_tests::deposits::{
     create_steps, interleaved, record_step, record_step_and_attempt, steps,
     ATTEMPTS as STEP_ATTEMPTS, TOPIC,
 };
-use outbox_tests::fixtures::{self, PaymentSucceeded, PAYMENTS};
+use outbox_tests::fixtures::{self, PAYMENTS};
 use outbox_tests::kafka::{Outgoing, Received};
 use outbox_tests::payments::{not_json, orders_with_payments, paid_counts, records, wait_for};
-use outbox_tests::rabbitmq::{self as mq, Vhost};
+use outbox_tests::rabbitmq::{self as mq, dead_letters, Vhost};
 use outbox_tests::stopping::stops_after_the_batch_in_hand;
 use outbox_tests::{count, Running, TestDb};
 
@@ -39,76 +39,14 @@ fn builder(db: &TestDb, url: &str, group: &str) -> ConsumerBuilder {
         .retry_backoff(Duration::from_millis(20), Duration::from_millis(200))
 }
 
-/// Whether every queue of `topic`'s group `group` (shard and delay queues) holds nothing, ready
-/// or unacknowledged: everything settled.
+/// Whether every queue of `topic`'s group `group` is settled.
 fn settled(vhost: &Vhost, topic: &str, group: &str) -> bool {
-    let prefix = format!("{topic}.{group}.");
-    let queues: Vec<_> = mq::list_queues(None, &vhost.name)
-        .into_iter()
-        .filter(|q| q.name.starts_with(&prefix))
-        .collect();
-    queues.len() == 2 * usize::from(SHARDS) && queues.iter().all(|q| q.messages == 0)
+    mq::settled(vhost, topic, group, SHARDS)
 }
 
-/// The dead letters of `topic`, read from its dead-letter queue.
-async fn dead_letters(url: &str, topic: &str, n: usize) -> Vec<Received> {
-    let letters = mq::read_queue(url, &format!("{topic}.dlq"), n + 1, Duration::from_secs(2)).await;
-    assert_eq!(letters.len(), n, "{letters:?}");
-    letters
-}
-
-/// The headers a dead letter must carry.
+/// The headers a dead letter of group `orders` must carry.
 fn assert_dead_letter(letter: &Received, reason: &str, attempts: &str) {
-    assert!(
-        letter.header("dlq_error").contains(reason),
-        "{} does not say {reason}",
-        letter.header("dlq_error")
-    );
-    assert_eq!(letter.header("dlq_attempts"), attempts);
-    assert_eq!(letter.header("dlq_source_topic"), PAYMENTS);
-    let shard = mq::shard_of(letter.header("outbox_key"), SHARDS);
-    assert_eq!(letter.header("dlq_source_partition"), shard.to_string());
-    assert_eq!(letter.header("dlq_source_offset"), "0");
-    assert_eq!(letter.header("dlq_group"), "orders");
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn dedup_mode_handles_each_event_once_in_each_keys_order() {
-    let vhost = Vhost::new("rc-dedup");
-    let url = vhost.url();
-    let db = TestDb::new().await;
-    create_steps(&db.pool).await;
-    rabbit(&url).ensure_topology(TOPIC, "ledger").await.unwrap();
-    // 8 accounts' events interleaved, then every one again (the relay sending it twice: same
-    // event id), behind them.
-    let records = interleaved(8, 20);
-    mq::publish_sharded(&url, TOPIC, SHARDS, &records).await;
-    mq::publish_sharded(&url, TOPIC, SHARDS, &records).await;
-    let consumer = builder(&db, &url, "ledger")
-        .handler(record_step)
-        .batch_size(25)
-        .build()
-        .unwrap();
-    let running = Running::consumer(&consumer);
-    let pool = db.pool.clone();
-    wait_for("all 320 settled", Duration::from_secs(60), || async {
-        count(&pool, "SELECT count(*) FROM steps").await >= 160 && settled(&vhost, TOPIC, "ledger")
-    })
-    .await;
-    running.stop().await;
-    let steps = steps(&db.pool).await;
-    assert_eq!(steps.len(), 8);
-    for (account, seqs) in steps {
-        assert_eq!(seqs, (0..20).collect::<Vec<i64>>(), "account {account}");
-    }
-    assert_eq!(
-        count(&db.pool, "SELECT count(*) FROM processed_event").await,
-        160
-    );
-    assert_eq!(
-        mq::queue_depth(&url, &format!("{TOPIC}.dlq")).await,
-        Some(0)
-    );
+    mq::assert_dead_letter(letter, reason, attempts, SHARDS);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -300,196 +238,6 @@ async fn two_instances_share_the_shards_one_active_each_and_hand_over() {
     for (account, seqs) in steps {
         assert_eq!(seqs, (0..30).collect::<Vec<i64>>(), "account {account}");
     }
-}
-
-/// Attempts seen by [`pay_failing`], by order, in the order they were made.
-static ATTEMPTS: Mutex<BTreeMap<uuid::Uuid, Vec<u32>>> = Mutex::new(BTreeMap::new());
-/// Orders [`pay_failing`] paid, in the order it paid them.
-static PAID: Mutex<Vec<uuid::Uuid>> = Mutex::new(Vec::new());
-
-/// Records the attempt; an amount of 7 fails its first two attempts, 99 every one, 13 panics
-/// every time; pays the rest.
-#[outbox_runtime::inbox_handler]
-async fn pay_failing(
-    event: PaymentSucceeded,
-    tx: &mut sqlx::PgConnection,
-    meta: &MessageMeta<'_>,
-) -> Result<(), HandlerError> {
-    ATTEMPTS
-        .lock()
-        .unwrap()
-        .entry(event.order_id)
-        .or_default()
-        .push(meta.attempt());
-    match event.amount {
-        7 if meta.attempt() <= 2 => {
-            return Err(HandlerError::retryable("the payment service is busy"))
-        }
-        99 => return Err(HandlerError::retryable("the ledger is closed")),
-        13 => panic!("the payment provider's client panicked"),
-        _ => {}
-    }
-    sqlx::query("UPDATE orders SET paid = paid + 1 WHERE id = $1")
-        .bind(event.order_id)
-        .execute(&mut *tx)
-        .await?;
-    PAID.lock().unwrap().push(event.order_id);
-    Ok(())
-}
-
-/// The attempts at `order`'s payment (a handler runs again, at the same attempt, when its
-/// batch's transaction is given up for another message's failure).
-fn attempts(order: uuid::Uuid) -> Vec<u32> {
-    let mut seen = ATTEMPTS
-        .lock()
-        .unwrap()
-        .get(&order)
-        .cloned()
-        .unwrap_or_default();
-    seen.dedup();
-    seen
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn failures_wait_in_the_delay_queue_then_succeed_or_are_dead_lettered() {
-    let vhost = Vhost::new("rc-retry");
-    let url = vhost.url();
-    let db = TestDb::new().await;
-    fixtures::create_orders(&db.pool).await;
-    rabbit(&url)
-        .ensure_topology(PAYMENTS, "orders")
-        .await
-        .unwrap();
-    let mut payments = orders_with_payments(&db.pool, 30).await;
-    for i in [0, 10, 20] {
-        payments[i].1.amount = 7;
-    }
-    payments[5].1.amount = 99;
-    mq::publish_sharded(&url, PAYMENTS, SHARDS, &records(&payments)).await;
-    let consumer = builder(&db, &url, "orders")
-        .handler(pay_failing)
-        .max_attempts(3)
-        .retry_backoff(Duration::from_millis(1500), Duration::from_millis(1500))
-        .build()
-        .unwrap();
-    let running = Running::consumer(&consumer);
-    let delay_queues: Vec<String> = (0..SHARDS)
-        .map(|s| format!("{PAYMENTS}.orders.{s}.retry"))
-        .collect();
-    wait_for(
-        "a retry in a delay queue",
-        Duration::from_secs(30),
-        || async {
-            let mut waiting = 0;
-            for q in &delay_queues {
-                waiting += mq::queue_depth(&url, q).await.unwrap_or(0);
-            }
-            waiting >= 1
-        },
-    )
-    .await;
-    let pool = db.pool.clone();
-    wait_for("all settled", Duration::from_secs(60), || async {
-        count(&pool, "SELECT count(*) FROM orders WHERE paid > 0").await == 29
-            && settled(&vhost, PAYMENTS, "orders")
-    })
-    .await;
-    running.stop().await;
-    let paid = PAID.lock().unwrap().clone();
-    let at = |order| paid.iter().position(|o| *o == order).unwrap();
-    for (i, (_, payment)) in payments.iter().enumerate() {
-        let order = payment.order_id;
-        match i {
-            // The attempt header grew through the delay queue; it held up nothing of its
-            // shard (every later payment of the shard paid before it).
-            0 | 10 | 20 => {
-                assert_eq!(attempts(order), vec![1, 2, 3], "payment {i}");
-                let shard = mq::shard_of(&payments[i].1.payment_id.to_string(), SHARDS);
-                for (_, later) in payments[i + 1..]
-                    .iter()
-                    .filter(|(_, p)| p.amount == 100)
-                    .filter(|(_, p)| mq::shard_of(&p.payment_id.to_string(), SHARDS) == shard)
-                {
-                    assert!(
-                        at(later.order_id) < at(order),
-                        "payment {i} held its shard up"
-                    );
-                }
-            }
-            5 => assert_eq!(attempts(order), vec![1, 2, 3], "dead after 3"),
-            _ => assert_eq!(attempts(order), vec![1], "payment {i}"),
-        }
-    }
-    let mut expected = vec![1; 30];
-    let order_5 = payments[5].1.order_id;
-    let unpaid_at = {
-        let mut ids: Vec<uuid::Uuid> = payments.iter().map(|(_, p)| p.order_id).collect();
-        ids.sort();
-        ids.iter().position(|o| *o == order_5).unwrap()
-    };
-    expected[unpaid_at] = 0;
-    assert_eq!(paid_counts(&db.pool).await, expected);
-    let letters = dead_letters(&url, PAYMENTS, 1).await;
-    assert_dead_letter(&letters[0], "the ledger is closed", "3");
-    assert_eq!(letters[0].header("event_id"), payments[5].0.to_string());
-    assert_eq!(letters[0].payload["order_id"], serde_json::json!(order_5));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn poison_messages_and_panics_are_dead_lettered_not_redelivered_forever() {
-    let vhost = Vhost::new("rc-poison");
-    let url = vhost.url();
-    let db = TestDb::new().await;
-    fixtures::create_orders(&db.pool).await;
-    rabbit(&url)
-        .ensure_topology(PAYMENTS, "orders")
-        .await
-        .unwrap();
-    let mut payments = orders_with_payments(&db.pool, 10).await;
-    payments[4].1.amount = 13; // panics every time
-    let mut records = records(&payments);
-    // No event id, not JSON; an event id and a body cut short.
-    records.insert(3, not_json());
-    let mut cut = records[0].clone();
-    cut.headers[0].1 = uuid::Uuid::now_v7().to_string();
-    cut.payload.truncate(5);
-    records.push(cut);
-    mq::publish_sharded(&url, PAYMENTS, SHARDS, &records).await;
-    let consumer = builder(&db, &url, "orders")
-        .handler(pay_failing)
-        .max_attempts(3)
-        .build()
-        .unwrap();
-    let running = Running::consumer(&consumer);
-    let pool = db.pool.clone();
-    wait_for("all settled", Duration::from_secs(60), || async {
-        count(&pool, "SELECT count(*) FROM orders WHERE paid > 0").await == 9
-            && settled(&vhost, PAYMENTS, "orders")
-    })
-    .await;
-    // Settled stays settled: nothing comes back.
-    let panicking = payments[4].1.order_id;
-    assert_eq!(attempts(panicking), vec![1, 2, 3]);
-    assert!(!running.is_finished(), "a panic does not stop the consumer");
-    running.stop().await;
-    assert!(settled(&vhost, PAYMENTS, "orders"));
-    assert_eq!(attempts(panicking), vec![1, 2, 3]);
-    let letters = dead_letters(&url, PAYMENTS, 3).await;
-    let with_reason = |reason: &str| {
-        letters
-            .iter()
-            .find(|l| l.header("dlq_error").contains(reason))
-            .unwrap_or_else(|| panic!("no dead letter says {reason}: {letters:?}"))
-    };
-    let no_id = letters
-        .iter()
-        .find(|l| !l.headers.contains_key("event_id"))
-        .expect("the message without an event id");
-    assert_dead_letter(no_id, "payload is not JSON", "1");
-    assert_dead_letter(with_reason("EOF"), "payload is not JSON", "1");
-    let panicked = with_reason("panic");
-    assert_dead_letter(panicked, "panic", "3");
-    assert_eq!(panicked.header("event_id"), payments[4].0.to_string());
 }
 
 /// A topic of this test's own (the missing-topic gauge is labelled by topic, and the other

@@ -5,9 +5,11 @@
 
 use std::process::Command;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::{publish, unique_name, RabbitNode, SHARED_URL};
-use crate::kafka::Outgoing;
+use crate::kafka::{Outgoing, Received};
+
 /// `rabbitmqctl` against the shared node (`node` `None`) or a test's own, with `args`; its
 /// standard output. Panics if it fails.
 pub fn rabbitmqctl(node: Option<&RabbitNode>, args: &[&str]) -> String {
@@ -366,4 +368,40 @@ where
     let queue = relay_deposits(pool, relay, vhost, shards, "ledger", 6..11).await;
     let held = super::hold_and_go_away(&vhost.url(), &vhost.name, &queue, 5).await;
     held.iter().map(|id| id.parse().unwrap()).collect()
+}
+
+/// Whether every queue of `topic`'s group `group` (its `shards` shard queues and their delay
+/// queues) holds nothing, ready or unacknowledged: everything settled.
+pub fn settled(vhost: &Vhost, topic: &str, group: &str, shards: u16) -> bool {
+    let prefix = format!("{topic}.{group}.");
+    let queues: Vec<_> = list_queues(None, &vhost.name)
+        .into_iter()
+        .filter(|q| q.name.starts_with(&prefix))
+        .collect();
+    queues.len() == 2 * usize::from(shards) && queues.iter().all(|q| q.messages == 0)
+}
+
+/// The `n` dead letters of `topic`, read from its dead-letter queue (waiting 2 s for one more,
+/// so that one too many shows).
+pub async fn dead_letters(url: &str, topic: &str, n: usize) -> Vec<Received> {
+    let letters =
+        super::read_queue(url, &format!("{topic}.dlq"), n + 1, Duration::from_secs(2)).await;
+    assert_eq!(letters.len(), n, "{letters:?}");
+    letters
+}
+
+/// The headers a dead letter of a payment read by group `orders` (its topic in `shards` shard
+/// queues) must carry.
+pub fn assert_dead_letter(letter: &Received, reason: &str, attempts: &str, shards: u16) {
+    assert!(
+        letter.header("dlq_error").contains(reason),
+        "{} does not say {reason}",
+        letter.header("dlq_error")
+    );
+    assert_eq!(letter.header("dlq_attempts"), attempts);
+    assert_eq!(letter.header("dlq_source_topic"), crate::fixtures::PAYMENTS);
+    let shard = shard_of(letter.header("outbox_key"), shards);
+    assert_eq!(letter.header("dlq_source_partition"), shard.to_string());
+    assert_eq!(letter.header("dlq_source_offset"), "0");
+    assert_eq!(letter.header("dlq_group"), "orders");
 }
