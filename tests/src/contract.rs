@@ -6,10 +6,11 @@
 /// Declares, for the database of test database type `$db` (a `pool` field), connection type
 /// `$conn` and first bound parameter `$p1` (`"$1"`, `"?"`): `Database`; `orders_with_payments`,
 /// `plain_payments`, `paid`, `marked` (the dedup rows of a handler); the handlers `mark_paid`
-/// (a negative amount fails for good), `mark_refunded`, `flaky` (pays, then fails its first two
-/// calls for an order), `sometimes_failing` (fails its first two calls at an amount of 7,
-/// recording what it handled in `HANDLED`), `panicky` (panics on its first call at 13), and
-/// their call counts (`flaky_calls`, `PANICKY_CALLS`).
+/// (a negative amount fails for good), `mark_refunded`, `mark_paid_counted` (the handler of
+/// `stopping`'s drill), `flaky` (pays, then fails its first two calls for an order),
+/// `sometimes_failing` (fails its first two calls at an amount of 7, recording what it handled
+/// in `HANDLED`), `panicky` (panics on its first call at 13), and their call counts
+/// (`flaky_calls`, `PANICKY_CALLS`).
 #[macro_export]
 macro_rules! payments_kit {
     ($db:ty, $conn:ty, $p1:literal) => {
@@ -113,6 +114,26 @@ macro_rules! payments_kit {
             .bind(event.order_id)
             .execute(tx)
             .await?;
+            Ok(())
+        }
+
+        /// Pays after a couple of milliseconds of work (so that a batch lasts long enough to
+        /// be stopped in), counting the calls: the handler of `stopping`'s drill.
+        #[outbox_runtime::inbox_handler]
+        async fn mark_paid_counted(
+            event: $crate::fixtures::PaymentSucceeded,
+            tx: &mut $conn,
+            counted: &$crate::stopping::Counted,
+        ) -> Result<(), outbox_runtime::inbox::HandlerError> {
+            tokio::time::sleep(std::time::Duration::from_millis(2)).await;
+            sqlx::query(concat!(
+                "UPDATE orders SET paid = paid + 1 WHERE id = ",
+                $p1
+            ))
+            .bind(event.order_id)
+            .execute(tx)
+            .await?;
+            counted.add();
             Ok(())
         }
 

@@ -3,20 +3,18 @@
 //! without priority is right half the time), so the drill stops a consumer of the group
 //! several times over one backlog.
 
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use outbox_runtime::inbox::{ConsumerBuilder, HandlerError};
-use outbox_runtime::inbox_handler;
-use sqlx::PgPool;
+use outbox_runtime::inbox::Consumer;
 
-use crate::fixtures::PaymentSucceeded;
 use crate::payments::wait_for;
-use crate::{count, Running};
+use crate::Running;
 
-/// The state of [`mark_order_paid_counted`]: how many times it was called, over every
-/// consumer of the drill.
+/// The state of the drill's handler (`payments_kit!`'s `mark_paid_counted`): how many times it
+/// was called, over every consumer of the drill.
 #[derive(Clone, Default)]
 pub struct Counted(Arc<AtomicUsize>);
 
@@ -24,49 +22,32 @@ impl Counted {
     fn get(&self) -> usize {
         self.0.load(Ordering::SeqCst)
     }
+
+    /// One more call.
+    pub fn add(&self) {
+        self.0.fetch_add(1, Ordering::SeqCst);
+    }
 }
 
-/// Marks the order paid after a couple of milliseconds of work (so that a batch lasts long
-/// enough to be stopped in), counting the calls.
-#[inbox_handler]
-pub async fn mark_order_paid_counted(
-    event: PaymentSucceeded,
-    tx: &mut sqlx::PgConnection,
-    counted: &Counted,
-) -> Result<(), HandlerError> {
-    tokio::time::sleep(Duration::from_millis(2)).await;
-    sqlx::query("UPDATE orders SET paid = paid + 1 WHERE id = $1")
-        .bind(event.order_id)
-        .execute(tx)
-        .await?;
-    counted.0.fetch_add(1, Ordering::SeqCst);
-    Ok(())
-}
-
-/// Batches of this many payments.
-const BATCH: usize = 50;
+/// Batches of this many payments: what the consumers of the drill are to be built with.
+pub const BATCH: usize = 50;
 /// Stops, each from a new consumer of the group.
 const ROUNDS: usize = 8;
 
-/// Stops a consumer of the group `builder` makes (given [`mark_order_paid_counted`] and
-/// batches of [`BATCH`]) [`ROUNDS`] times over a backlog of `orders` payments, each time once
-/// it has handled some: from the stop asked for to its end, it may finish the batch in hand,
-/// no more. Then a last consumer of the group drains the backlog: each payment took effect
-/// once.
-pub async fn stops_after_the_batch_in_hand(
-    pool: &PgPool,
+/// Stops a consumer of the group `start` builds (given the state to count its handler's calls
+/// in, with batches of [`BATCH`]) [`ROUNDS`] times over a backlog of `orders` payments, each
+/// time once it has handled some: from the stop asked for to its end, it may finish the batch
+/// in hand, no more. Then a last consumer of the group drains the backlog: each payment took
+/// effect once. `count`: the database's count of a query's rows.
+pub async fn stops_after_the_batch_in_hand<F, Fut>(
     orders: i64,
-    builder: impl Fn() -> ConsumerBuilder,
-) {
+    start: impl Fn(Counted) -> Consumer,
+    count: F,
+) where
+    F: Fn(&'static str) -> Fut,
+    Fut: Future<Output = i64>,
+{
     let counted = Counted::default();
-    let start = |counted: Counted| {
-        builder()
-            .state(counted)
-            .handler(mark_order_paid_counted)
-            .batch_size(BATCH)
-            .build()
-            .unwrap()
-    };
     for round in 0..ROUNDS {
         let running = Running::consumer(&start(counted.clone()));
         let begun = counted.get();
@@ -92,12 +73,12 @@ pub async fn stops_after_the_batch_in_hand(
     );
     let running = Running::consumer(&start(counted.clone()));
     wait_for("the backlog drained", Duration::from_secs(120), || async {
-        count(pool, "SELECT count(*) FROM orders WHERE paid > 0").await == orders
+        count("SELECT COUNT(*) FROM orders WHERE paid > 0").await == orders
     })
     .await;
     running.stop().await;
     assert_eq!(
-        count(pool, "SELECT count(*) FROM orders WHERE paid <> 1").await,
+        count("SELECT COUNT(*) FROM orders WHERE paid <> 1").await,
         0,
         "a payment took effect more than once"
     );

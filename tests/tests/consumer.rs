@@ -1,6 +1,6 @@
 //! Consumers against real PostgreSQL and the mock cluster: inbox mode and its processors,
-//! stopping and crashing consumers, what `build` refuses. The dedup contract both databases
-//! share (effects once, dead letters, retries) is `consumer_contract.rs`.
+//! a crashing consumer, what `build` refuses. The dedup contract both databases share (effects
+//! once, dead letters, retries, stopping) is `consumer_contract.rs`.
 
 use std::time::Duration;
 
@@ -10,7 +10,6 @@ use outbox_tests::kafka::{committed_total, Kafka};
 use outbox_tests::payments::{
     builder, orders_with_payments, paid_counts, publish, setup, wait_for, PARTITIONS,
 };
-use outbox_tests::stopping::stops_after_the_batch_in_hand;
 use outbox_tests::{count, ChildGuard, Running, TestDb};
 use sqlx::PgPool;
 
@@ -113,49 +112,6 @@ async fn an_inbox_burst_is_received_at_once_and_processed_at_the_handlers_pace()
         vec![1; 20_000],
         "none lost, none twice"
     );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn shutdown_commits_the_offsets_of_committed_work() {
-    let (db, kafka) = setup().await;
-    let payments = orders_with_payments(&db.pool, 50).await;
-    publish(&kafka, &payments).await;
-    let mut never = rdkafka::ClientConfig::new();
-    never.set("auto.commit.interval.ms", "3600000");
-    let consumer = builder(&db, &kafka, "orders")
-        .consumer_config(never)
-        .handler(fixtures::mark_order_paid)
-        .build()
-        .unwrap();
-    let running = Running::consumer(&consumer);
-    wait_for("50 applied", Duration::from_secs(30), || async {
-        paid_counts(&db.pool).await.iter().sum::<i32>() == 50
-    })
-    .await;
-    assert_eq!(
-        committed_total(&kafka.bootstrap(), "orders", PAYMENTS, PARTITIONS),
-        0
-    );
-    running.stop().await;
-    assert_eq!(
-        committed_total(&kafka.bootstrap(), "orders", PAYMENTS, PARTITIONS),
-        50
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stopped_consumer_finishes_the_batch_in_hand_and_no_more_of_its_backlog() {
-    let (db, kafka) = setup().await;
-    let payments = orders_with_payments(&db.pool, 2_000).await;
-    publish(&kafka, &payments).await;
-    // The mock lets a group's next member in only after the last one's session timeout
-    // (librdkafka's default 45 s): a short one keeps the eight restarts short.
-    let mut short_session = rdkafka::ClientConfig::new();
-    short_session.set("session.timeout.ms", "6000");
-    stops_after_the_batch_in_hand(&db.pool, 2_000, || {
-        builder(&db, &kafka, "orders").consumer_config(short_session.clone())
-    })
-    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,7 +1,8 @@
 //! The consumer's contract in dedup mode on Kafka, one suite run on each database a consumer
 //! commits to (PostgreSQL; MariaDB, the machine's 10.11): every event delivered twice takes
 //! effect once; poison messages are dead-lettered and their partition flows; a failing handler
-//! undoes only its own work, retried in place or through the retry topic; a panicking handler
+//! undoes only its own work, retried in place or through the retry topic; a stop commits the
+//! offsets of committed work and takes no batch after the one in hand; a panicking handler
 //! is a failure, not a crash; two groups with handlers of the same name each do their work; a
 //! retried message does not hold up its partition; messages waiting in the retry topic survive
 //! a restart. What differs by database is in `consumer.rs`, `consumer_faults.rs` (PostgreSQL)
@@ -64,8 +65,9 @@ macro_rules! consumer_suite {
 
             use outbox_runtime::inbox::{Consumer, ConsumerBuilder, RetryPolicy};
             use outbox_tests::fixtures::{PaymentRefunded, PaymentSucceeded, PAYMENTS};
-            use outbox_tests::kafka::{consume, produce, Kafka, Outgoing};
+            use outbox_tests::kafka::{committed_total, consume, produce, Kafka, Outgoing};
             use outbox_tests::payments::{dead_letters, read_at, retried, wait_for, PARTITIONS};
+            use outbox_tests::stopping;
             use outbox_tests::Running;
             use rdkafka::ClientConfig;
             use uuid::Uuid;
@@ -215,6 +217,54 @@ macro_rules! consumer_suite {
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
             async fn poison_messages_go_to_the_dead_letter_topic_and_the_partition_flows() {
                 poison(setup().await).await;
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn shutdown_commits_the_offsets_of_committed_work() {
+                let (db, kafka) = setup().await;
+                let payments = plain_payments(&db, 50).await;
+                produce(&kafka.bootstrap(), PAYMENTS, &records(&payments)).await;
+                let mut never = ClientConfig::new();
+                never.set("auto.commit.interval.ms", "3600000");
+                let consumer = builder(&db, &kafka, "orders")
+                    .consumer_config(never)
+                    .handler(mark_paid)
+                    .build()
+                    .unwrap();
+                let running = Running::consumer(&consumer);
+                wait_for("50 applied", Duration::from_secs(30), || async {
+                    paid(&db, &payments).await == vec![1; 50]
+                })
+                .await;
+                let committed = || committed_total(&kafka.bootstrap(), "orders", PAYMENTS, PARTITIONS);
+                assert_eq!(committed(), 0);
+                running.stop().await;
+                assert_eq!(committed(), 50);
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_stopped_consumer_finishes_the_batch_in_hand_and_no_more_of_its_backlog() {
+                let (db, kafka) = setup().await;
+                let payments = plain_payments(&db, 2_000).await;
+                produce(&kafka.bootstrap(), PAYMENTS, &records(&payments)).await;
+                // The mock lets a group's next member in only after the last one's session
+                // timeout (librdkafka's default 45 s): a short one keeps the eight restarts
+                // short.
+                let mut short_session = ClientConfig::new();
+                short_session.set("session.timeout.ms", "6000");
+                let start = |counted| {
+                    builder(&db, &kafka, "orders")
+                        .consumer_config(short_session.clone())
+                        .state(counted)
+                        .handler(mark_paid_counted)
+                        .batch_size(stopping::BATCH)
+                        .build()
+                        .unwrap()
+                };
+                stopping::stops_after_the_batch_in_hand(2_000, start, |sql| {
+                    $count(&db.pool, sql)
+                })
+                .await;
             }
 
             /// Three flaky payments among twenty others on one partition, so that they share

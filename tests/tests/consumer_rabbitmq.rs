@@ -1,9 +1,9 @@
 //! Consumers from RabbitMQ on PostgreSQL, against the machine's node (each test in a vhost of
 //! its own): what is not yet run on MariaDB too. The inbox mode, two instances of a group (one
 //! active consumer per shard queue, the other taking over), shard queues read two batches at a
-//! time, a consumer waiting for its queues, names over AMQP's limit, stopping, and messages
+//! time, a consumer waiting for its queues, names over AMQP's limit, and messages
 //! returned twice in either mode. The dedup contract both databases share (effects once in
-//! each key's order, the delay queues, dead letters, panics) is `rabbitmq_contract.rs`.
+//! each key's order, the delay queues, dead letters, panics, stopping) is `rabbitmq_contract.rs`.
 //! (Killed consumers and brokers: `consumer_rabbitmq_faults.rs`.)
 
 use std::collections::BTreeMap;
@@ -19,7 +19,6 @@ use outbox_tests::fixtures::{self, PAYMENTS};
 use outbox_tests::kafka::{Outgoing, Received};
 use outbox_tests::payments::{not_json, orders_with_payments, paid_counts, records, wait_for};
 use outbox_tests::rabbitmq::{self as mq, dead_letters, Vhost};
-use outbox_tests::stopping::stops_after_the_batch_in_hand;
 use outbox_tests::{count, Running, TestDb};
 
 /// Shards of every topic here.
@@ -369,25 +368,6 @@ async fn names_over_amqps_255_bytes_stop_the_consumer_with_what_to_shorten() {
         }
         other => panic!("expected a configuration error, got {other:?}"),
     }
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_stopped_consumer_finishes_the_batch_in_hand_and_no_more_of_its_backlog() {
-    // One shard queue: one reader, whose batch in hand is the bound.
-    let vhost = Vhost::new("rc-stop");
-    let url = vhost.url();
-    let db = TestDb::new().await;
-    fixtures::create_orders(&db.pool).await;
-    let one_shard = rabbit(&url).shards(1);
-    one_shard.ensure_topology(PAYMENTS, "orders").await.unwrap();
-    let payments = orders_with_payments(&db.pool, 2_000).await;
-    mq::publish_sharded(&url, PAYMENTS, 1, &records(&payments)).await;
-    stops_after_the_batch_in_hand(&db.pool, 2_000, || {
-        Consumer::builder(db.pool.clone())
-            .rabbitmq(one_shard.clone())
-            .group_id("orders")
-    })
-    .await;
 }
 
 /// A quorum queue puts a message returned a second time behind what was returned before it

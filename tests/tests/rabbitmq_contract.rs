@@ -2,9 +2,10 @@
 //! consumer commits to (PostgreSQL; MariaDB, the machine's 10.11), against the machine's node
 //! (each test in a vhost of its own): each event's effect once over redelivered duplicates, in
 //! each key's order; failures waiting in the delay queue, then succeeding or dead-lettered;
-//! poison messages and panics dead-lettered, not redelivered forever. What is PostgreSQL's own
-//! so far (inbox mode, two instances sharing the shards, missing queues, stopping) is in
-//! `consumer_rabbitmq.rs`; MariaDB's own (a message returned twice) in `consumer_mysql.rs`.
+//! poison messages and panics dead-lettered, not redelivered forever; a stopped consumer
+//! taking no batch after the one in hand. What is PostgreSQL's own so far (inbox mode, two
+//! instances sharing the shards, missing queues) is in `consumer_rabbitmq.rs`; MariaDB's own
+//! (a message returned twice) in `consumer_mysql.rs`.
 
 /// Shards of every topic here.
 const SHARDS: u16 = 4;
@@ -26,6 +27,7 @@ macro_rules! rabbitmq_suite {
             use outbox_tests::fixtures::{PaymentSucceeded, PAYMENTS};
             use outbox_tests::payments::{not_json, records, wait_for};
             use outbox_tests::rabbitmq::{self as mq, dead_letters, Vhost};
+            use outbox_tests::stopping;
             use outbox_tests::Running;
             use uuid::Uuid;
             use $steps as steps_db;
@@ -98,6 +100,31 @@ macro_rules! rabbitmq_suite {
                     mq::queue_depth(&url, &format!("{TOPIC}.dlq")).await,
                     Some(0)
                 );
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_stopped_consumer_finishes_the_batch_in_hand_and_no_more_of_its_backlog() {
+                // One shard queue: one reader, whose batch in hand is the bound.
+                let vhost = Vhost::new("rc-stop");
+                let url = vhost.url();
+                let db = <$db>::new().await;
+                $orders(&db.pool).await;
+                let one_shard = rabbit(&url).shards(1);
+                one_shard.ensure_topology(PAYMENTS, "orders").await.unwrap();
+                let payments = plain_payments(&db, 2_000).await;
+                mq::publish_sharded(&url, PAYMENTS, 1, &records(&payments)).await;
+                let start = |counted| {
+                    Consumer::builder(db.pool.clone())
+                        .rabbitmq(one_shard.clone())
+                        .group_id("orders")
+                        .state(counted)
+                        .handler(mark_paid_counted)
+                        .batch_size(stopping::BATCH)
+                        .build()
+                        .unwrap()
+                };
+                stopping::stops_after_the_batch_in_hand(2_000, start, |sql| $count(&db.pool, sql))
+                    .await;
             }
 
             /// Attempts seen by [`pay_failing`], by order, in the order they were made.
