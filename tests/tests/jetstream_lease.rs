@@ -2,9 +2,9 @@
 //! lives in (PostgreSQL: one row, `FOR KEY SHARE`; MariaDB: a lease row and a fence row), each
 //! test with its own nats-server: several instances handle each event once, in each key's
 //! order; a crashed instance is replaced and a stopped one hands over, what either held coming
-//! first; a batch longer than `ack_wait` keeps its lease beside a standby. What differs by
-//! database (taking the lease over under a running batch) is in `consumer_jetstream.rs` and
-//! `consumer_mysql_jetstream.rs`.
+//! first; a batch longer than `ack_wait` keeps its lease beside a standby; a lease the
+//! database refuses is warned of. What differs by database (taking the lease over under a
+//! running batch) is in `consumer_jetstream.rs` and `consumer_mysql_jetstream.rs`.
 
 /// The suite, for one database: `$db` its test database type (with `new()` and `pool`),
 /// `$steps` the module with its `create_steps`, `record_step`, `insert_step` and `steps`,
@@ -237,8 +237,44 @@ macro_rules! lease_suite {
                 Running::stop_all(running).await;
                 assert_in_order(&db, 4, 5).await;
             }
+
+            /// A lease the database refuses (its table gone: a migration not run; a privilege
+            /// missing; a server too old for `SKIP LOCKED`) is warned of, not waited on in
+            /// silence: the consumer reads nothing until it is mended.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_lease_the_database_refuses_is_warned_of() {
+                let log = super::log();
+                let (db, server) = setup().await;
+                sqlx::query("DROP TABLE outbox_consumer_lease")
+                    .execute(&db.pool)
+                    .await
+                    .unwrap();
+                let group = concat!(stringify!($name), "-refused");
+                let consumer = builder(&db, &server, group)
+                    .await
+                    .handler(steps_db::record_step)
+                    .build()
+                    .unwrap();
+                let running = Running::consumer(&consumer);
+                let said = format!("group={group}");
+                wait_for("the refusal warned of", Duration::from_secs(30), || async {
+                    log.text().lines().any(|line| {
+                        line.contains("WARN")
+                            && line.contains(&said)
+                            && line.contains("outbox_consumer_lease")
+                    })
+                })
+                .await;
+                running.stop().await;
+            }
         }
     };
+}
+
+/// This test binary's log at `WARN` (each test finds its own group's lines).
+fn log() -> &'static outbox_tests::log::Log {
+    static LOG: std::sync::OnceLock<outbox_tests::log::Log> = std::sync::OnceLock::new();
+    LOG.get_or_init(|| outbox_tests::log::Log::install(tracing::Level::WARN))
 }
 
 lease_suite!(

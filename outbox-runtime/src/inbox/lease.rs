@@ -112,8 +112,12 @@ impl Lease {
 
     /// Waits until this instance owns the lease, trying every third of its length; `None`
     /// if `cancel` fires first.
+    /// A database error is warned of when it first comes and when it changes (a migration not
+    /// run, a privilege missing: the topic is read by no instance of the group until it is
+    /// mended), and counted in `outbox_consumer_lease_errors_total`.
     pub(crate) async fn acquire(&self, cancel: &CancellationToken) -> Option<Acquired> {
         let mut said = false;
+        let mut last_error: Option<String> = None;
         loop {
             match self.try_acquire().await {
                 Ok(Some(acquired)) => {
@@ -123,12 +127,23 @@ impl Lease {
                 }
                 Ok(None) if !said => {
                     said = true;
+                    last_error = None;
                     tracing::info!(group = %self.group, topic = %self.topic,
                         "another instance of the group reads the topic; standing by");
                 }
-                Ok(None) => {}
+                Ok(None) => last_error = None,
                 Err(e) => {
-                    tracing::debug!(error = %crate::error_chain(&e), "cannot take the lease; trying again")
+                    metrics::counter!("outbox_consumer_lease_errors_total").increment(1);
+                    let error = crate::error_chain(&e).to_string();
+                    if last_error.as_ref() != Some(&error) {
+                        tracing::warn!(group = %self.group, topic = %self.topic, %error,
+                            "cannot take the group's lease on the topic (nothing of it is read \
+                             until it can be); trying again");
+                    } else {
+                        tracing::debug!(group = %self.group, topic = %self.topic, %error,
+                            "cannot take the lease; trying again");
+                    }
+                    last_error = Some(error);
                 }
             }
             tokio::select! {
