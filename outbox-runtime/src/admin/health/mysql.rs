@@ -120,17 +120,19 @@ struct Transaction {
 
 /// Every other connection's open transaction, the oldest first. InnoDB's times are in the
 /// server's system time zone, `NOW()` in the session's (UTC for sqlx's, any for an
-/// application's): the ages compare them in the first.
+/// application's): the ages compare them in the first. The seconds are made doubles by `* 1e0`
+/// and `/ 1e6` (a double literal), not `CAST(... AS DOUBLE)`, which MySQL takes only from
+/// 8.0.17.
 async fn transactions(conn: &mut MySqlConnection) -> Result<Vec<Transaction>> {
     let rows = sqlx::query(
         "SELECT CAST(t.trx_mysql_thread_id AS SIGNED), CAST(COALESCE(p.HOST, '') AS CHAR), \
                 CAST(COALESCE(p.USER, '') AS CHAR), CAST(COALESCE(p.COMMAND, '') AS CHAR), \
-                CAST(TIMESTAMPDIFF(SECOND, t.trx_started, \
-                    CONVERT_TZ(NOW(), @@session.time_zone, 'SYSTEM')) AS DOUBLE), \
-                CAST(COALESCE(p.TIME, 0) AS DOUBLE), \
-                CASE WHEN t.trx_state = 'LOCK WAIT' THEN CAST(TIMESTAMPDIFF(MICROSECOND, \
+                TIMESTAMPDIFF(SECOND, t.trx_started, \
+                    CONVERT_TZ(NOW(), @@session.time_zone, 'SYSTEM')) * 1e0, \
+                COALESCE(p.TIME, 0) * 1e0, \
+                CASE WHEN t.trx_state = 'LOCK WAIT' THEN TIMESTAMPDIFF(MICROSECOND, \
                     t.trx_wait_started, CONVERT_TZ(NOW(), @@session.time_zone, 'SYSTEM')) \
-                    / 1e6 AS DOUBLE) END \
+                    / 1e6 END \
          FROM information_schema.INNODB_TRX t \
          LEFT JOIN information_schema.PROCESSLIST p ON p.ID = t.trx_mysql_thread_id \
          WHERE t.trx_mysql_thread_id <> CONNECTION_ID() \
