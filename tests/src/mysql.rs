@@ -71,6 +71,20 @@ pub async fn count_when_up(pool: &MySqlPool, sql: &str) -> i64 {
     }
 }
 
+/// Marks the order paid (`orders.paid` + 1; see [`create_orders`]): `fixtures::mark_order_paid`
+/// on MariaDB/MySQL.
+#[outbox_runtime::inbox_handler]
+pub async fn mark_order_paid(
+    event: crate::fixtures::PaymentSucceeded,
+    tx: &mut MySqlConnection,
+) -> Result<(), outbox_runtime::inbox::HandlerError> {
+    sqlx::query("UPDATE orders SET paid = paid + 1 WHERE id = ?")
+        .bind(event.order_id)
+        .execute(tx)
+        .await?;
+    Ok(())
+}
+
 /// Records the step of a deposit in `steps` (`n` AUTO_INCREMENT, `account`, `seq`: see
 /// [`create_steps`]), in the consumer's transaction.
 #[outbox_runtime::inbox_handler]

@@ -1,6 +1,6 @@
 //! Consumers against real PostgreSQL and the mock cluster: inbox mode and its processors,
-//! a crashing consumer, what `build` refuses. The dedup contract both databases share (effects
-//! once, dead letters, retries, stopping) is `consumer_contract.rs`.
+//! what `build` refuses, a lost topic replayed. The dedup contract both databases share
+//! (effects once, dead letters, retries, stopping, a consumer killed) is `consumer_contract.rs`.
 
 use std::time::Duration;
 
@@ -10,7 +10,7 @@ use outbox_tests::kafka::{committed_total, Kafka};
 use outbox_tests::payments::{
     builder, orders_with_payments, paid_counts, publish, setup, wait_for, PARTITIONS,
 };
-use outbox_tests::{count, ChildGuard, Running, TestDb};
+use outbox_tests::{count, Running, TestDb};
 use sqlx::PgPool;
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -111,46 +111,6 @@ async fn an_inbox_burst_is_received_at_once_and_processed_at_the_handlers_pace()
         paid_counts(&db.pool).await,
         vec![1; 20_000],
         "none lost, none twice"
-    );
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn consumer_killed_after_commit_before_offsets_redelivers_and_still_applies_once() {
-    let (db, kafka) = setup().await;
-    let payments = orders_with_payments(&db.pool, 300).await;
-    publish(&kafka, &payments).await;
-    let start = |commit_interval_ms: &str| {
-        ChildGuard(
-            std::process::Command::new(env!("CARGO_BIN_EXE_outbox-test-consumer"))
-                .args([&db.url, &kafka.bootstrap(), "orders", commit_interval_ms])
-                .spawn()
-                .expect("start consumer process"),
-        )
-    };
-    // This one never commits offsets on its own.
-    let mut child = start("3600000");
-    wait_for("all 300 applied", Duration::from_secs(60), || async {
-        paid_counts(&db.pool).await.iter().sum::<i32>() == 300
-    })
-    .await;
-    child.kill();
-    assert_eq!(
-        committed_total(&kafka.bootstrap(), "orders", PAYMENTS, PARTITIONS),
-        0,
-        "killed before any offset commit: everything will be redelivered"
-    );
-    let mut child = start("100");
-    wait_for(
-        "the redelivered 300 consumed",
-        Duration::from_secs(60),
-        || async { committed_total(&kafka.bootstrap(), "orders", PAYMENTS, PARTITIONS) == 300 },
-    )
-    .await;
-    child.kill();
-    assert_eq!(
-        paid_counts(&db.pool).await,
-        vec![1; 300],
-        "effects still once"
     );
 }
 

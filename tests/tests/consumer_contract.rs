@@ -2,7 +2,8 @@
 //! commits to (PostgreSQL; MariaDB, the machine's 10.11): every event delivered twice takes
 //! effect once; poison messages are dead-lettered and their partition flows; a failing handler
 //! undoes only its own work, retried in place or through the retry topic; a stop commits the
-//! offsets of committed work and takes no batch after the one in hand; a panicking handler
+//! offsets of committed work and takes no batch after the one in hand; a consumer killed after
+//! its commit, before its offsets, applies each once; a panicking handler
 //! is a failure, not a crash; two groups with handlers of the same name each do their work; a
 //! retried message does not hold up its partition; messages waiting in the retry topic survive
 //! a restart. What differs by database is in `consumer.rs`, `consumer_faults.rs` (PostgreSQL)
@@ -265,6 +266,46 @@ macro_rules! consumer_suite {
                     $count(&db.pool, sql)
                 })
                 .await;
+            }
+
+            /// A consumer process killed (SIGKILL) after its batches committed and before any
+            /// offset commit: the next one is given every message again, and each payment still
+            /// takes effect once.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_consumer_killed_after_its_commit_before_its_offsets_applies_each_once() {
+                let (db, kafka) = setup().await;
+                let payments = plain_payments(&db, 300).await;
+                produce(&kafka.bootstrap(), PAYMENTS, &records(&payments)).await;
+                let start = |commit_interval_ms: &str| {
+                    outbox_tests::ChildGuard(
+                        std::process::Command::new(env!("CARGO_BIN_EXE_outbox-test-consumer"))
+                            .args([&db.url, &kafka.bootstrap(), "orders", commit_interval_ms])
+                            .spawn()
+                            .expect("start consumer process"),
+                    )
+                };
+                let committed = || committed_total(&kafka.bootstrap(), "orders", PAYMENTS, PARTITIONS);
+                // This one never commits offsets on its own.
+                let mut child = start("3600000");
+                wait_for("all 300 applied", Duration::from_secs(60), || async {
+                    paid(&db, &payments).await == vec![1; 300]
+                })
+                .await;
+                child.kill();
+                assert_eq!(committed(), 0, "killed before any offset commit");
+                let mut child = start("100");
+                wait_for(
+                    "the redelivered 300 consumed",
+                    Duration::from_secs(60),
+                    || async { committed() == 300 },
+                )
+                .await;
+                child.kill();
+                assert_eq!(
+                    paid(&db, &payments).await,
+                    vec![1; 300],
+                    "effects still once"
+                );
             }
 
             /// Three flaky payments among twenty others on one partition, so that they share
