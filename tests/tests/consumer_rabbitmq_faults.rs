@@ -1,5 +1,5 @@
-//! RabbitMQ consumers when things break: a consumer that goes away after its commit and
-//! before its acknowledgement (the message comes again, its effect stays once), and a node
+//! RabbitMQ consumers on PostgreSQL when things break (a consumer gone after its commit and
+//! before its acknowledgement is `rabbitmq_contract.rs`'s, on both databases): a node
 //! SIGKILLed and started again several times under load, in both modes (every committed event
 //! takes effect once, each key's order is kept, the consumer and the relay come back by
 //! themselves).
@@ -12,127 +12,11 @@ use outbox_runtime::Uow;
 use outbox_tests::deposits::{create_steps, deposit, steps, wait_until_published, TOPIC};
 use outbox_tests::fixtures::{self, PaymentSucceeded, PAYMENTS};
 use outbox_tests::payments::{orders_with_payments, paid_counts, records, wait_for};
-use outbox_tests::rabbitmq::{self as mq, RabbitNode, TcpProxy, Vhost};
+use outbox_tests::rabbitmq::{self as mq, RabbitNode, Vhost};
 use outbox_tests::{count, Running, TestDb};
 use tokio_util::sync::CancellationToken;
 
 const SHARDS: u16 = 4;
-
-/// Closed until the test opens it: [`pay_when_open`] waits for it.
-static GO: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(0);
-
-/// Marks the order paid, once the test let it.
-#[outbox_runtime::inbox_handler]
-async fn pay_when_open(
-    event: PaymentSucceeded,
-    tx: &mut sqlx::PgConnection,
-) -> Result<(), HandlerError> {
-    drop(GO.acquire().await.map_err(HandlerError::permanent)?);
-    sqlx::query("UPDATE orders SET paid = paid + 1 WHERE id = $1")
-        .bind(event.order_id)
-        .execute(&mut *tx)
-        .await?;
-    Ok(())
-}
-
-/// Sum over the group's shard queues: (messages, unacknowledged, consumers).
-fn shard_totals(
-    node: Option<&RabbitNode>,
-    vhost: &str,
-    topic: &str,
-    group: &str,
-) -> (u64, u64, u64) {
-    mq::list_queues(node, vhost)
-        .iter()
-        .filter(|q| q.name.starts_with(&format!("{topic}.{group}.")) && !q.name.ends_with(".retry"))
-        .fold((0, 0, 0), |(m, u, c), q| {
-            (m + q.messages, u + q.unacked, c + q.consumers)
-        })
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_consumer_gone_after_its_commit_before_its_ack_is_redelivered_with_one_effect() {
-    let vhost = Vhost::new("rc-ack");
-    let url = vhost.url();
-    let db = TestDb::new().await;
-    fixtures::create_orders(&db.pool).await;
-    let rabbit = |url: &str| {
-        RabbitMq::new(url)
-            .shards(SHARDS)
-            .heartbeat(Duration::from_secs(1))
-    };
-    rabbit(&url)
-        .ensure_topology(PAYMENTS, "orders")
-        .await
-        .unwrap();
-    let payments = orders_with_payments(&db.pool, 20).await;
-    mq::publish_sharded(&url, PAYMENTS, SHARDS, &records(&payments)).await;
-
-    // The first instance talks to the node through a proxy, which goes dark once it holds
-    // its first message of each shard (a session starts with a prefetch of one) and before
-    // any is handled: no acknowledgement of what it commits reaches the node.
-    let proxy = TcpProxy::start("127.0.0.1:5672").await;
-    let first = Consumer::builder(db.pool.clone())
-        .rabbitmq(rabbit(&proxy.url(&vhost.name)))
-        .group_id("orders")
-        .handler(pay_when_open)
-        .batch_size(50)
-        .build()
-        .unwrap();
-    let running = Running::consumer(&first);
-    let busy: std::collections::BTreeSet<u16> = payments
-        .iter()
-        .map(|(_, p)| mq::shard_of(&p.payment_id.to_string(), SHARDS))
-        .collect();
-    let busy = busy.len() as u64;
-    wait_for(
-        "one message of each shard in hand",
-        Duration::from_secs(30),
-        || async {
-            shard_totals(None, &vhost.name, PAYMENTS, "orders") == (20, busy, SHARDS.into())
-        },
-    )
-    .await;
-    proxy.black_hole();
-    GO.add_permits(1);
-    let pool = db.pool.clone();
-    wait_for("those committed", Duration::from_secs(30), || async {
-        paid_counts(&pool).await.iter().sum::<i32>() == busy as i32
-    })
-    .await;
-    running.abort();
-    // The node gives the silent connection up (missed heartbeats): all 20 are in their
-    // queues again, those committed too, for none was acknowledged.
-    wait_for(
-        "the 20 back in their queues, no consumer",
-        Duration::from_secs(30),
-        || async { shard_totals(None, &vhost.name, PAYMENTS, "orders") == (20, 0, 0) },
-    )
-    .await;
-    let second = Consumer::builder(db.pool.clone())
-        .rabbitmq(rabbit(&url))
-        .group_id("orders")
-        .handler(pay_when_open)
-        .build()
-        .unwrap();
-    let running = Running::consumer(&second);
-    wait_for(
-        "the redelivered 20 settled",
-        Duration::from_secs(30),
-        || async { shard_totals(None, &vhost.name, PAYMENTS, "orders") == (0, 0, SHARDS.into()) },
-    )
-    .await;
-    running.stop().await;
-    assert_eq!(
-        paid_counts(&db.pool).await,
-        vec![1; 20],
-        "effects still once"
-    );
-    assert_eq!(
-        count(&db.pool, "SELECT count(*) FROM processed_event").await,
-        20
-    );
-}
 
 /// Emits one event for each of `accounts` accounts per unit of work, seq after seq, until
 /// `stop` fires; returns how many seqs each account got.
@@ -430,7 +314,7 @@ async fn a_message_that_keeps_taking_its_consumer_down_is_dead_lettered_by_the_n
         .unwrap();
     let running = Running::consumer(&consumer);
     wait_for("the others paid", Duration::from_secs(30), || async {
-        shard_totals(None, &vhost.name, PAYMENTS, "orders") == (0, 0, 1)
+        mq::shard_totals(None, &vhost.name, PAYMENTS, "orders") == (0, 0, 1)
     })
     .await;
     running.stop().await;

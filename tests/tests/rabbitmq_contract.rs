@@ -3,7 +3,8 @@
 //! (each test in a vhost of its own): each event's effect once over redelivered duplicates, in
 //! each key's order; failures waiting in the delay queue, then succeeding or dead-lettered;
 //! poison messages and panics dead-lettered, not redelivered forever; a stopped consumer
-//! taking no batch after the one in hand. What is PostgreSQL's own so far (inbox mode, two
+//! taking no batch after the one in hand; a consumer gone after its commit, before its
+//! acknowledgement, applying each once when its messages come again. What is PostgreSQL's own so far (inbox mode, two
 //! instances sharing the shards, missing queues) is in `consumer_rabbitmq.rs`; MariaDB's own
 //! (a message returned twice) in `consumer_mysql.rs`.
 
@@ -125,6 +126,100 @@ macro_rules! rabbitmq_suite {
                 };
                 stopping::stops_after_the_batch_in_hand(2_000, start, |sql| $count(&db.pool, sql))
                     .await;
+            }
+
+            /// Closed until the test opens it: [`pay_when_open`] waits for it.
+            static GO: tokio::sync::Semaphore = tokio::sync::Semaphore::const_new(0);
+
+            /// Pays, once the test let it.
+            #[outbox_runtime::inbox_handler]
+            async fn pay_when_open(
+                event: PaymentSucceeded,
+                tx: &mut $conn,
+            ) -> Result<(), HandlerError> {
+                drop(GO.acquire().await.map_err(HandlerError::permanent)?);
+                sqlx::query(concat!(
+                    "UPDATE orders SET paid = paid + 1 WHERE id = ",
+                    $p1
+                ))
+                .bind(event.order_id)
+                .execute(&mut *tx)
+                .await?;
+                Ok(())
+            }
+
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_consumer_gone_after_its_commit_before_its_ack_is_redelivered_with_one_effect(
+            ) {
+                let (vhost, db) = setup("rc-ack").await;
+                let url = vhost.url();
+                let rabbit = |url: &str| rabbit(url).heartbeat(Duration::from_secs(1));
+                let payments = plain_payments(&db, 20).await;
+                mq::publish_sharded(&url, PAYMENTS, SHARDS, &records(&payments)).await;
+                // The first instance talks to the node through a proxy, which goes dark once
+                // it holds its first message of each shard (a session starts with a prefetch
+                // of one) and before any is handled: no acknowledgement of what it commits
+                // reaches the node.
+                let proxy = mq::TcpProxy::start("127.0.0.1:5672").await;
+                let first = Consumer::builder(db.pool.clone())
+                    .rabbitmq(rabbit(&proxy.url(&vhost.name)))
+                    .group_id("orders")
+                    .handler(pay_when_open)
+                    .batch_size(50)
+                    .build()
+                    .unwrap();
+                let running = Running::consumer(&first);
+                let busy: std::collections::BTreeSet<u16> = payments
+                    .iter()
+                    .map(|(_, p)| mq::shard_of(&p.payment_id.to_string(), SHARDS))
+                    .collect();
+                let busy = busy.len() as u64;
+                let totals = || mq::shard_totals(None, &vhost.name, PAYMENTS, "orders");
+                wait_for(
+                    "one message of each shard in hand",
+                    Duration::from_secs(30),
+                    || async { totals() == (20, busy, SHARDS.into()) },
+                )
+                .await;
+                proxy.black_hole();
+                GO.add_permits(1);
+                let paid_any = || $count(&db.pool, "SELECT COUNT(*) FROM orders WHERE paid > 0");
+                wait_for("those committed", Duration::from_secs(30), || async {
+                    paid_any().await == busy as i64
+                })
+                .await;
+                running.abort();
+                // The node gives the silent connection up (missed heartbeats): all 20 are in
+                // their queues again, those committed too, for none was acknowledged.
+                wait_for(
+                    "the 20 back in their queues, no consumer",
+                    Duration::from_secs(30),
+                    || async { totals() == (20, 0, 0) },
+                )
+                .await;
+                let second = Consumer::builder(db.pool.clone())
+                    .rabbitmq(rabbit(&url))
+                    .group_id("orders")
+                    .handler(pay_when_open)
+                    .build()
+                    .unwrap();
+                let running = Running::consumer(&second);
+                wait_for(
+                    "the redelivered 20 settled",
+                    Duration::from_secs(30),
+                    || async { totals() == (0, 0, SHARDS.into()) },
+                )
+                .await;
+                running.stop().await;
+                assert_eq!(
+                    paid(&db, &payments).await,
+                    vec![1; 20],
+                    "effects still once"
+                );
+                assert_eq!(
+                    $count(&db.pool, "SELECT COUNT(*) FROM processed_event").await,
+                    20
+                );
             }
 
             /// Attempts seen by [`pay_failing`], by order, in the order they were made.

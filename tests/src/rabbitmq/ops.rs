@@ -405,3 +405,18 @@ pub fn assert_dead_letter(letter: &Received, reason: &str, attempts: &str, shard
     assert_eq!(letter.header("dlq_source_offset"), "0");
     assert_eq!(letter.header("dlq_group"), "orders");
 }
+
+/// Sum over the group's shard queues: (messages, unacknowledged, consumers).
+pub fn shard_totals(
+    node: Option<&RabbitNode>,
+    vhost: &str,
+    topic: &str,
+    group: &str,
+) -> (u64, u64, u64) {
+    list_queues(node, vhost)
+        .iter()
+        .filter(|q| q.name.starts_with(&format!("{topic}.{group}.")) && !q.name.ends_with(".retry"))
+        .fold((0, 0, 0), |(m, u, c), q| {
+            (m + q.messages, u + q.unacked, c + q.consumers)
+        })
+}
