@@ -323,7 +323,18 @@ macro_rules! consumer_suite {
                 let mut all = payments.clone();
                 all.extend(others.iter().cloned());
                 all.rotate_left(1);
-                let produced = produce_in_one_partition(&kafka, &all).await;
+                // Retried in place: all on one partition, so that the flaky ones share
+                // batches. Through the retry topic: each under its own key, so that where a
+                // copy says its original was read is not where the copy itself is (the retry
+                // topic has as many partitions, and a copy keeps its key).
+                let produced = match policy {
+                    RetryPolicy::InPlace => produce_in_one_partition(&kafka, &all).await,
+                    _ => {
+                        let produced = records(&all);
+                        produce(&kafka.bootstrap(), PAYMENTS, &produced).await;
+                        produced
+                    }
+                };
                 let consumer = builder(&db, &kafka, "orders")
                     .handler(flaky)
                     .retry_policy(policy)

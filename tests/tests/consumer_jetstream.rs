@@ -1,8 +1,9 @@
 //! Consumers from NATS JetStream on PostgreSQL, against real `nats-server` processes (one per
-//! test): what is not yet run on MariaDB too. Settings refused, a consumer waiting for its
-//! stream, dead letters waiting for theirs, the inbox mode, a lease taken over under a running
-//! batch, the server killed mid-consumption, and the broker-loss drill (the stream purged,
-//! `replay` restores it, nothing is done twice). The dedup contract both databases share
+//! test): settings refused, a consumer waiting for its stream, dead letters waiting for
+//! theirs, the inbox mode, a lease taken over under a running batch (MariaDB's own in
+//! `consumer_mysql_jetstream.rs`), the server killed mid-consumption (on MariaDB:
+//! `consumer_mysql_faults.rs`), and the broker-loss drill (the stream purged, `replay` restores
+//! it, nothing is done twice). The dedup contract both databases share
 //! (effects once, retries, dead letters, panics, stopping, read-ahead) is
 //! `jetstream_contract.rs`; per-key order with several consumers, crashes and handovers are
 //! `jetstream_lease.rs`'s.

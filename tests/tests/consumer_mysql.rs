@@ -1,8 +1,9 @@
 //! Consumers on MariaDB (the machine's 10.11; MySQL 8 cannot be had here), dedup mode, on the
 //! mock cluster and RabbitMQ, what is MariaDB's own: a handler whose transaction the server
 //! rolled back (as after a deadlock it caught), two consumers racing on the same pairs, a
-//! handler that emits or commits on its own, a message RabbitMQ returned twice, and what
-//! `build` refuses. The contract both databases share (effects once, dead letters, retries,
+//! handler that emits or commits on its own, a missing dead-letter topic recorded, and what
+//! `build` refuses; and a message RabbitMQ returned twice (PostgreSQL's in
+//! `consumer_rabbitmq.rs`). The contract both databases share (effects once, dead letters, retries,
 //! panics) is `consumer_contract.rs` on Kafka, `jetstream_contract.rs` and
 //! `rabbitmq_contract.rs`.
 

@@ -251,10 +251,12 @@ async fn a_lease_whose_fence_row_was_deleted_is_taken_again() {
     // An operator deletes the fence row (a cleanup by hand, a restore of some tables only):
     // the holder's next batch finds no row naming it, and the lease is taken again, the row
     // written anew, rather than the topic standing still.
-    let deleted = sqlx::query("DELETE FROM outbox_consumer_fence WHERE group_id = 'unfenced'")
-        .execute(&db.pool)
-        .await
-        .unwrap();
+    let deleted = sqlx::query(
+        "DELETE FROM outbox_consumer_fence WHERE group_id = 'unfenced' AND holder IS NOT NULL",
+    )
+    .execute(&db.pool)
+    .await
+    .unwrap();
     assert_eq!(deleted.rows_affected(), 1);
     let more: Vec<_> = (3..6)
         .map(|seq| Outgoing::event(&deposit(0, seq), uuid::Uuid::now_v7()))
@@ -264,6 +266,15 @@ async fn a_lease_whose_fence_row_was_deleted_is_taken_again() {
     running.stop().await;
     let steps: Vec<Vec<i64>> = steps(&db.pool).await.into_values().collect();
     assert_eq!(steps, [(0..6).collect::<Vec<i64>>(), (0..3).collect()]);
+    assert_eq!(
+        count(
+            &db.pool,
+            "SELECT COUNT(*) FROM outbox_consumer_fence WHERE group_id = 'unfenced'"
+        )
+        .await,
+        1,
+        "the fence row written anew"
+    );
 }
 
 #[tokio::test]

@@ -40,7 +40,7 @@ async fn wait_settled(
 /// The suite, for one database: `$db` its test database type (`new()`, a `pool` field),
 /// `$orders` what creates its `orders` table, `$steps` the module with its `create_steps`,
 /// `record_step` and `steps`, `$conn` its connection type, `$p1` how its SQL spells the first
-/// bound parameter, `$count` its counting query, `$handled` the DDL of a table `handled`
+/// bound parameter and `$p2` the second, `$count` its counting query, `$handled` the DDL of a table `handled`
 /// (`n`, numbered as rows come; `order_id`; `attempt`).
 macro_rules! jetstream_suite {
     ($name:ident, $db:ty, $orders:path, $steps:path, $conn:ty, $p1:literal, $p2:literal,
@@ -114,6 +114,10 @@ macro_rules! jetstream_suite {
                 running.stop().await;
                 assert_eq!(paid(&db, &payments).await, vec![1; 100]);
                 assert_eq!(marked(&db, "orders/mark_paid").await, 100);
+                assert_eq!(
+                    $count(&db.pool, "SELECT COUNT(*) FROM processed_event").await,
+                    100
+                );
                 assert!(server.read_stream(DEAD_LETTERS).await.is_empty());
             }
 

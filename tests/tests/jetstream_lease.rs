@@ -256,6 +256,7 @@ macro_rules! lease_suite {
                     .build()
                     .unwrap();
                 let running = Running::consumer(&consumer);
+                server.publish(TOPIC, &interleaved(1, 3)).await;
                 let said = format!("group={group}");
                 wait_for("the refusal warned of", Duration::from_secs(30), || async {
                     log.text().lines().any(|line| {
@@ -265,7 +266,9 @@ macro_rules! lease_suite {
                     })
                 })
                 .await;
+                assert!(!running.is_finished(), "the consumer goes on trying");
                 running.stop().await;
+                assert_eq!($count(&db.pool, "SELECT COUNT(*) FROM steps").await, 0);
             }
         }
     };

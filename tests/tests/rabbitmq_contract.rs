@@ -4,9 +4,11 @@
 //! each key's order; failures waiting in the delay queue, then succeeding or dead-lettered;
 //! poison messages and panics dead-lettered, not redelivered forever; a stopped consumer
 //! taking no batch after the one in hand; a consumer gone after its commit, before its
-//! acknowledgement, applying each once when its messages come again. What is PostgreSQL's own so far (inbox mode, two
-//! instances sharing the shards, missing queues) is in `consumer_rabbitmq.rs`; MariaDB's own
-//! (a message returned twice) in `consumer_mysql.rs`.
+//! acknowledgement, applying each once when its messages come again. What is run on
+//! PostgreSQL only so far (inbox mode, two instances sharing the shards, shard queues read two
+//! batches at a time, missing queues, names over AMQP's limit) is in `consumer_rabbitmq.rs`; a
+//! message returned twice is in `consumer_rabbitmq.rs` (both modes) and `consumer_mysql.rs`
+//! (MariaDB).
 
 /// Shards of every topic here.
 const SHARDS: u16 = 4;
