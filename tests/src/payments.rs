@@ -68,6 +68,23 @@ pub fn records(payments: &[(Uuid, PaymentSucceeded)]) -> Vec<Outgoing> {
         .collect()
 }
 
+/// Produces every payment's record under one key, so that they are one partition's, read in
+/// order and in shared batches; returns them.
+pub async fn produce_in_one_partition(
+    kafka: &Kafka,
+    payments: &[(Uuid, PaymentSucceeded)],
+) -> Vec<Outgoing> {
+    let all: Vec<Outgoing> = records(payments)
+        .into_iter()
+        .map(|mut r| {
+            r.key = "one-partition".into();
+            r
+        })
+        .collect();
+    produce(&kafka.bootstrap(), PAYMENTS, &all).await;
+    all
+}
+
 /// Produces the payments as the relay would.
 pub async fn publish(kafka: &Kafka, payments: &[(Uuid, PaymentSucceeded)]) {
     produce(&kafka.bootstrap(), PAYMENTS, &records(payments)).await;

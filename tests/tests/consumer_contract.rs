@@ -11,35 +11,8 @@
 
 use std::time::Duration;
 
-use outbox_tests::fixtures::PaymentSucceeded;
-use outbox_tests::kafka::{produce, Kafka, Outgoing};
+use outbox_tests::kafka::Kafka;
 use outbox_tests::payments::PARTITIONS;
-use uuid::Uuid;
-
-/// The payments' records, as the relay would produce them.
-fn records(payments: &[(Uuid, PaymentSucceeded)]) -> Vec<Outgoing> {
-    payments
-        .iter()
-        .map(|(id, e)| Outgoing::event(e, *id))
-        .collect()
-}
-
-/// Produces the payments' records under one key, so that they are one partition's, read in
-/// order and in shared batches; returns them.
-async fn produce_in_one_partition(
-    kafka: &Kafka,
-    payments: &[(Uuid, PaymentSucceeded)],
-) -> Vec<Outgoing> {
-    let all: Vec<Outgoing> = records(payments)
-        .into_iter()
-        .map(|mut r| {
-            r.key = "one-partition".into();
-            r
-        })
-        .collect();
-    produce(&kafka.bootstrap(), outbox_tests::fixtures::PAYMENTS, &all).await;
-    all
-}
 
 /// Waits until `group` committed `total` offsets on the payments' topic.
 async fn all_committed(kafka: &Kafka, group: &str, total: i64) {
@@ -73,7 +46,8 @@ macro_rules! consumer_suite {
             use rdkafka::ClientConfig;
             use uuid::Uuid;
 
-            use super::{all_committed, produce_in_one_partition, records};
+            use super::all_committed;
+            use outbox_tests::payments::{produce_in_one_partition, records};
 
             /// A test's database and the mock cluster.
             async fn setup() -> ($db, Kafka) {

@@ -15,11 +15,14 @@ use outbox_runtime::inbox_handler;
 use outbox_runtime::relay::RabbitMq;
 use outbox_tests::deposits::ATTEMPTS;
 use outbox_tests::fixtures::{PaymentSucceeded, PAYMENTS};
-use outbox_tests::kafka::{committed_total, produce, Kafka, Outgoing};
+use outbox_tests::kafka::{committed_total, produce, Kafka};
 use outbox_tests::mysql::{
     count, create_steps, payments_setup, record_step_and_attempt, steps, MySqlTestDb,
 };
-use outbox_tests::payments::{dead_letters, no_auto_created_topics, retried, wait_for, PARTITIONS};
+use outbox_tests::payments::{
+    dead_letters, no_auto_created_topics, produce_in_one_partition, records, retried, wait_for,
+    PARTITIONS,
+};
 use outbox_tests::rabbitmq as mq;
 use outbox_tests::Running;
 use rdkafka::ClientConfig;
@@ -44,30 +47,6 @@ async fn orders_with_payments(pool: &MySqlPool, n: usize) -> Vec<(Uuid, PaymentS
         payments.push((Uuid::now_v7(), event));
     }
     payments
-}
-
-fn records(payments: &[(Uuid, PaymentSucceeded)]) -> Vec<Outgoing> {
-    payments
-        .iter()
-        .map(|(id, e)| Outgoing::event(e, *id))
-        .collect()
-}
-
-/// Produces every payment's record under one key, so that they are one partition's, read in
-/// order in one batch; returns them.
-async fn produce_in_one_partition(
-    kafka: &Kafka,
-    payments: &[(Uuid, PaymentSucceeded)],
-) -> Vec<Outgoing> {
-    let all: Vec<Outgoing> = records(payments)
-        .into_iter()
-        .map(|mut r| {
-            r.key = "one-partition".into();
-            r
-        })
-        .collect();
-    produce(&kafka.bootstrap(), PAYMENTS, &all).await;
-    all
 }
 
 /// `paid` of every order, in the order of `payments`.
