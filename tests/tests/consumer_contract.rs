@@ -40,14 +40,16 @@ macro_rules! consumer_suite {
             use outbox_runtime::inbox::{Consumer, ConsumerBuilder, RetryPolicy};
             use outbox_tests::fixtures::{PaymentRefunded, PaymentSucceeded, PAYMENTS};
             use outbox_tests::kafka::{committed_total, consume, produce, Kafka, Outgoing};
-            use outbox_tests::payments::{dead_letters, read_at, retried, wait_for, PARTITIONS};
+            use outbox_tests::payments::{
+                dead_letters, produce_in_one_partition, read_at, records, retried, wait_for,
+                PARTITIONS,
+            };
             use outbox_tests::stopping;
             use outbox_tests::Running;
             use rdkafka::ClientConfig;
             use uuid::Uuid;
 
             use super::all_committed;
-            use outbox_tests::payments::{produce_in_one_partition, records};
 
             /// A test's database and the mock cluster.
             async fn setup() -> ($db, Kafka) {
