@@ -1,9 +1,9 @@
 //! Consumers from RabbitMQ on PostgreSQL, against the machine's node (each test in a vhost of
-//! its own): what is not yet run on MariaDB too. The inbox mode, two instances of a group (one
-//! active consumer per shard queue, the other taking over), shard queues read two batches at a
-//! time, a consumer waiting for its queues, names over AMQP's limit, and messages
+//! its own): what is not yet run on MariaDB too. The inbox mode, shard queues read two batches
+//! at a time, a consumer waiting for its queues, names over AMQP's limit, and messages
 //! returned twice in either mode. The dedup contract both databases share (effects once in
-//! each key's order, the delay queues, dead letters, panics, stopping) is `rabbitmq_contract.rs`.
+//! each key's order, the delay queues, dead letters, panics, stopping, two instances handing
+//! over) is `rabbitmq_contract.rs`.
 //! (Killed consumers and brokers: `consumer_rabbitmq_faults.rs`.)
 
 use std::collections::BTreeMap;
@@ -85,21 +85,6 @@ async fn inbox_mode_stores_acknowledges_and_processes() {
     assert_dead_letter(&letters[0], "payload is not JSON", "1");
 }
 
-/// For each shard queue of `group`: (consumers, active ones).
-fn shard_consumers(vhost: &Vhost, topic: &str, group: &str) -> BTreeMap<String, (usize, usize)> {
-    let mut by_queue = BTreeMap::new();
-    for shard in 0..SHARDS {
-        by_queue.insert(format!("{topic}.{group}.{shard}"), (0, 0));
-    }
-    for (queue, active) in mq::list_consumers(None, &vhost.name) {
-        if let Some((all, act)) = by_queue.get_mut(&queue) {
-            *all += 1;
-            *act += usize::from(active);
-        }
-    }
-    by_queue
-}
-
 /// For each shard queue of `group`: the prefetch of each of its consumers.
 fn shard_prefetches(vhost: &Vhost, topic: &str, group: &str) -> BTreeMap<String, Vec<u32>> {
     let mut by_queue: BTreeMap<String, Vec<u32>> = (0..SHARDS)
@@ -178,65 +163,6 @@ async fn after_a_fresh_message_each_shard_is_read_two_batches_at_a_time() {
     .await;
     running.stop().await;
     assert_eq!(steps(&db.pool).await.len(), 40);
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn two_instances_share_the_shards_one_active_each_and_hand_over() {
-    let vhost = Vhost::new("rc-two");
-    let url = vhost.url();
-    let db = TestDb::new().await;
-    create_steps(&db.pool).await;
-    let start = || {
-        let consumer = builder(&db, &url, "ledger")
-            .handler(record_step)
-            .batch_size(25)
-            .build()
-            .unwrap();
-        Running::consumer(&consumer)
-    };
-    let first = start();
-    let second = start();
-    wait_for(
-        "each shard queue: two consumers, one active",
-        Duration::from_secs(30),
-        || async {
-            shard_consumers(&vhost, TOPIC, "ledger")
-                .values()
-                .all(|c| *c == (2, 1))
-        },
-    )
-    .await;
-    // 10 accounts, 30 events each: the first 15 of each while both run.
-    let records = interleaved(10, 30);
-    let (early, late) = records.split_at(150);
-    mq::publish_sharded(&url, TOPIC, SHARDS, early).await;
-    let pool = db.pool.clone();
-    wait_for("the first 150 handled", Duration::from_secs(60), || async {
-        count(&pool, "SELECT count(*) FROM steps").await == 150
-    })
-    .await;
-    first.stop().await;
-    wait_for(
-        "the second instance active on every shard",
-        Duration::from_secs(30),
-        || async {
-            shard_consumers(&vhost, TOPIC, "ledger")
-                .values()
-                .all(|c| *c == (1, 1))
-        },
-    )
-    .await;
-    mq::publish_sharded(&url, TOPIC, SHARDS, late).await;
-    wait_for("all 300 settled", Duration::from_secs(60), || async {
-        count(&pool, "SELECT count(*) FROM steps").await >= 300 && settled(&vhost, TOPIC, "ledger")
-    })
-    .await;
-    second.stop().await;
-    let steps = steps(&db.pool).await;
-    assert_eq!(steps.len(), 10);
-    for (account, seqs) in steps {
-        assert_eq!(seqs, (0..30).collect::<Vec<i64>>(), "account {account}");
-    }
 }
 
 /// A topic of this test's own (the missing-topic gauge is labelled by topic, and the other

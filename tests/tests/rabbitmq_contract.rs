@@ -4,11 +4,11 @@
 //! each key's order; failures waiting in the delay queue, then succeeding or dead-lettered;
 //! poison messages and panics dead-lettered, not redelivered forever; a stopped consumer
 //! taking no batch after the one in hand; a consumer gone after its commit, before its
-//! acknowledgement, applying each once when its messages come again. What is run on
-//! PostgreSQL only so far (inbox mode, two instances sharing the shards, shard queues read two
-//! batches at a time, missing queues, names over AMQP's limit) is in `consumer_rabbitmq.rs`; a
-//! message returned twice is in `consumer_rabbitmq.rs` (both modes) and `consumer_mysql.rs`
-//! (MariaDB).
+//! acknowledgement, applying each once when its messages come again; two instances sharing
+//! the shards, one active on each, handing over in each key's order. What is run on
+//! PostgreSQL only so far (inbox mode, shard queues read two batches at a time, missing
+//! queues, names over AMQP's limit) is in `consumer_rabbitmq.rs`; a message returned twice is
+//! in `consumer_rabbitmq.rs` (both modes) and `consumer_mysql.rs` (MariaDB).
 
 /// Shards of every topic here.
 const SHARDS: u16 = 4;
@@ -222,6 +222,65 @@ macro_rules! rabbitmq_suite {
                     $count(&db.pool, "SELECT COUNT(*) FROM processed_event").await,
                     20
                 );
+            }
+
+            /// Two instances of a group: each shard queue has a consumer of each, one active;
+            /// when the first stops, the second takes every shard over, and each key's events
+            /// are handled once, in order, across the handover.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn two_instances_share_the_shards_one_active_each_and_hand_over() {
+                let vhost = Vhost::new("rc-two");
+                let url = vhost.url();
+                let db = <$db>::new().await;
+                steps_db::create_steps(&db.pool).await;
+                let start = || {
+                    let consumer = builder(&db, &url, "ledger")
+                        .handler(steps_db::record_step)
+                        .batch_size(25)
+                        .build()
+                        .unwrap();
+                    Running::consumer(&consumer)
+                };
+                let first = start();
+                let second = start();
+                let consumers = |all, active| {
+                    mq::shard_consumers(&vhost, TOPIC, "ledger", SHARDS)
+                        .values()
+                        .all(|c| *c == (all, active))
+                };
+                wait_for(
+                    "each shard queue: two consumers, one active",
+                    Duration::from_secs(30),
+                    || async { consumers(2, 1) },
+                )
+                .await;
+                // 10 accounts, 30 events each: the first 15 of each while both run.
+                let records = interleaved(10, 30);
+                let (early, late) = records.split_at(150);
+                mq::publish_sharded(&url, TOPIC, SHARDS, early).await;
+                let steps = || $count(&db.pool, "SELECT COUNT(*) FROM steps");
+                wait_for("the first 150 handled", Duration::from_secs(60), || async {
+                    steps().await == 150
+                })
+                .await;
+                first.stop().await;
+                wait_for(
+                    "the second instance active on every shard",
+                    Duration::from_secs(30),
+                    || async { consumers(1, 1) },
+                )
+                .await;
+                mq::publish_sharded(&url, TOPIC, SHARDS, late).await;
+                wait_for("all 300 settled", Duration::from_secs(60), || async {
+                    steps().await >= 300 && mq::settled(&vhost, TOPIC, "ledger", SHARDS)
+                })
+                .await;
+                second.stop().await;
+                let steps = steps_db::steps(&db.pool).await;
+                assert_eq!(steps.len(), 10);
+                for (account, seqs) in steps {
+                    assert_eq!(seqs, (0..30).collect::<Vec<i64>>(), "account {account}");
+                }
             }
 
             /// Attempts seen by [`pay_failing`], by order, in the order they were made.

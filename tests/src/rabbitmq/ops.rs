@@ -420,3 +420,23 @@ pub fn shard_totals(
             (m + q.messages, u + q.unacked, c + q.consumers)
         })
 }
+
+/// For each of the `shards` shard queues of `topic`'s group `group`: (consumers, active ones).
+pub fn shard_consumers(
+    vhost: &Vhost,
+    topic: &str,
+    group: &str,
+    shards: u16,
+) -> std::collections::BTreeMap<String, (usize, usize)> {
+    let mut by_queue = std::collections::BTreeMap::new();
+    for shard in 0..shards {
+        by_queue.insert(format!("{topic}.{group}.{shard}"), (0, 0));
+    }
+    for (queue, active) in list_consumers(None, &vhost.name) {
+        if let Some((all, act)) = by_queue.get_mut(&queue) {
+            *all += 1;
+            *act += usize::from(active);
+        }
+    }
+    by_queue
+}
