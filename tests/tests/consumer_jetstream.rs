@@ -1,12 +1,11 @@
 //! Consumers from NATS JetStream on PostgreSQL, against real `nats-server` processes (one per
-//! test): settings refused, a consumer waiting for its stream, dead letters waiting for
-//! theirs, the inbox mode, a lease taken over under a running batch (MariaDB's own in
-//! `consumer_mysql_jetstream.rs`), the server killed mid-consumption (on MariaDB:
-//! `consumer_mysql_faults.rs`), and the broker-loss drill (the stream purged, `replay` restores
-//! it, nothing is done twice). The dedup contract both databases share
-//! (effects once, retries, dead letters, panics, stopping, read-ahead) is
-//! `jetstream_contract.rs`; per-key order with several consumers, crashes and handovers are
-//! `jetstream_lease.rs`'s.
+//! test): settings refused, dead letters waiting for their stream, the inbox mode, a lease
+//! taken over under a running batch (MariaDB's own in `consumer_mysql_jetstream.rs`), the
+//! server killed mid-consumption (on MariaDB: `consumer_mysql_faults.rs`), and the broker-loss
+//! drill (the stream purged, `replay` restores it, nothing is done twice). The dedup contract
+//! both databases share (effects once, retries, dead letters, panics, stopping, read-ahead, a
+//! consumer waiting for its stream) is `jetstream_contract.rs`; per-key order with several
+//! consumers, crashes and handovers are `jetstream_lease.rs`'s.
 
 use std::time::Duration;
 
@@ -90,27 +89,6 @@ async fn settings_that_cannot_work_are_refused_with_what_to_change() {
         .handler(fixtures::mark_order_paid)
         .build();
     assert!(refused(no_group).contains("group_id"));
-}
-
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_consumer_waits_for_its_stream() {
-    let db = TestDb::new().await;
-    fixtures::create_orders(&db.pool).await;
-    let server = NatsServer::start().await;
-    let consumer = builder(&db, &server, "orders")
-        .await
-        .handler(fixtures::mark_order_paid)
-        .build()
-        .unwrap();
-    let running = Running::consumer(&consumer);
-    // No stream yet: the consumer waits (and says so); nothing fails.
-    let payments = orders_with_payments(&db.pool, 10).await;
-    server.create_stream(STREAM, PAYMENTS, |_| {}).await;
-    server.publish(PAYMENTS, &records(&payments)).await;
-    wait_settled(&server, STREAM, "orders", PAYMENTS).await;
-    assert!(!running.is_finished());
-    running.stop().await;
-    assert_eq!(paid_counts(&db.pool).await, vec![1; 10]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,13 +1,14 @@
 //! The consumer's contract in dedup mode on NATS JetStream, one suite run on each database a
 //! consumer commits to (PostgreSQL; MariaDB, the machine's 10.11), each test with its own
-//! nats-server: every event delivered twice takes effect once; a failing message is delivered
-//! again after its backoff without holding the others; retries in place keep the order the
-//! messages came in; failures are dead-lettered with their reason and terminated; a panicking
-//! handler is retried; a stopped consumer finishes the batch in hand and no more; what is read
-//! ahead during a long batch is not delivered again; messages delivered again twice are
-//! handled in the stream's order. The lease (several instances, crashes, handovers) is
-//! `jetstream_lease.rs`'s suite; what is PostgreSQL's own (inbox mode, the server killed, the
-//! broker-loss drill) is in `consumer_jetstream.rs`.
+//! nats-server: a consumer waits for its stream; every event delivered twice takes effect
+//! once; a failing message is delivered again after its backoff without holding the others;
+//! retries in place keep the order the messages came in; failures are dead-lettered with
+//! their reason and terminated; a panicking handler is retried; a stopped consumer finishes
+//! the batch in hand and no more; what is read ahead during a long batch is not delivered
+//! again; messages delivered again twice are handled in the stream's order. The lease
+//! (several instances, crashes, handovers) is `jetstream_lease.rs`'s suite; what is run on
+//! PostgreSQL only (inbox mode, the server killed, the broker-loss drill) is in
+//! `consumer_jetstream.rs`.
 
 /// The payments stream, and its dead letters'.
 const STREAM: &str = "PAYMENTS";
@@ -119,6 +120,28 @@ macro_rules! jetstream_suite {
                     100
                 );
                 assert!(server.read_stream(DEAD_LETTERS).await.is_empty());
+            }
+
+            /// A consumer started before its stream exists waits for it (and says so), and
+            /// handles what comes once it does; nothing fails.
+            #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+            async fn a_consumer_waits_for_its_stream() {
+                let db = <$db>::new().await;
+                $orders(&db.pool).await;
+                let server = NatsServer::start().await;
+                let consumer = builder(&db, &server, "orders")
+                    .await
+                    .handler(mark_paid)
+                    .build()
+                    .unwrap();
+                let running = Running::consumer(&consumer);
+                let payments = plain_payments(&db, 10).await;
+                server.create_stream(STREAM, PAYMENTS, |_| {}).await;
+                server.publish(PAYMENTS, &records(&payments)).await;
+                wait_settled(&server, STREAM, "orders", PAYMENTS).await;
+                assert!(!running.is_finished());
+                running.stop().await;
+                assert_eq!(paid(&db, &payments).await, vec![1; 10]);
             }
 
             #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
