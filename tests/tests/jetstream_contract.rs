@@ -110,9 +110,7 @@ macro_rules! jetstream_suite {
                     .handler(mark_paid)
                     .build()
                     .unwrap();
-                let running = Running::consumer(&consumer);
-                wait_settled(&server, STREAM, "orders", PAYMENTS).await;
-                running.stop().await;
+                drain(&server, &consumer).await;
                 assert_eq!(paid(&db, &payments).await, vec![1; 100]);
                 assert_eq!(marked(&db, "orders/mark_paid").await, 100);
                 assert_eq!(
@@ -120,6 +118,14 @@ macro_rules! jetstream_suite {
                     100
                 );
                 assert!(server.read_stream(DEAD_LETTERS).await.is_empty());
+            }
+
+            /// Runs `consumer` (of group `orders`) until every payment is settled, then stops
+            /// it.
+            async fn drain(server: &NatsServer, consumer: &Consumer) {
+                let running = Running::consumer(consumer);
+                wait_settled(server, STREAM, "orders", PAYMENTS).await;
+                running.stop().await;
             }
 
             /// A consumer started before its stream exists waits for it (and says so), and
@@ -156,9 +162,7 @@ macro_rules! jetstream_suite {
                     .handler(sometimes_failing)
                     .build()
                     .unwrap();
-                let running = Running::consumer(&consumer);
-                wait_settled(&server, STREAM, "orders", PAYMENTS).await;
-                running.stop().await;
+                drain(&server, &consumer).await;
                 assert_eq!(paid(&db, &payments).await, vec![1; 30]);
                 for (i, (_, payment)) in payments.iter().enumerate() {
                     let calls = flaky_calls(payment.order_id);
@@ -222,9 +226,7 @@ macro_rules! jetstream_suite {
                     .retry_policy(RetryPolicy::InPlace)
                     .build()
                     .unwrap();
-                let running = Running::consumer(&consumer);
-                wait_settled(&server, STREAM, "orders", PAYMENTS).await;
-                running.stop().await;
+                drain(&server, &consumer).await;
                 assert_eq!(paid(&db, &payments).await, vec![1; 30]);
                 let handled: Vec<(Uuid, i32)> =
                     sqlx::query_as("SELECT order_id, attempt FROM handled ORDER BY n")
@@ -295,9 +297,7 @@ macro_rules! jetstream_suite {
                     .max_attempts(3)
                     .build()
                     .unwrap();
-                let running = Running::consumer(&consumer);
-                wait_settled(&server, STREAM, "orders", PAYMENTS).await;
-                running.stop().await;
+                drain(&server, &consumer).await;
 
                 let letters = server.read_stream(DEAD_LETTERS).await;
                 assert_eq!(letters.len(), 4, "{letters:?}");
@@ -337,9 +337,7 @@ macro_rules! jetstream_suite {
                     .handler(panicky)
                     .build()
                     .unwrap();
-                let running = Running::consumer(&consumer);
-                wait_settled(&server, STREAM, "orders", PAYMENTS).await;
-                running.stop().await;
+                drain(&server, &consumer).await;
                 assert_eq!(paid(&db, &payments).await, vec![1; 20]);
                 assert!(PANICKY_CALLS.lock().unwrap()[&payments[3].1.order_id] >= 2);
                 assert!(server.read_stream(DEAD_LETTERS).await.is_empty());
@@ -404,9 +402,7 @@ macro_rules! jetstream_suite {
                     .handler(mark_paid)
                     .build()
                     .unwrap();
-                let running = Running::consumer(&consumer);
-                wait_settled(&server, STREAM, "orders", PAYMENTS).await;
-                running.stop().await;
+                drain(&server, &consumer).await;
                 assert_eq!(paid(&db, &payments).await, vec![1; 3_000]);
             }
 
